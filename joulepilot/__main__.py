@@ -1,0 +1,3 @@
+from joulepilot.cli import main
+
+main()

@@ -1,0 +1,36 @@
+"""SQLite store: schema, migrations, typed reads and writes."""
+
+from .db import default_db_path, default_home, migrate, open_db, schema_version, transaction
+from .errors import StoreError
+from .records import (
+    host_identity,
+    insert_run,
+    list_runs,
+    power_samples,
+    stable_id,
+    upsert_config,
+    upsert_devices,
+    upsert_host,
+    upsert_workload,
+)
+from .schema import SCHEMA_VERSION
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "StoreError",
+    "default_db_path",
+    "default_home",
+    "host_identity",
+    "insert_run",
+    "list_runs",
+    "migrate",
+    "open_db",
+    "power_samples",
+    "schema_version",
+    "stable_id",
+    "transaction",
+    "upsert_config",
+    "upsert_devices",
+    "upsert_host",
+    "upsert_workload",
+]

@@ -1,0 +1,172 @@
+"""Typed writes and reads for hosts, devices, workloads, configurations and runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .db import transaction
+
+
+def stable_id(*parts: Any, length: int = 16) -> str:
+    """A short hash of JSON-encoded parts: equal inputs give equal ids on every host and run."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def _machine_id() -> str:
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            continue
+    return ""
+
+
+def host_identity() -> dict[str, Any]:
+    hostname = socket.gethostname()
+    return {
+        "id": stable_id(hostname, _machine_id()),
+        "hostname": hostname,
+        "cpu": platform.processor() or platform.machine(),
+    }
+
+
+def upsert_host(db: sqlite_utils.Database, host: Mapping[str, Any] | None = None) -> str:
+    host = dict(host or host_identity())
+    existing = db.execute("SELECT id FROM hosts WHERE id = ?", [host["id"]]).fetchone()
+    if existing is None:
+        with transaction(db):
+            db.execute(
+                "INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
+                [host["id"], host["hostname"], host.get("cpu"), time.time()],
+            )
+    return host["id"]
+
+
+def upsert_devices(db: sqlite_utils.Database, host_id: str, devices: Iterable[Mapping[str, Any]]) -> None:
+    """Record metered devices (dicts shaped like telemetry.DeviceInfo.to_dict())."""
+    rows = []
+    for d in devices:
+        rows.append(
+            {
+                "id": f"{host_id}/{d['id']}",
+                "host_id": host_id,
+                "device": d["id"],
+                "kind": d.get("kind", ""),
+                "name": d.get("name"),
+                "uuid": d.get("uuid"),
+                "driver": d.get("driver"),
+                "power_limit_w": d.get("power_limit_w"),
+                "memory_bytes": d.get("memory_bytes"),
+                "source": d.get("source"),
+            }
+        )
+    if rows:
+        with transaction(db):
+            db["devices"].upsert_all(rows, pk="id")
+
+
+def upsert_workload(db: sqlite_utils.Database, workload: Mapping[str, Any]) -> str:
+    """Insert a workload description (keys as in the workloads table); returns its id."""
+    row = dict(workload)
+    for key in ("op_mix", "inputs"):
+        if key in row and not isinstance(row[key], str) and row[key] is not None:
+            row[key] = json.dumps(row[key], sort_keys=True)
+    row.setdefault("created_at", time.time())
+    with transaction(db):
+        db["workloads"].upsert(row, pk="id")
+    return row["id"]
+
+
+def upsert_config(db: sqlite_utils.Database, config: Mapping[str, Any]) -> str:
+    """Insert a configuration (keys as in the configs table); returns its id."""
+    row = dict(config)
+    if not isinstance(row.get("options"), str):
+        row["options"] = json.dumps(row.get("options") or {}, sort_keys=True)
+    row["dynamic"] = int(bool(row.get("dynamic")))
+    with transaction(db):
+        db["configs"].upsert(row, pk="id")
+    return row["id"]
+
+
+RUN_JSON_FIELDS = ("extra",)
+
+
+def insert_run(
+    db: sqlite_utils.Database,
+    run: Mapping[str, Any],
+    power_samples: Sequence[tuple[float, str, float]] = (),
+) -> int:
+    """Write one finished run and its power samples in a single transaction; returns the run id.
+
+    A run is only ever written whole, so a kill at any moment leaves either no row or a complete one.
+    """
+    row = dict(run)
+    for key in RUN_JSON_FIELDS:
+        if key in row and row[key] is not None and not isinstance(row[key], str):
+            row[key] = json.dumps(row[key], sort_keys=True, default=str)
+    columns = set(db["runs"].columns_dict)
+    unknown = sorted(set(row) - columns)
+    if unknown:
+        raise ValueError(f"unknown run fields {unknown}; known fields are {sorted(columns)}")
+    with transaction(db):
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        cur = db.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", list(row.values()))
+        run_id = cur.lastrowid
+        if power_samples:
+            db.conn.executemany(
+                "INSERT INTO power_samples (run_id, t_s, device, power_w) VALUES (?, ?, ?, ?)",
+                [(run_id, t, dev, p) for t, dev, p in power_samples],
+            )
+    return run_id
+
+
+RUN_LIST_SQL = """
+SELECT runs.*, workloads.spec AS workload, configs.label AS config_label, configs.mode, configs.fusion,
+       configs.precision, configs.options, configs.dynamic, configs.batch_size
+FROM runs
+JOIN workloads ON workloads.id = runs.workload_id
+JOIN configs ON configs.id = runs.config_id
+"""
+
+
+def list_runs(
+    db: sqlite_utils.Database,
+    *,
+    workload: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+    where: str | None = None,
+    params: Sequence[Any] = (),
+) -> list[dict[str, Any]]:
+    """Runs joined with their workload spec and configuration, newest first."""
+    clauses, args = [], list(params)
+    if where:
+        clauses.append(f"({where})")
+    if workload is not None:
+        clauses.append("workloads.spec = ?")
+        args.append(workload)
+    if status is not None:
+        clauses.append("runs.status = ?")
+        args.append(status)
+    sql = RUN_LIST_SQL + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY runs.id DESC"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    cur = db.execute(sql, args)
+    names = [c[0] for c in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def power_samples(db: sqlite_utils.Database, run_id: int) -> list[dict[str, Any]]:
+    return list(db.query("SELECT t_s, device, power_w FROM power_samples WHERE run_id = ? ORDER BY t_s",
+                         [run_id]))

@@ -1,0 +1,204 @@
+"""Table definitions and the ordered list of migrations; `PRAGMA user_version` holds the version."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+# Version 1 is the first layout ever written; later versions are reached only through MIGRATIONS,
+# so a database from any earlier release opens and is brought forward in place.
+V1 = """
+CREATE TABLE hosts (
+    id TEXT PRIMARY KEY,            -- stable hash of hostname + machine id
+    hostname TEXT NOT NULL,
+    cpu TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE devices (
+    id TEXT PRIMARY KEY,            -- host_id + '/' + device id ('gpu:0', 'cpu:0', ...)
+    host_id TEXT NOT NULL REFERENCES hosts(id),
+    device TEXT NOT NULL,           -- 'gpu:0', 'cpu:0', 'dram:0'
+    kind TEXT NOT NULL,
+    name TEXT,
+    uuid TEXT,
+    driver TEXT,
+    power_limit_w REAL,
+    memory_bytes INTEGER,
+    source TEXT
+);
+CREATE TABLE workloads (
+    id TEXT PRIMARY KEY,            -- hash of spec + batch size + input shape arguments
+    spec TEXT NOT NULL,             -- 'mlp', 'torchvision:resnet50', 'pkg.mod:factory'
+    batch_size INTEGER NOT NULL,
+    params INTEGER,
+    flops_per_inference REAL,       -- per batch (one forward call)
+    graph_nodes INTEGER,
+    op_mix TEXT,                    -- JSON {op family: count}
+    inputs TEXT,                    -- JSON description of example inputs
+    created_at REAL NOT NULL
+);
+CREATE TABLE configs (
+    id TEXT PRIMARY KEY,            -- stable hash of the configuration
+    label TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    fusion TEXT NOT NULL,
+    options TEXT NOT NULL,          -- JSON of raw Inductor overrides
+    precision TEXT NOT NULL,
+    dynamic INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL
+);
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY,
+    workload_id TEXT NOT NULL REFERENCES workloads(id),
+    config_id TEXT NOT NULL REFERENCES configs(id),
+    host_id TEXT NOT NULL REFERENCES hosts(id),
+    device TEXT NOT NULL,           -- torch device string, 'cuda:0' or 'cpu'
+    device_name TEXT,
+    status TEXT NOT NULL,           -- 'ok' | 'failed'
+    reason TEXT,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    compile_s REAL,
+    compile_energy_j REAL,
+    warmup_s REAL,
+    window_s REAL,
+    inferences INTEGER,             -- forward calls in the timed window
+    latency_ms_p50 REAL,
+    latency_ms_p95 REAL,
+    throughput_per_s REAL,          -- samples per second (batch_size * calls / s)
+    energy_j REAL,                  -- whole timed window, metered devices together
+    energy_j_per_inference REAL,    -- per forward call (one batch)
+    energy_above_idle_j_per_inference REAL,
+    idle_power_w REAL,
+    avg_power_w REAL,
+    peak_power_w REAL,
+    energy_source TEXT,             -- 'nvml' | 'rapl' | 'estimate'
+    peak_memory_bytes INTEGER,
+    graph_breaks INTEGER,
+    recompiles INTEGER,
+    max_rel_error REAL,
+    torch_version TEXT,
+    triton_version TEXT,
+    driver_version TEXT,
+    joulepilot_version TEXT,
+    extra TEXT                      -- JSON for anything else
+);
+CREATE INDEX runs_workload_config ON runs(workload_id, config_id);
+CREATE TABLE power_samples (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    t_s REAL NOT NULL,              -- seconds since the window opened
+    device TEXT NOT NULL,
+    power_w REAL NOT NULL
+);
+CREATE INDEX power_samples_run ON power_samples(run_id);
+CREATE TABLE decisions (
+    id INTEGER PRIMARY KEY,
+    policy TEXT NOT NULL,
+    policy_hash TEXT NOT NULL,
+    device_kind TEXT NOT NULL,
+    torch_version TEXT NOT NULL,
+    config_id TEXT,
+    state TEXT NOT NULL,            -- 'verified' | 'provisional' | 'fallback' | 'violated'
+    reason TEXT,
+    decided_at REAL NOT NULL,
+    details TEXT                    -- JSON: candidates, break-even, predictions
+);
+CREATE INDEX decisions_policy ON decisions(policy, device_kind, decided_at);
+CREATE TABLE deployments (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    policy TEXT,
+    workload_id TEXT,
+    config_id TEXT,
+    host_id TEXT,
+    device TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE deployment_samples (
+    id INTEGER PRIMARY KEY,
+    deployment_id INTEGER NOT NULL REFERENCES deployments(id),
+    t_start REAL NOT NULL,
+    t_end REAL NOT NULL,
+    energy_j REAL NOT NULL,
+    inferences INTEGER NOT NULL,
+    avg_power_w REAL,
+    peak_power_w REAL,
+    energy_source TEXT NOT NULL
+);
+CREATE INDEX deployment_samples_dep ON deployment_samples(deployment_id, t_start);
+"""
+
+# Version 2: provenance as one comparable key, idle-adjusted window energy, and the shared-GPU
+# attribution of deployment samples.
+V2 = """
+ALTER TABLE runs ADD COLUMN provenance_key TEXT;
+ALTER TABLE runs ADD COLUMN energy_above_idle_j REAL;
+ALTER TABLE runs ADD COLUMN artifacts_path TEXT;
+ALTER TABLE runs ADD COLUMN warm_start_s REAL;
+ALTER TABLE deployment_samples ADD COLUMN other_processes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE deployment_samples ADD COLUMN share REAL;
+ALTER TABLE deployment_samples ADD COLUMN config_id TEXT;
+CREATE INDEX runs_provenance ON runs(workload_id, config_id, provenance_key);
+"""
+
+# Version 3: the daemon's durable work queue, the hooks' benchmark requests, heartbeats, and
+# decision violations raised by the envelope guard.
+V3 = """
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY,
+    policy TEXT NOT NULL,
+    workload TEXT,
+    host_id TEXT,
+    requested_at REAL NOT NULL,
+    handled_at REAL,
+    note TEXT
+);
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    policy TEXT NOT NULL,
+    workload_id TEXT NOT NULL,
+    config_id TEXT NOT NULL,
+    provenance_key TEXT NOT NULL,
+    state TEXT NOT NULL,            -- 'queued' | 'running' | 'done' | 'failed'
+    run_id INTEGER,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    UNIQUE (workload_id, config_id, provenance_key)
+);
+CREATE TABLE heartbeats (
+    id INTEGER PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    host_id TEXT,
+    at REAL NOT NULL,
+    state TEXT NOT NULL,            -- 'idle' | 'sweeping' | 'paused' | 'fitting' | 'stopped'
+    detail TEXT
+);
+CREATE TABLE violations (
+    id INTEGER PRIMARY KEY,
+    decision_id INTEGER,
+    policy TEXT NOT NULL,
+    deployment TEXT NOT NULL,
+    config_id TEXT,
+    limit_name TEXT NOT NULL,
+    limit_value REAL NOT NULL,
+    measured_value REAL NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def _script(sql: str) -> Migration:
+    def apply(conn: sqlite3.Connection) -> None:
+        for statement in sql.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+
+    return apply
+
+
+# MIGRATIONS[i] takes a database from version i to version i + 1.
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3)]
+SCHEMA_VERSION = len(MIGRATIONS)
