@@ -2,6 +2,7 @@
 
 from .db import default_db_path, default_home, migrate, open_db, schema_version, transaction
 from .errors import StoreError
+from .exchange import export_runs, import_runs, read_export, write_export
 from .records import (
     host_identity,
     insert_run,
@@ -20,6 +21,10 @@ __all__ = [
     "StoreError",
     "default_db_path",
     "default_home",
+    "export_runs",
+    "import_runs",
+    "read_export",
+    "write_export",
     "host_identity",
     "insert_run",
     "list_runs",

@@ -1,0 +1,208 @@
+"""The daemon's durable state: the job queue, heartbeats, and the hooks' benchmark requests.
+
+Every change of a job's state is one transaction, so a daemon killed at any moment leaves each job
+either as it was or fully moved on; a restart puts jobs left `running` back in the queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sqlite_utils
+
+from .db import transaction
+
+JOB_STATES = ("queued", "running", "done", "failed")
+HEARTBEAT_STATES = ("starting", "idle", "sweeping", "paused", "fitting", "stopped")
+
+
+# --- jobs -----------------------------------------------------------------------------------------
+
+
+def enqueue_job(
+    db: sqlite_utils.Database, *, policy: str, workload_id: str, config_id: str, provenance_key: str,
+) -> tuple[int, bool]:
+    """Queue one measurement; returns (job id, created). An existing job for the same workload,
+    configuration and provenance is kept as it is (a failed one is queued again)."""
+    now = time.time()
+    with transaction(db):
+        row = db.execute(
+            "SELECT id, state FROM jobs WHERE workload_id = ? AND config_id = ? AND provenance_key = ?",
+            [workload_id, config_id, provenance_key],
+        ).fetchone()
+        if row is not None:
+            job_id, state = row
+            if state == "failed":
+                db.execute("UPDATE jobs SET state = 'queued', policy = ?, updated_at = ? WHERE id = ?",
+                           [policy, now, job_id])
+                return job_id, True
+            return job_id, False
+        cur = db.execute(
+            "INSERT INTO jobs (policy, workload_id, config_id, provenance_key, state, attempts, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?)",
+            [policy, workload_id, config_id, provenance_key, now, now],
+        )
+        return cur.lastrowid, True
+
+
+def get_job(db: sqlite_utils.Database, job_id: int) -> dict[str, Any] | None:
+    rows = list(db.query("SELECT * FROM jobs WHERE id = ?", [job_id]))
+    return rows[0] if rows else None
+
+
+def queued_jobs(db: sqlite_utils.Database, limit: int | None = None) -> list[dict[str, Any]]:
+    """Queued jobs in the order they will run (oldest first, the planner enqueues cheapest first)."""
+    sql = "SELECT * FROM jobs WHERE state = 'queued' ORDER BY id"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    return list(db.query(sql))
+
+
+def claim_job(db: sqlite_utils.Database, job_id: int) -> bool:
+    """Move a queued job to running; False when it is no longer queued."""
+    with transaction(db):
+        cur = db.execute(
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ? "
+            "WHERE id = ? AND state = 'queued'",
+            [time.time(), job_id],
+        )
+        return cur.rowcount == 1
+
+
+def requeue_job(db: sqlite_utils.Database, job_id: int, *, count_attempt: bool = False) -> None:
+    """Put a running job back in the queue (stopped, or paused for production load)."""
+    with transaction(db):
+        db.execute(
+            "UPDATE jobs SET state = 'queued', updated_at = ?"
+            + ("" if count_attempt else ", attempts = MAX(attempts - 1, 0)")
+            + " WHERE id = ? AND state = 'running'",
+            [time.time(), job_id],
+        )
+
+
+def finish_job(db: sqlite_utils.Database, job_id: int, *, state: str, run_id: int | None) -> None:
+    """Mark a job done or failed, linked to its run. Call inside the transaction that wrote the run."""
+    if state not in ("done", "failed"):
+        raise ValueError(f"a finished job is 'done' or 'failed', not {state!r}")
+    with transaction(db):
+        db.execute("UPDATE jobs SET state = ?, run_id = ?, updated_at = ? WHERE id = ?",
+                   [state, run_id, time.time(), job_id])
+
+
+def recover_orphaned_jobs(db: sqlite_utils.Database) -> list[int]:
+    """Jobs left `running` by a daemon that died go back to `queued`; returns their ids.
+
+    Only the holder of the daemon's instance lock runs jobs, so once the lock is ours every
+    `running` job belongs to a dead process.
+    """
+    with transaction(db):
+        ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE state = 'running'").fetchall()]
+        if ids:
+            db.execute("UPDATE jobs SET state = 'queued', updated_at = ? WHERE state = 'running'",
+                       [time.time()])
+    return ids
+
+
+def queue_counts(db: sqlite_utils.Database) -> dict[str, int]:
+    counts = dict.fromkeys(JOB_STATES, 0)
+    for state, n in db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall():
+        counts[state] = n
+    return counts
+
+
+def list_jobs(db: sqlite_utils.Database, *, state: str | None = None, limit: int | None = None
+              ) -> list[dict[str, Any]]:
+    """Jobs with their configuration label and workload spec, in queue order."""
+    sql = ("SELECT jobs.*, configs.label AS config_label, workloads.spec AS workload FROM jobs "
+           "LEFT JOIN configs ON configs.id = jobs.config_id "
+           "LEFT JOIN workloads ON workloads.id = jobs.workload_id")
+    args: list[Any] = []
+    if state:
+        sql += " WHERE jobs.state = ?"
+        args.append(state)
+    sql += " ORDER BY jobs.id"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    return list(db.query(sql, args))
+
+
+# --- heartbeats -----------------------------------------------------------------------------------
+
+
+def write_heartbeat(
+    db: sqlite_utils.Database, state: str, detail: Mapping[str, Any] | None = None, *,
+    pid: int | None = None, host_id: str | None = None, keep: int = 1000,
+) -> int:
+    """Record what the daemon is doing now; old heartbeats beyond `keep` are pruned."""
+    if state not in HEARTBEAT_STATES:
+        raise ValueError(f"heartbeat state {state!r} is not one of {HEARTBEAT_STATES}")
+    with transaction(db):
+        cur = db.execute(
+            "INSERT INTO heartbeats (pid, host_id, at, state, detail) VALUES (?, ?, ?, ?, ?)",
+            [pid if pid is not None else os.getpid(), host_id, time.time(), state,
+             json.dumps(dict(detail or {}), sort_keys=True, default=str)],
+        )
+        hb_id = cur.lastrowid
+        if keep:
+            db.execute("DELETE FROM heartbeats WHERE id <= ?", [hb_id - keep])
+    return hb_id
+
+
+def _decode_heartbeat(row: dict[str, Any]) -> dict[str, Any]:
+    row = dict(row)
+    try:
+        row["detail"] = json.loads(row["detail"]) if row.get("detail") else {}
+    except ValueError:
+        row["detail"] = {"raw": row["detail"]}
+    return row
+
+
+def latest_heartbeat(db: sqlite_utils.Database, state: str | None = None) -> dict[str, Any] | None:
+    sql = "SELECT * FROM heartbeats" + (" WHERE state = ?" if state else "") + " ORDER BY id DESC LIMIT 1"
+    rows = list(db.query(sql, [state] if state else []))
+    return _decode_heartbeat(rows[0]) if rows else None
+
+
+def list_heartbeats(db: sqlite_utils.Database, limit: int = 20) -> list[dict[str, Any]]:
+    return [_decode_heartbeat(r) for r in db.query(
+        "SELECT * FROM heartbeats ORDER BY id DESC LIMIT ?", [int(limit)])]
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+
+def add_request(db: sqlite_utils.Database, policy: str, *, workload: str | None = None,
+                host_id: str | None = None, note: str | None = None) -> int:
+    """Ask the daemon to (re)benchmark a policy; an unhandled request for the same policy is reused."""
+    with transaction(db):
+        row = db.execute("SELECT id FROM requests WHERE policy = ? AND handled_at IS NULL", [policy]).fetchone()
+        if row is not None:
+            return row[0]
+        cur = db.execute(
+            "INSERT INTO requests (policy, workload, host_id, requested_at, note) VALUES (?, ?, ?, ?, ?)",
+            [policy, workload, host_id, time.time(), note],
+        )
+        return cur.lastrowid
+
+
+def unhandled_requests(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    return list(db.query("SELECT * FROM requests WHERE handled_at IS NULL ORDER BY id"))
+
+
+def mark_requests_handled(db: sqlite_utils.Database, ids: Iterable[int], note: str | None = None) -> None:
+    ids = list(ids)
+    if not ids:
+        return
+    with transaction(db):
+        marks = ", ".join("?" for _ in ids)
+        if note is None:
+            db.execute(f"UPDATE requests SET handled_at = ? WHERE id IN ({marks})", [time.time(), *ids])
+        else:
+            db.execute(
+                f"UPDATE requests SET handled_at = ?, note = COALESCE(note || '; ', '') || ? WHERE id IN ({marks})",
+                [time.time(), note, *ids],
+            )

@@ -1,0 +1,186 @@
+"""Store: round trips, migrations from older versions, WAL concurrency, atomic writes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+import time
+
+import pytest
+
+from joulepilot.store import (
+    SCHEMA_VERSION,
+    StoreError,
+    export_runs,
+    import_runs,
+    insert_run,
+    list_runs,
+    open_db,
+    power_samples,
+    schema_version,
+    stable_id,
+    transaction,
+    upsert_config,
+    upsert_host,
+    upsert_workload,
+)
+from joulepilot.store.schema import MIGRATIONS
+
+
+def _seed(db, n=1, started=1000.0):
+    host_id = upsert_host(db, {"id": "h1", "hostname": "box", "cpu": "x86"})
+    wid = upsert_workload(db, {"id": "w1", "spec": "mlp", "batch_size": 8, "params": 1234,
+                               "flops_per_inference": 5e6, "op_mix": {"linear": 3}})
+    cid = upsert_config(db, {"id": "c1", "label": "default/default/fp32/b8", "mode": "default",
+                             "fusion": "default", "options": {}, "precision": "fp32", "dynamic": False,
+                             "batch_size": 8})
+    ids = []
+    for i in range(n):
+        ids.append(insert_run(db, {
+            "workload_id": wid, "config_id": cid, "host_id": host_id, "device": "cpu", "status": "ok",
+            "started_at": started + i, "finished_at": started + i + 5, "energy_j_per_inference": 0.5 + i,
+            "avg_power_w": 40.0, "energy_source": "estimate", "extra": {"note": "x"},
+        }, power_samples=[(0.0, "cpu:0", 41.0), (0.1, "cpu:0", 39.5)]))
+    return ids
+
+
+def test_new_database_is_at_current_version_in_wal(tmp_path):
+    db = open_db(tmp_path / "a.db")
+    assert schema_version(db) == SCHEMA_VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
+    assert {"runs", "configs", "workloads", "hosts", "devices", "decisions", "deployments",
+            "deployment_samples", "power_samples", "jobs", "requests", "heartbeats",
+            "violations"} <= set(db.table_names())
+
+
+def test_run_round_trip(db):
+    (run_id,) = _seed(db)
+    rows = list_runs(db)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["id"] == run_id
+    assert row["workload"] == "mlp" and row["mode"] == "default" and row["precision"] == "fp32"
+    assert row["energy_j_per_inference"] == pytest.approx(0.5)
+    assert row["extra"] == '{"note": "x"}'
+    assert [s["power_w"] for s in power_samples(db, run_id)] == [41.0, 39.5]
+    assert list_runs(db, workload="other") == []
+    assert len(list_runs(db, status="ok")) == 1
+
+
+def test_unknown_run_field_is_refused_and_nothing_written(db):
+    _seed(db)
+    with pytest.raises(ValueError, match="energy_mj"):
+        insert_run(db, {"workload_id": "w1", "config_id": "c1", "host_id": "h1", "device": "cpu",
+                        "status": "ok", "started_at": 1.0, "energy_mj": 3})
+    assert db["runs"].count == 1
+
+
+def test_failed_transaction_leaves_no_partial_run(db):
+    _seed(db)
+    with pytest.raises(RuntimeError):
+        with transaction(db):
+            db.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at)"
+                       " VALUES ('w1', 'c1', 'h1', 'cpu', 'ok', 5.0)")
+            raise RuntimeError("killed mid-write")
+    assert db["runs"].count == 1
+
+
+def test_migration_from_version_1_keeps_rows(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    MIGRATIONS[0](conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
+    conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")
+    conn.execute("INSERT INTO configs VALUES ('c1', 'eager', 'eager', 'default', '{}', 'fp32', 0, 8)")
+    conn.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at,"
+                 " energy_j_per_inference) VALUES ('w1', 'c1', 'h1', 'cpu', 'ok', 2.0, 0.25)")
+    conn.close()
+
+    db = open_db(path)
+    assert schema_version(db) == SCHEMA_VERSION
+    run = list_runs(db)[0]
+    assert run["energy_j_per_inference"] == 0.25
+    assert run["provenance_key"] is None  # column added by version 2
+    assert "jobs" in db.table_names()  # table added by version 3
+
+
+def test_newer_schema_is_refused_with_advice(tmp_path):
+    path = tmp_path / "new.db"
+    open_db(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this joulepilot"):
+        open_db(path)
+
+
+def test_unopenable_path_names_the_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StoreError, match="--db"):
+        open_db(blocker / "sub" / "x.db")
+
+
+def test_default_location_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("JOULEPILOT_HOME", str(tmp_path / "home"))
+    db = open_db()
+    assert (tmp_path / "home" / "joulepilot.db").exists()
+    db.close()
+    monkeypatch.setenv("JOULEPILOT_DB", str(tmp_path / "elsewhere.db"))
+    open_db().close()
+    assert (tmp_path / "elsewhere.db").exists()
+
+
+def test_stable_id_is_order_independent_for_mappings():
+    assert stable_id({"a": 1, "b": 2}) == stable_id({"b": 2, "a": 1})
+    assert stable_id("x", 1) != stable_id("x", 2)
+
+
+def test_export_import_round_trip(tmp_path, db):
+    _seed(db, n=3)
+    records = export_runs(db)
+    other = open_db(tmp_path / "other.db")
+    assert len(import_runs(other, records)) == 3
+    assert import_runs(other, records) == []  # idempotent
+    assert [r["energy_j_per_inference"] for r in list_runs(other)] == [2.5, 1.5, 0.5]
+
+
+def _writer(path: str, count: int, ready) -> None:
+    db = open_db(path)
+    ready.set()
+    for i in range(count):
+        insert_run(db, {"workload_id": "w1", "config_id": "c1", "host_id": "h1", "device": "cpu",
+                        "status": "ok", "started_at": 10_000.0 + i, "energy_j_per_inference": 1.0},
+                   power_samples=[(j * 0.1, "cpu:0", 10.0) for j in range(50)])
+
+
+def test_reader_keeps_reading_while_a_writer_writes(tmp_path):
+    path = tmp_path / "shared.db"
+    db = open_db(path)
+    _seed(db)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_writer, args=(str(path), 300, ready))
+    proc.start()
+    ready.wait(30)
+    reader = open_db(path)
+    seen, reads = [], 0
+    deadline = time.time() + 60
+    while proc.is_alive() and time.time() < deadline:
+        n = reader.execute("SELECT count(*) FROM runs").fetchone()[0]
+        # A run and its samples commit together: a reader never sees a run without its 50 samples.
+        orphans = reader.execute(
+            "SELECT count(*) FROM runs WHERE id > 1 AND"
+            " (SELECT count(*) FROM power_samples p WHERE p.run_id = runs.id) != 50"
+        ).fetchone()[0]
+        assert orphans == 0
+        seen.append(n)
+        reads += 1
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert reads > 5
+    assert seen == sorted(seen)  # counts only grow, no read failed
+    assert reader.execute("SELECT count(*) FROM runs").fetchone()[0] == 301
