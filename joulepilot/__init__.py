@@ -1,3 +1,24 @@
-"""joulepilot: energy-aware torch.compile policy controller."""
+"""joulepilot: energy-aware torch.compile policy controller.
+
+`joulepilot.compile(model, policy=...)` applies the decided compile settings; `joulepilot.EnergyMeter`
+measures windows of energy. Both are imported lazily so `import joulepilot` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["EnergyMeter", "compile", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "compile":
+        from .hook import compile
+
+        return compile
+    if name == "EnergyMeter":
+        from .telemetry import EnergyMeter
+
+        return EnergyMeter
+    raise AttributeError(f"module 'joulepilot' has no attribute {name!r}")

@@ -1,6 +1,17 @@
 """SQLite store: schema, migrations, typed reads and writes."""
 
 from .db import default_db_path, default_home, migrate, open_db, schema_version, transaction
+from .decisions import latest_decision, list_decisions, write_decision
+from .deployments import (
+    get_deployment,
+    insert_samples,
+    insert_violation,
+    list_deployments,
+    list_violations,
+    read_samples,
+    register_deployment,
+    violated_config_ids,
+)
 from .errors import StoreError
 from .exchange import export_runs, import_runs, read_export, write_export
 from .records import (
@@ -17,6 +28,14 @@ from .records import (
 from .schema import SCHEMA_VERSION
 
 __all__ = [
+    "get_deployment",
+    "insert_samples",
+    "insert_violation",
+    "list_deployments",
+    "list_violations",
+    "read_samples",
+    "register_deployment",
+    "violated_config_ids",
     "SCHEMA_VERSION",
     "StoreError",
     "default_db_path",
@@ -27,6 +46,9 @@ __all__ = [
     "write_export",
     "host_identity",
     "insert_run",
+    "latest_decision",
+    "list_decisions",
+    "write_decision",
     "list_runs",
     "migrate",
     "open_db",

@@ -25,20 +25,28 @@ HEARTBEAT_STATES = ("starting", "idle", "sweeping", "paused", "fitting", "stoppe
 
 def enqueue_job(
     db: sqlite_utils.Database, *, policy: str, workload_id: str, config_id: str, provenance_key: str,
+    max_attempts: int = 3,
 ) -> tuple[int, bool]:
-    """Queue one measurement; returns (job id, created). An existing job for the same workload,
-    configuration and provenance is kept as it is (a failed one is queued again)."""
+    """Queue one measurement; returns (job id, queued now).
+
+    The queue holds one job per workload, configuration and provenance. An existing job that is
+    queued or running is left alone; a done one is queued again (the caller found its run stale); a
+    failed one is queued again until it has failed `max_attempts` times.
+    """
     now = time.time()
     with transaction(db):
         row = db.execute(
-            "SELECT id, state FROM jobs WHERE workload_id = ? AND config_id = ? AND provenance_key = ?",
+            "SELECT id, state, attempts FROM jobs WHERE workload_id = ? AND config_id = ? AND provenance_key = ?",
             [workload_id, config_id, provenance_key],
         ).fetchone()
         if row is not None:
-            job_id, state = row
-            if state == "failed":
-                db.execute("UPDATE jobs SET state = 'queued', policy = ?, updated_at = ? WHERE id = ?",
-                           [policy, now, job_id])
+            job_id, state, attempts = row
+            if state == "done" or (state == "failed" and attempts < max_attempts):
+                db.execute(
+                    "UPDATE jobs SET state = 'queued', policy = ?, updated_at = ?"
+                    + (", attempts = 0" if state == "done" else "") + " WHERE id = ?",
+                    [policy, now, job_id],
+                )
                 return job_id, True
             return job_id, False
         cur = db.execute(
@@ -47,6 +55,16 @@ def enqueue_job(
             [policy, workload_id, config_id, provenance_key, now, now],
         )
         return cur.lastrowid, True
+
+
+def drop_queued_jobs(db: sqlite_utils.Database, policy: str, keep_ids: Iterable[int] = ()) -> int:
+    """Remove a policy's queued jobs that its current plan no longer wants (the file changed)."""
+    keep = list(keep_ids)
+    with transaction(db):
+        sql = "DELETE FROM jobs WHERE policy = ? AND state = 'queued'"
+        if keep:
+            sql += f" AND id NOT IN ({', '.join('?' for _ in keep)})"
+        return db.execute(sql, [policy, *keep]).rowcount
 
 
 def get_job(db: sqlite_utils.Database, job_id: int) -> dict[str, Any] | None:
@@ -193,16 +211,11 @@ def unhandled_requests(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     return list(db.query("SELECT * FROM requests WHERE handled_at IS NULL ORDER BY id"))
 
 
-def mark_requests_handled(db: sqlite_utils.Database, ids: Iterable[int], note: str | None = None) -> None:
+def mark_requests_handled(db: sqlite_utils.Database, ids: Iterable[int]) -> None:
+    """Requests answered by a decision (their `note`, the hook's JSON, is left as written)."""
     ids = list(ids)
     if not ids:
         return
     with transaction(db):
         marks = ", ".join("?" for _ in ids)
-        if note is None:
-            db.execute(f"UPDATE requests SET handled_at = ? WHERE id IN ({marks})", [time.time(), *ids])
-        else:
-            db.execute(
-                f"UPDATE requests SET handled_at = ?, note = COALESCE(note || '; ', '') || ? WHERE id IN ({marks})",
-                [time.time(), note, *ids],
-            )
+        db.execute(f"UPDATE requests SET handled_at = ? WHERE id IN ({marks})", [time.time(), *ids])

@@ -187,6 +187,12 @@ CREATE TABLE violations (
 );
 """
 
+# Version 4: what a deployment was started with (device kind, energy source, the policy's limits), so
+# reports can show the envelope without finding the policy file again.
+V4 = """
+ALTER TABLE deployments ADD COLUMN details TEXT;
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -200,5 +206,5 @@ def _script(sql: str) -> Migration:
 
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3)]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4)]
 SCHEMA_VERSION = len(MIGRATIONS)

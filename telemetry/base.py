@@ -47,11 +47,20 @@ class Meter(ABC):
         """Instant power per device id; empty when the hardware has no instant reading."""
         return {}
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 - optional hook, a no-op for most meters
         """Wait for queued device work so a reading covers it (a GPU meter synchronises CUDA)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles."""
+
+    def methods(self) -> dict[str, dict[str, str]]:
+        """How each device's energy and power are obtained (provenance), e.g. {"gpu:0": {"energy": "counter"}}."""
+        return {}
+
+    @property
+    def has_instant_power(self) -> bool:
+        """True when `power_w()` reads the hardware; otherwise power is derived from energy deltas."""
+        return False
 
     @property
     def active(self) -> bool:
@@ -83,7 +92,8 @@ class DeviceEnergy:
     duration_s: float
     idle_power_w: float | None = None
     peak_power_w: float | None = None
-    samples: int = 0
+    samples: int = 0  # power samples taken for this device during the window
+    method: str = ""  # how the energy was obtained, e.g. "counter", "power-integration", "cpu-time x 10 W/core"
 
     @property
     def avg_power_w(self) -> float:
@@ -110,6 +120,8 @@ class Measurement:
     start_time: float
     duration_s: float
     devices: list[DeviceEnergy] = field(default_factory=list)
+    # (seconds since the window opened, device id, watts) from the background sampler
+    samples: list[tuple[float, str, float]] = field(default_factory=list)
 
     @property
     def energy_j(self) -> float:
@@ -118,6 +130,36 @@ class Measurement:
     @property
     def sources(self) -> list[str]:
         return sorted({d.source for d in self.devices})
+
+    @property
+    def energy_above_idle_j(self) -> float | None:
+        """Above-idle joules of all devices, or None unless every device has an idle baseline."""
+        values = [d.energy_above_idle_j for d in self.devices]
+        if not values or any(v is None for v in values):
+            return None
+        return sum(values)
+
+    @property
+    def idle_power_w(self) -> float | None:
+        values = [d.idle_power_w for d in self.devices]
+        if not values or any(v is None for v in values):
+            return None
+        return sum(values)
+
+    @property
+    def avg_power_w(self) -> float:
+        return self.energy_j / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def peak_power_w(self) -> float | None:
+        """Peak of the summed power of all devices at one sampler tick (per-device peaks are on each device)."""
+        if not self.samples:
+            peaks = [d.peak_power_w for d in self.devices if d.peak_power_w is not None]
+            return max(peaks) if peaks else None
+        by_tick: dict[float, float] = {}
+        for t_s, _device, power_w in self.samples:
+            by_tick[t_s] = by_tick.get(t_s, 0.0) + power_w
+        return max(by_tick.values())
 
     def by_kind(self, kind_prefix: str) -> list[DeviceEnergy]:
         return [d for d in self.devices if d.device.startswith(kind_prefix + ":")]
@@ -128,6 +170,11 @@ class Measurement:
             "start_time": self.start_time,
             "duration_s": self.duration_s,
             "energy_j": self.energy_j,
+            "energy_above_idle_j": self.energy_above_idle_j,
+            "idle_power_w": self.idle_power_w,
+            "avg_power_w": self.avg_power_w,
+            "peak_power_w": self.peak_power_w,
             "sources": self.sources,
             "devices": [d.to_dict() for d in self.devices],
+            "samples": [list(s) for s in self.samples],
         }

@@ -1,0 +1,33 @@
+"""The compiler core: configuration space, workloads, the isolated benchmark worker, warm-start artifacts."""
+
+from .artifacts import artifact_key, artifact_path_for, load_artifacts, save_artifacts
+from .bench import RunResult, bench, default_device, plan_configs
+from .config import CompileConfig
+from .describe import count_flops, describe_workload
+from .numerics import max_rel_error
+from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError
+from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
+
+__all__ = [
+    "FUSION_PRESETS",
+    "MODES",
+    "PRECISIONS",
+    "CompileConfig",
+    "ConfigError",
+    "RunResult",
+    "Workload",
+    "WorkloadError",
+    "artifact_key",
+    "artifact_path_for",
+    "bench",
+    "check_spec",
+    "count_flops",
+    "default_device",
+    "describe_workload",
+    "load_artifacts",
+    "load_workload",
+    "max_rel_error",
+    "plan_configs",
+    "save_artifacts",
+    "workload_id",
+]

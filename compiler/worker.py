@@ -1,0 +1,310 @@
+"""The benchmark worker: measures one configuration in a process of its own.
+
+Run as `python -m joulepilot.compiler.worker JOB.json` (or with the job on stdin). The job is a JSON
+object (see `compiler/runner.py`, which writes it); the result is written as JSON to
+`job["result_path"]`, and the phase reached so far is appended to `job["phase_path"]` so the parent can
+tell a compile that overran its budget from a slow measurement. Kinds of job:
+
+- "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile),
+  warm-up, latency pass, energy window, numerical check, optional artifact save and description.
+- "warm_start": load saved artifacts into this (fresh) process's cache, then time the first call.
+
+The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
+call's time is a cold compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+OOM_REASON = "out of memory"
+
+
+class Phases:
+    """Appends 'name<TAB>time' lines the parent reads to know where a job is."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.current = "start"
+
+    def enter(self, name: str) -> None:
+        self.current = name
+        if self.path:
+            with open(self.path, "a") as fh:
+                fh.write(f"{name}\t{time.time()}\n")
+
+
+def _peak_memory_bytes(device: str) -> int:
+    import torch
+
+    if str(device).startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated(torch.device(device)))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kB on Linux
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graph breaks so far, frames Dynamo has compiled so far)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()), int(counters["frames"]["total"])
+
+
+def _cache_counters() -> dict[str, int]:
+    """Inductor FX-graph and AOTAutograd cache hits/misses so far (shows whether a warm start hit)."""
+    from torch._dynamo.utils import counters
+
+    wanted = ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit", "autograd_cache_miss")
+    found = {**counters["inductor"], **counters["aot_autograd"]}
+    return {k: int(found[k]) for k in wanted if found.get(k)}
+
+
+def _open_meter(device: str, sample_hz: float) -> Any:
+    from joulepilot.telemetry import EnergyMeter
+
+    return EnergyMeter(device=device, sample_hz=sample_hz)
+
+
+def _above_idle_j(measurement: Any, idle_power_w: dict[str, float]) -> float | None:
+    if not idle_power_w:
+        return getattr(measurement, "energy_above_idle_j", None)
+    total = 0.0
+    for dev in measurement.devices:
+        if dev.device not in idle_power_w:
+            return None
+        total += max(0.0, dev.energy_j - idle_power_w[dev.device] * dev.duration_s)
+    return total
+
+
+def _idle_sum(measurement: Any, idle_power_w: dict[str, float]) -> float | None:
+    values = [idle_power_w.get(dev.device) for dev in measurement.devices]
+    if not values or any(v is None for v in values):
+        return None
+    return float(sum(values))
+
+
+def _peak_power(measurement: Any) -> float | None:
+    peak = getattr(measurement, "peak_power_w", None)
+    if peak is not None:
+        return peak
+    peaks = [d.peak_power_w for d in measurement.devices if d.peak_power_w is not None]
+    return max(peaks) if peaks else None
+
+
+def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    import torch
+
+    from .artifacts import save_artifacts
+    from .config import CompileConfig
+    from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
+    from .numerics import max_rel_error
+    from .precision import strict_fp32
+    from .provenance import provenance
+    from .workloads import load_workload
+
+    device = job["device"]
+    config = CompileConfig.from_row(job["config"])
+    min_seconds = float(job["min_seconds"])
+    result: dict[str, Any] = {"extra": {}}
+    extra = result["extra"]
+    origin = job.get("provenance") or provenance(device)
+    result.update({k: v for k, v in origin.items()
+                   if k in ("device_name", "driver_version", "torch_version", "triton_version",
+                            "joulepilot_version", "provenance_key", "host_id")})
+    extra["provenance"] = {k: origin[k] for k in ("hostname", "cuda_version", "python_version")}
+
+    phases.enter("load")
+    workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
+                             seq_len=job.get("seq_len"), image_size=job.get("image_size"),
+                             seed=int(job.get("seed", 1234)))
+    model, inputs = workload.model, workload.example_inputs
+    sync = synchronizer(device)
+
+    phases.enter("reference")
+    with torch.no_grad(), strict_fp32():
+        reference = model(*inputs)
+    sync()
+
+    meter = _open_meter(device, float(job.get("sample_hz", 10.0)))
+    try:
+        idle = job.get("idle_power_w") or {}
+        if idle:
+            meter.set_idle_power_w(idle)
+        elif float(job.get("idle_s", 0)) > 0:
+            phases.enter("idle")
+            idle = dict(meter.measure_idle(seconds=float(job["idle_s"])))
+        extra["idle_power_by_device_w"] = idle
+        extra["metered_devices"] = [d.id for d in meter.devices]
+
+        if str(device).startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(torch.device(device))
+        run = config.apply(model, device)
+        call = lambda: run(*inputs)  # noqa: E731
+
+        phases.enter("compile")
+        meter.begin("compile")
+        output, compile_s = timed_call(call, sync)
+        compile_m = meter.end("compile")
+        phases.enter("compiled")
+        result["compile_s"] = compile_s
+        result["compile_energy_j"] = compile_m.energy_j
+        result["max_rel_error"] = max_rel_error(output, reference)
+        del output
+        breaks_after_first, frames_after_first = _dynamo_counts()
+
+        phases.enter("warmup")
+        warm_calls, warmup_s = warm_up(call, sync, max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
+        result["warmup_s"] = warmup_s
+        extra["warmup_calls"] = warm_calls
+
+        phases.enter("latency")
+        latency_s = float(job.get("latency_s") or max(0.25, min(min_seconds / 2.0, 3.0)))
+        latencies = latency_pass(call, sync, seconds=latency_s)
+        result["latency_ms_p50"] = percentile(latencies, 50)
+        result["latency_ms_p95"] = percentile(latencies, 95)
+        extra["latency_calls"] = len(latencies)
+        extra["latency_ms_mean"] = sum(latencies) / len(latencies)
+        extra["latency_ms_min"] = min(latencies)
+
+        phases.enter("window")
+        peak_before_window = _peak_memory_bytes(device)
+        if str(device).startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(torch.device(device))
+        sync()
+        meter.begin("window")
+        calls = back_to_back(call, sync, min_seconds=min_seconds)
+        window = meter.end("window")
+        peak_window = _peak_memory_bytes(device)
+    finally:
+        meter.close()
+
+    breaks, frames = _dynamo_counts()
+    result["graph_breaks"] = breaks
+    result["recompiles"] = max(0, frames - frames_after_first)
+    extra["graph_breaks_first_call"] = breaks_after_first
+    extra["dynamo_frames_first_call"] = frames_after_first
+    extra["torch_compile_kwargs"] = config.torch_compile_kwargs(device)
+    extra["compile_caches"] = _cache_counters()
+    if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
+        extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
+
+    energy = window.energy_j
+    above = _above_idle_j(window, idle)
+    result.update({
+        "window_s": window.duration_s,
+        "inferences": calls,
+        "throughput_per_s": config.batch_size * calls / window.duration_s,
+        "energy_j": energy,
+        "energy_j_per_inference": energy / calls,
+        "energy_above_idle_j": above,
+        "energy_above_idle_j_per_inference": None if above is None else above / calls,
+        "idle_power_w": _idle_sum(window, idle),
+        "avg_power_w": energy / window.duration_s if window.duration_s > 0 else None,
+        "peak_power_w": _peak_power(window),
+        "energy_source": "+".join(window.sources) if window.sources else None,
+        "peak_memory_bytes": max(peak_before_window, peak_window),
+    })
+    extra["peak_memory_window_bytes"] = peak_window
+    extra["window"] = {"devices": [d.to_dict() for d in window.devices]}
+    extra["compile_window"] = {"duration_s": compile_m.duration_s, "sources": compile_m.sources}
+    result["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
+
+    if config.compiles and job.get("artifacts_path"):
+        phases.enter("save_artifacts")
+        try:
+            saved = save_artifacts(job["artifacts_path"])
+            result["artifacts_path"] = str(saved) if saved else None
+        except Exception as exc:  # a warm start is a bonus; its failure never fails the run
+            extra["artifacts_error"] = f"{type(exc).__name__}: {exc}"
+
+    if job.get("describe"):
+        phases.enter("describe")
+        try:
+            described = workload.describe(with_details=True)
+            extra["describe"] = described.pop("details", {})
+            result["workload"] = described
+        except Exception as exc:
+            extra["describe_error"] = f"{type(exc).__name__}: {exc}"
+    result["status"] = "ok"
+    return result
+
+
+def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    from .artifacts import load_artifacts
+    from .config import CompileConfig
+    from .measure import synchronizer, timed_call
+    from .workloads import load_workload
+
+    device = job["device"]
+    config = CompileConfig.from_row(job["config"])
+    phases.enter("load_artifacts")
+    started = time.perf_counter()
+    loaded = load_artifacts(job["artifacts_path"])
+    load_s = time.perf_counter() - started
+    if not loaded:
+        raise RuntimeError(f"no artifacts could be loaded from {job['artifacts_path']}")
+    phases.enter("load")
+    workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
+                             seq_len=job.get("seq_len"), image_size=job.get("image_size"),
+                             seed=int(job.get("seed", 1234)))
+    run = config.apply(workload.model, device)
+    phases.enter("compile")
+    _, first_call_s = timed_call(lambda: run(*workload.example_inputs), synchronizer(device))
+    phases.enter("compiled")
+    return {"status": "ok", "warm_start_s": first_call_s, "artifacts_load_s": load_s, "caches": _cache_counters()}
+
+
+def _failure(exc: BaseException, phase: str) -> dict[str, Any]:
+    import torch
+
+    tail = "".join(traceback.format_exception(exc)).strip().splitlines()[-8:]
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        reason = f"{OOM_REASON} during {phase}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    else:
+        reason = f"{type(exc).__name__} during {phase}: {exc}".strip()
+    return {"status": "failed", "reason": reason[:2000], "traceback_tail": tail, "phase": phase}
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    phases = Phases(job.get("phase_path"))
+    started = time.time()
+    try:
+        kind = job.get("kind", "bench")
+        result = run_warm_start(job, phases) if kind == "warm_start" else run_bench(job, phases)
+    except Exception as exc:
+        result = _failure(exc, phases.current)
+    result["started_at"] = started
+    result["finished_at"] = time.time()
+    return result
+
+
+def write_result(result: dict[str, Any], path: str) -> None:
+    target = Path(path)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, default=str, allow_nan=True))
+    os.replace(tmp, target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(args[0]).read_text() if args and args[0] != "-" else sys.stdin.read())
+    result = run_job(job)
+    if job.get("result_path"):
+        write_result(result, job["result_path"])
+    else:
+        print(json.dumps(result, default=str))
+    return 0 if result.get("status") == "ok" else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The result is on disk; skip interpreter teardown, where compile-worker pools can linger.
+    os._exit(code)

@@ -1,0 +1,294 @@
+"""Workloads: a model plus example inputs, named by a spec string.
+
+Specs:
+  mlp | convnet | transformer          built in, plain torch (compiler/builtin_models.py)
+  torchvision:<name>                   torchvision.models.get_model(name, weights=None)
+  timm:<name>                          timm.create_model(name, pretrained=False)
+  transformers:<ConfigClass>           AutoModel.from_config(ConfigClass()), random weights, returns
+                                       last_hidden_state; token ids of seq_len, or pixel_values for
+                                       vision configs
+  package.module:factory               your own model; also path/to/file.py:factory
+
+A factory is called with whichever of batch_size, seq_len, image_size, device it accepts and returns
+either (model, example_inputs) or a model that has an `example_inputs(batch_size)` method. Nothing is
+ever downloaded: all weights are random, built from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from joulepilot.store import stable_id
+
+from .builtin_models import BUILTIN
+
+ADAPTERS = ("torchvision", "timm", "transformers")
+DEFAULT_SEED = 1234
+
+
+class WorkloadError(ValueError):
+    """A workload spec that cannot be resolved or built; the message names the spec and the cause."""
+
+
+def workload_id(spec: str, batch_size: int, seq_len: int | None = None, image_size: int | None = None) -> str:
+    return stable_id("workload", spec, int(batch_size), seq_len, image_size)
+
+
+@dataclass
+class Workload:
+    spec: str
+    batch_size: int
+    device: str
+    model: Any
+    example_inputs: tuple
+    seq_len: int | None = None
+    image_size: int | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return workload_id(self.spec, self.batch_size, self.seq_len, self.image_size)
+
+    def describe(self, graph: bool = True, with_details: bool = False) -> dict[str, Any]:
+        """A row for the workloads table: id, spec, batch_size, params, flops_per_inference (one forward
+        call of one batch), graph_nodes, op_mix, inputs."""
+        from .describe import describe_workload
+
+        return describe_workload(self, graph=graph, with_details=with_details)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """('builtin', 'mlp') | ('torchvision', 'resnet50') | ... | ('factory', 'pkg.mod:fn')."""
+    spec = spec.strip()
+    if not spec:
+        raise WorkloadError("empty workload spec; use mlp, convnet, transformer, torchvision:<name>, "
+                            "timm:<name>, transformers:<ConfigClass> or package.module:factory")
+    if spec in BUILTIN:
+        return "builtin", spec
+    prefix, sep, rest = spec.partition(":")
+    if not sep:
+        raise WorkloadError(
+            f"workload {spec!r} is not a built-in ({', '.join(BUILTIN)}) and has no ':'; "
+            f"write torchvision:<name>, timm:<name>, transformers:<ConfigClass> or package.module:factory"
+        )
+    if not rest:
+        raise WorkloadError(f"workload {spec!r} names nothing after ':'")
+    if prefix in ADAPTERS:
+        return prefix, rest
+    return "factory", spec
+
+
+def _import_library(name: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise WorkloadError(f"workload {spec!r} needs the {name!r} package, which is not importable here "
+                            f"({exc}); pip install {name}") from exc
+
+
+def _import_module(module_name: str, spec: str) -> Any:
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser()
+        if not path.is_file():
+            raise WorkloadError(f"workload {spec!r}: file {path} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
+        try:
+            mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise WorkloadError(f"workload {spec!r}: importing {path} raised {type(exc).__name__}: {exc}") from exc
+        return module
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkloadError(f"workload {spec!r}: module {module_name!r} is not importable ({exc}); "
+                            f"check the name and that its folder is on PYTHONPATH") from exc
+    except Exception as exc:
+        raise WorkloadError(f"workload {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") \
+            from exc
+
+
+def resolve_factory(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.rpartition(":")
+    module = _import_module(module_name, spec)
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+            raise WorkloadError(f"workload {spec!r}: module {module_name!r} has no attribute {attr!r} "
+                                f"(callables there: {', '.join(public[:12]) or 'none'})")
+        target = getattr(target, part)
+    if not callable(target):
+        raise WorkloadError(f"workload {spec!r}: {attr!r} in {module_name!r} is not callable")
+    return target
+
+
+def check_spec(spec: str) -> None:
+    """Fail fast (WorkloadError) on a spec that cannot be built, without building the model."""
+    kind, name = split_spec(spec)
+    if kind == "builtin":
+        return
+    if kind == "factory":
+        resolve_factory(name)
+        return
+    library = _import_library(kind, spec)
+    if kind == "torchvision":
+        available = library.models.list_models()
+        if name not in available:
+            from .options import closest
+
+            guess = closest(name, available)
+            raise WorkloadError(f"workload {spec!r}: torchvision has no model {name!r}"
+                                + (f"; did you mean {guess!r}?" if guess else ""))
+    elif kind == "timm":
+        if not library.is_model(name):
+            raise WorkloadError(f"workload {spec!r}: timm has no model {name!r} (see timm.list_models())")
+    elif kind == "transformers":
+        if not hasattr(library, name):
+            raise WorkloadError(f"workload {spec!r}: transformers has no class {name!r} "
+                                f"(use a config class such as BertConfig, GPT2Config, ViTConfig)")
+
+
+# --- builders --------------------------------------------------------------------------------------
+def _call_factory(factory: Callable[..., Any], spec: str, **available: Any) -> tuple[Any, tuple]:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in available.items() if takes_any or k in params}
+    try:
+        produced = factory(**kwargs)
+    except Exception as exc:
+        raise WorkloadError(f"workload {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(produced, tuple) and len(produced) == 2:
+        model, inputs = produced
+    else:
+        model = produced
+        make_inputs = getattr(model, "example_inputs", None)
+        if not callable(make_inputs):
+            raise WorkloadError(f"workload {spec!r}: the factory returned a {type(model).__name__}; return "
+                                f"(model, example_inputs) or give the model an example_inputs(batch_size) method")
+        inputs = make_inputs(available["batch_size"])
+    if not callable(model):
+        raise WorkloadError(f"workload {spec!r}: the factory's model ({type(model).__name__}) is not callable")
+    return model, inputs
+
+
+def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | None, image_size: int | None,
+                        generator: Any) -> tuple[Any, tuple, dict[str, Any]]:
+    import torch
+    from torch import nn
+
+    transformers = _import_library("transformers", spec)
+    config_class = getattr(transformers, name, None)
+    if config_class is None:
+        raise WorkloadError(f"workload {spec!r}: transformers has no class {name!r}")
+    config = config_class()
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # outputs must be one tensor, without a KV cache
+    try:
+        hf_model = transformers.AutoModel.from_config(config)
+    except Exception as exc:
+        raise WorkloadError(f"workload {spec!r}: AutoModel.from_config({name}()) raised "
+                            f"{type(exc).__name__}: {exc}") from exc
+    input_name = getattr(hf_model, "main_input_name", "input_ids")
+
+    class HiddenStates(nn.Module):
+        """forward(x) returns one tensor (last_hidden_state), so outputs can be compared with eager."""
+
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.inner(**{input_name: x}, return_dict=True)
+            hidden = getattr(out, "last_hidden_state", None)
+            return hidden if hidden is not None else out[0]
+
+    notes = {"input_name": input_name, "config_class": name}
+    if input_name == "pixel_values":
+        size = image_size or getattr(config, "image_size", 224)
+        channels = getattr(config, "num_channels", 3)
+        inputs = (torch.randn(batch_size, channels, size, size, generator=generator),)
+        notes["image_size"] = size
+    else:
+        length = seq_len or 128
+        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        if limit and length > limit:
+            raise WorkloadError(f"workload {spec!r}: seq_len {length} exceeds the config's {limit} positions")
+        vocab = getattr(config, "vocab_size", 1000)
+        inputs = (torch.randint(0, vocab, (batch_size, length), generator=generator),)
+        notes["seq_len"] = length
+    return HiddenStates(hf_model), inputs, notes
+
+
+def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_len: int | None,
+           image_size: int | None, generator: Any) -> tuple[Any, tuple, dict[str, Any]]:
+    import torch
+
+    if kind == "builtin":
+        model, inputs = BUILTIN[name](batch_size, generator, seq_len=seq_len, image_size=image_size)
+        return model, inputs, {}
+    if kind == "torchvision":
+        check_spec(spec)
+        tv = _import_library("torchvision", spec)
+        size = image_size or 224
+        model = tv.models.get_model(name, weights=None)
+        return model, (torch.randn(batch_size, 3, size, size, generator=generator),), {"image_size": size}
+    if kind == "timm":
+        timm = _import_library("timm", spec)
+        try:
+            model = timm.create_model(name, pretrained=False)
+        except Exception as exc:
+            raise WorkloadError(f"workload {spec!r}: timm.create_model raised {type(exc).__name__}: {exc}") from exc
+        _, height, width = model.default_cfg.get("input_size", (3, 224, 224))
+        size = image_size or height
+        return model, (torch.randn(batch_size, 3, size, image_size or width, generator=generator),), \
+            {"image_size": size}
+    if kind == "transformers":
+        return _transformers_model(name, spec, batch_size, seq_len, image_size, generator)
+    factory = resolve_factory(name)
+    model, inputs = _call_factory(factory, spec, batch_size=batch_size, seq_len=seq_len,
+                                  image_size=image_size, device=device)
+    return model, inputs, {}
+
+
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def load_workload(spec: str, batch_size: int = 1, device: str = "cpu", seq_len: int | None = None,
+                  image_size: int | None = None, seed: int = DEFAULT_SEED) -> Workload:
+    """Build the model (eval mode, random weights from `seed`) and its example inputs on `device`."""
+    import torch
+
+    if batch_size < 1:
+        raise WorkloadError(f"workload {spec!r}: batch_size must be at least 1, got {batch_size}")
+    kind, name = split_spec(spec)
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model, inputs, notes = _build(kind, name, spec, batch_size, device, seq_len, image_size, generator)
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if hasattr(model, "eval"):
+        model.eval()
+    if hasattr(model, "to"):
+        model = model.to(device)
+    return Workload(spec=spec, batch_size=batch_size, device=device, model=model,
+                    example_inputs=tuple(_to_device(tuple(inputs), device)),
+                    seq_len=seq_len, image_size=image_size, notes=notes)

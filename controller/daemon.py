@@ -1,0 +1,539 @@
+"""The daemon: keeps every policy's decision current without disturbing production work.
+
+Each pass:
+ 1. loads the policy folders (a file that fails validation is reported and skipped);
+ 2. takes the hooks' unhandled requests and the policies whose decision is missing or stale;
+ 3. plans their configurations (cheapest compile first, skipping fresh measurements and
+    configurations a deployment found over the envelope) and queues them durably in `jobs`;
+ 4. runs queued jobs one at a time in a killable child, only while the device is idle, re-queueing
+    a job when production load returns or the daemon is stopped;
+ 5. refits the trade-off model, re-resolves each policy whose sweep is complete, writes its decision
+    and lock file, and marks its requests handled;
+ 6. writes a heartbeat with the pass summary.
+
+Safety: one daemon per database (flock); SIGTERM/SIGINT stop within seconds (the running job is
+killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config; a run is stored in
+the same transaction that marks its job done, and jobs left `running` by a dead daemon are re-queued
+at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import schedule
+from joulepilot.store import host_identity, open_db, transaction
+from joulepilot.store.daemon_state import (
+    claim_job,
+    drop_queued_jobs,
+    enqueue_job,
+    finish_job,
+    mark_requests_handled,
+    queue_counts,
+    queued_jobs,
+    recover_orphaned_jobs,
+    requeue_job,
+    unhandled_requests,
+    write_heartbeat,
+)
+
+from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
+from .device_probe import DeviceProbe, allowed_devices, probe_device
+from .idle import IdleTracker, LoadProbe, own_process_tree
+from .instance_lock import DaemonAlreadyRunning, InstanceLock
+from .job_runner import JobOutcome, JobRunner
+from .job_store import store_job_result
+from .planner import latest_decision_row, plan_policy, stale_reason
+from .redecide import (
+    decide_policy,
+    fit_or_none,
+    load_policy_folders,
+    policy_from_request,
+    request_policy_name,
+)
+
+__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "load_policy_folders"]
+
+log = logging.getLogger("joulepilot.daemon")
+
+HEARTBEAT_EVERY_S = 30.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class DaemonResult:
+    exit_code: int
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig, *, config_path: str | None = None, cli_db: str | None = None,
+                 cli_policies: Sequence[str] = ()) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.cli_db = cli_db
+        self.cli_policies = tuple(cli_policies)
+        self.stop_event = threading.Event()
+        self.stop_reason = ""
+        self._reload = threading.Event()
+        self.runner = JobRunner(self.work_dir)
+        self.db: Any = None
+        self.host = socket.gethostname()
+        self.current_job: dict[str, Any] | None = None
+        self.last_pass: dict[str, Any] = {}
+        self._trackers: dict[str, IdleTracker] = {}
+        self._paused = False
+        self._exporter: Any = None
+
+    @classmethod
+    def from_cli(cls, *, config_path: str | None, db: str | None, policies: Sequence[str]) -> Daemon:
+        cfg = load_daemon_config(config_path).with_overrides(db=db, policies=list(policies))
+        return cls(cfg, config_path=config_path, cli_db=db, cli_policies=policies)
+
+    @property
+    def work_dir(self) -> Path:
+        """Scratch space for job children, beside the database (cleared at start: we hold the lock)."""
+        return Path(str(self.cfg.db) + ".daemon-work")
+
+    # --- signals ------------------------------------------------------------------------------------
+    def request_stop(self, reason: str = "stop requested") -> None:
+        if not self.stop_event.is_set():
+            self.stop_reason = reason
+            self.stop_event.set()
+        self.runner.cancel(reason)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            self._reload.set()
+            return
+        self.request_stop(f"received {name}")
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+        for sig in (*STOP_SIGNALS, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def reload_config(self) -> None:
+        try:
+            new = load_daemon_config(self.config_path).with_overrides(db=self.cli_db, policies=list(self.cli_policies))
+        except DaemonConfigError as exc:
+            log.error("SIGHUP: config not reloaded, keeping the running one: %s", exc)
+            return
+        if new.db != self.cfg.db:
+            log.warning("SIGHUP: the database cannot change while running (%s); restart the daemon to "
+                        "use %s", self.cfg.db, new.db)
+            new = DaemonConfig(**{**vars(new), "db": self.cfg.db})
+        old_exporter = (self.cfg.exporter.enabled, self.cfg.exporter.bind, self.cfg.exporter.port)
+        self.cfg = new
+        self._trackers.clear()
+        logging.getLogger("joulepilot").setLevel(new.log_level)
+        log.info("SIGHUP: reloaded %s", self.config_path or "defaults")
+        if self._exporter is not None and old_exporter != (new.exporter.enabled, new.exporter.bind,
+                                                          new.exporter.port):
+            self._stop_exporter()
+            self._start_exporter()
+
+    # --- heartbeats ---------------------------------------------------------------------------------
+    def heartbeat(self, state: str, doing: str, **extra: Any) -> None:
+        detail = {"doing": doing, "hostname": self.host, "interval_s": self.cfg.interval_s,
+                  "job": self.current_job, "last_pass": self.last_pass, "config": str(self.config_path or ""),
+                  **extra}
+        try:
+            write_heartbeat(self.db, state, detail)
+        except Exception as exc:  # a locked or full disk must not kill the loop; the next beat retries
+            log.warning("heartbeat not written: %s", exc)
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def run(self, *, once: bool = False) -> DaemonResult:
+        _configure_logging(self.cfg.log_level)
+        lock = InstanceLock(self.cfg.db)
+        lock.acquire()  # raises DaemonAlreadyRunning naming the holder's pid
+        previous = self._install_signals()
+        exit_code = 0
+        try:
+            self.db = open_db(self.cfg.db)
+            _end_leftover_child(self.db)
+            requeued = recover_orphaned_jobs(self.db)
+            if requeued:
+                log.info("recovered after an unclean stop: job(s) %s re-queued", ", ".join(map(str, requeued)))
+            _clear_dir(self.work_dir)
+            log.info("daemon pid %d: database %s, policies %s, devices %s, every %gs",
+                     os.getpid(), self.cfg.db, ", ".join(map(str, self.cfg.policies)), ",".join(self.cfg.devices),
+                     self.cfg.interval_s)
+            self.heartbeat("starting", "starting", recovered_jobs=requeued)
+            if once:
+                try:
+                    self.run_pass()
+                except Exception as exc:
+                    log.exception("pass failed")
+                    return DaemonResult(2, {**self.last_pass, "error": f"{type(exc).__name__}: {exc}"})
+                return DaemonResult(1 if self.last_pass.get("policy_errors") else 0, self.last_pass)
+            self._start_exporter()
+            self._loop()
+            return DaemonResult(exit_code, self.last_pass)
+        finally:
+            self._stop_exporter()
+            if self.db is not None:
+                stop_doing = self.stop_reason or ("--once pass finished" if once else "exited")
+                self.current_job = None
+                self.heartbeat("stopped", stop_doing)
+                self.db.close()
+                self.db = None
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            lock.release()
+            log.info("daemon stopped (%s)", self.stop_reason or "done")
+
+    def _loop(self) -> None:
+        scheduler = schedule.Scheduler()
+        interval = self.cfg.interval_s
+        scheduler.every(interval).seconds.do(self._guarded_pass)
+        self._guarded_pass()
+        last_beat = time.monotonic()
+        last_idle_check = 0.0
+        while not self.stop_event.is_set():
+            if self._reload.is_set():
+                self._reload.clear()
+                self.reload_config()
+                self.heartbeat("paused" if self._paused else "idle", "config reloaded")
+                if self.cfg.interval_s != interval:
+                    interval = self.cfg.interval_s
+                    scheduler.clear()
+                    scheduler.every(interval).seconds.do(self._guarded_pass)
+            scheduler.run_pending()
+            now = time.monotonic()
+            # A paused sweep resumes as soon as the device has been quiet long enough.
+            if self._paused and now - last_idle_check >= self.cfg.idle.poll_s:
+                last_idle_check = now
+                if self._device_idle(self._primary_device()):
+                    log.info("device idle again: resuming the sweep")
+                    self._guarded_pass()
+            if now - last_beat >= min(HEARTBEAT_EVERY_S, interval):
+                last_beat = now
+                self.heartbeat("paused" if self._paused else "idle",
+                               "waiting for the device to be idle" if self._paused else
+                               f"next pass in {max(0.0, scheduler.idle_seconds or 0):.0f}s")
+            self.stop_event.wait(min(1.0, self.cfg.idle.poll_s))
+
+    def _guarded_pass(self) -> None:
+        try:
+            self.run_pass()
+        except Exception:  # one bad pass must not end the daemon; the next one retries
+            log.exception("pass failed; retrying at the next interval")
+            self.heartbeat("idle", "last pass failed; see the daemon log")
+
+    # --- exporter -----------------------------------------------------------------------------------
+    def _start_exporter(self) -> None:
+        if not self.cfg.exporter.enabled:
+            return
+        from .exporter import start_exporter
+
+        try:
+            self._exporter = start_exporter(self.cfg.db, port=self.cfg.exporter.port, bind=self.cfg.exporter.bind)
+            log.info("exporter: http://%s:%d/metrics", self.cfg.exporter.bind, self._exporter.port)
+        except OSError as exc:
+            log.error("exporter not started on %s:%d: %s; change [exporter] port in the config",
+                      self.cfg.exporter.bind, self.cfg.exporter.port, exc)
+
+    def _stop_exporter(self) -> None:
+        if self._exporter is not None:
+            self._exporter.stop()
+            self._exporter = None
+
+    # --- devices ------------------------------------------------------------------------------------
+    def _primary_device(self) -> str:
+        return allowed_devices(self.cfg.devices)[0]
+
+    def _tracker(self, device: str) -> IdleTracker:
+        if device not in self._trackers:
+            self._trackers[device] = IdleTracker(LoadProbe(device, self.cfg.idle))
+        return self._trackers[device]
+
+    def _device_idle(self, device: str) -> bool:
+        return self._tracker(device).poll(own_process_tree())
+
+    def _wait_for_idle(self, devices: Sequence[str]) -> str | None:
+        """An idle device, waiting (polling) up to one interval; None when stopped or still busy."""
+        deadline = time.monotonic() + max(self.cfg.interval_s, self.cfg.idle.min_idle_s + self.cfg.idle.poll_s)
+        announced = False
+        while not self.stop_event.is_set():
+            for device in devices:
+                if self._device_idle(device):
+                    return device
+            if time.monotonic() >= deadline:
+                return None
+            if not announced:
+                reason = self._tracker(devices[0]).last.reason if self._tracker(devices[0]).last else ""
+                log.info("waiting for an idle device (%s)", reason or "quiet period")
+                self.heartbeat("paused", f"waiting for an idle device: {reason}")
+                announced = True
+            self.stop_event.wait(self.cfg.idle.poll_s)
+        return None
+
+    # --- one pass -----------------------------------------------------------------------------------
+    def run_pass(self) -> dict[str, Any]:
+        started = time.time()
+        summary: dict[str, Any] = {"started_at": started, "finished_at": None, "policies": 0, "policy_errors": [],
+                                   "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
+                                   "requeued": 0, "paused": False, "stopped": False, "decided": [],
+                                   "lock_files": [], "unknown_requests": []}
+        self.last_pass = {**summary, "in_progress": True}
+        policies, errors = load_policy_folders(self.cfg.policies)
+        summary["policies"], summary["policy_errors"] = len(policies), errors
+        for err in errors:
+            log.error("policy skipped: %s: %s", err["file"], err["error"])
+        by_name = {p.name: p for p in policies}
+
+        devices = allowed_devices(self.cfg.devices)
+        probe = probe_device(devices[0])
+        summary["device"], summary["device_kind"] = devices[0], probe.device_kind
+        summary["provenance_key"] = probe.provenance_key
+
+        # 1. requests and stale decisions
+        host_id = host_identity()["id"]
+        requests = [r for r in unhandled_requests(self.db) if r.get("host_id") in (None, host_id)]
+        summary["requests"] = len(requests)
+        requested: dict[str, list[int]] = {}
+        for req in requests:
+            name = request_policy_name(req["policy"], by_name)
+            if name is None:
+                # A hook may use a policy file outside the daemon's folders; its request says where.
+                extra = policy_from_request(req)
+                if extra is not None and extra.name not in by_name:
+                    by_name[extra.name] = extra
+                    policies.append(extra)
+                    name = extra.name
+            if name is None:
+                summary["unknown_requests"].append(req["policy"])
+                continue
+            requested.setdefault(name, []).append(req["id"])
+        if summary["unknown_requests"]:
+            log.warning("requests for policies not in the policy folders: %s", ", ".join(summary["unknown_requests"]))
+
+        stale: dict[str, str] = {}
+        for policy in policies:
+            decision = latest_decision_row(self.db, policy.name, probe.device_kind)
+            reason = stale_reason(decision, policy_hash=policy.hash, provenance_key=probe.provenance_key,
+                                  max_age_s=self.cfg.max_decision_age_s)
+            if reason is None and policy.name in requested:
+                reason = "a hook requested it"
+            if reason is None and self._has_open_jobs(policy.name):
+                reason = "its sweep is unfinished"
+            if reason is not None:
+                stale[policy.name] = reason
+        summary["stale"] = [{"policy": n, "reason": r} for n, r in stale.items()]
+
+        # 2. plan and queue
+        from joulepilot.store import upsert_config
+        from joulepilot.store.deployments import violated_config_ids
+
+        violated_by_policy: dict[str, set[str]] = {}
+        for name, reason in stale.items():
+            policy = by_name[name]
+            violated = violated_config_ids(self.db, name, probe.device_kind)
+            violated_by_policy[name] = violated
+            plan = plan_policy(self.db, policy, reason=reason, provenance_key=probe.provenance_key,
+                               max_age_s=self.cfg.max_decision_age_s, violated=violated)
+            keep = []
+            with transaction(self.db):
+                for cfg in plan.to_measure:
+                    upsert_config(self.db, cfg.to_row())
+                    job_id, created = enqueue_job(self.db, policy=name, workload_id=plan.workload_id,
+                                                  config_id=cfg.id, provenance_key=probe.provenance_key,
+                                                  max_attempts=self.cfg.bench.max_attempts)
+                    keep.append(job_id)
+                    summary["enqueued"] += int(created)
+                dropped = drop_queued_jobs(self.db, name, keep)
+            log.info("policy %s: %s; %d to measure, %d already measured, %d excluded as violated%s", name, reason,
+                     len(plan.to_measure), len(plan.already_measured), len(plan.excluded_violated),
+                     f", {dropped} obsolete job(s) dropped" if dropped else "")
+
+        # 3. measure while idle
+        self._run_queue(by_name, devices, probe, summary)
+
+        # 4. decide the policies whose sweep is complete
+        if not self.stop_event.is_set():
+            self._decide(stale, by_name, probe, violated_by_policy, requested, summary)
+
+        summary["finished_at"] = time.time()
+        summary["duration_s"] = round(summary["finished_at"] - started, 2)
+        summary["queue"] = queue_counts(self.db)
+        self.last_pass = summary
+        log.info("pass done in %.1fs: %d stale, %d queued, %d ok / %d failed runs, %d decided%s",
+                 summary["duration_s"], len(stale), summary["enqueued"], summary["runs_ok"], summary["runs_failed"],
+                 len(summary["decided"]), " (paused for production load)" if summary["paused"] else "")
+        if not self.stop_event.is_set():
+            self.heartbeat("paused" if summary["paused"] else "idle",
+                           "paused: production load" if summary["paused"] else "pass finished")
+        return summary
+
+    def _has_open_jobs(self, policy: str) -> bool:
+        return self.db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
+                               [policy]).fetchone() is not None
+
+    def _run_queue(self, by_name: dict[str, Any], devices: list[str], probe: DeviceProbe,
+                   summary: dict[str, Any]) -> None:
+        self._paused = False
+        device: str | None = None
+        while not self.stop_event.is_set():
+            job = next((j for j in queued_jobs(self.db)
+                        if j["policy"] in by_name and j["provenance_key"] == probe.provenance_key), None)
+            if job is None:
+                return
+            # Within a sweep the device was ours until a moment ago, so its utilisation still shows our
+            # last job: go on unless someone else has started computing, instead of waiting out a new
+            # quiet period before every configuration.
+            if device is None or self._tracker(device).busy_now(own_process_tree()):
+                device = self._wait_for_idle(devices)
+            if device is None:
+                if not self.stop_event.is_set():
+                    summary["paused"] = self._paused = True
+                return
+            policy = by_name[job["policy"]]
+            outcome = self._run_job(job, policy, device)
+            if outcome.kind == "measured":
+                summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
+            elif outcome.kind in ("crashed", "timeout"):
+                summary["runs_failed"] += 1
+            else:
+                summary["requeued"] += 1
+                if outcome.kind == "preempted":
+                    summary["paused"] = self._paused = True
+                    return
+
+    def _run_job(self, job: dict[str, Any], policy: Any, device: str) -> JobOutcome:
+        from joulepilot.compiler import CompileConfig
+
+        if not claim_job(self.db, job["id"]):
+            return JobOutcome("stopped", reason="job was taken by someone else")
+        row = self.db["configs"].get(job["config_id"])
+        cfg = CompileConfig.from_row(row)
+        self.current_job = {"id": job["id"], "policy": policy.name, "workload": policy.workload,
+                            "config": cfg.label, "device": device, "started_at": time.time()}
+        log.info("job %d: %s %s on %s", job["id"], policy.workload, cfg.label, device)
+        request = {
+            "job_id": job["id"], "policy": policy.name, "spec": policy.workload, "batch_size": policy.batch_size,
+            "shape_args": policy.shape_args(), "config": row, "device": device,
+            "min_seconds": self.cfg.bench.min_seconds, "budget_s": self.cfg.bench.budget_s,
+            "provenance_key": job["provenance_key"], "workload_id": job["workload_id"],
+            "workload_row": self.db["workloads"].get(job["workload_id"])
+            if self.db["workloads"].count_where("id = ?", [job["workload_id"]]) else None,
+        }
+        # A fresh name per attempt: nothing left by an earlier attempt can mix into this one.
+        scratch = self.work_dir / f"job-{job['id']}-{os.getpid()}-{time.time_ns()}.db"
+        request["scratch_db"] = str(scratch)
+        request["daemon_pid"] = os.getpid()
+        tracker = self._tracker(device)
+        needs_check = tracker.needs_quiet_period
+
+        def production_returned() -> str | None:
+            if needs_check and tracker.busy_now(own_process_tree()):
+                return tracker.last.reason if tracker.last else "production load returned"
+            return None
+
+        def started(child_pid: int) -> None:
+            self.current_job = {**(self.current_job or {}), "child_pid": child_pid}
+            self.heartbeat("sweeping", f"measuring {policy.name}: {cfg.label} on {device}")
+
+        outcome = self.runner.run(request, hard_timeout_s=self.cfg.bench.budget_s + 120,
+                                  preempt_check=production_returned, preempt_every_s=self.cfg.idle.poll_s,
+                                  on_start=started)
+        try:
+            if outcome.kind == "measured":
+                run_id = store_job_result(self.db, job, scratch)
+                status = self.db.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()[0]
+                outcome.extra["status"] = status
+                log.info("job %d: %s, run %d (%.1fs)", job["id"], status, run_id, outcome.wall_s)
+            elif outcome.kind in ("crashed", "timeout"):
+                tail = outcome.stderr_tail.strip().splitlines()[-5:]
+                log.error("job %d %s: %s%s", job["id"], outcome.kind, outcome.reason,
+                          ("\n  " + "\n  ".join(tail)) if tail else "")
+                finish_job(self.db, job["id"], state="failed", run_id=None)
+            else:
+                requeue_job(self.db, job["id"])
+                log.info("job %d re-queued: %s", job["id"], outcome.reason)
+        finally:
+            self.current_job = None
+            _remove_db_files(scratch)
+        return outcome
+
+    def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
+                violated_by_policy: dict[str, set[str]], requested: dict[str, list[int]],
+                summary: dict[str, Any]) -> None:
+        ready = [n for n in stale if not self._has_open_jobs(n)]
+        if not ready:
+            return
+        self.heartbeat("fitting", f"refitting and deciding {len(ready)} polic{'y' if len(ready) == 1 else 'ies'}")
+        model = fit_or_none(self.db)
+        for name in ready:
+            policy = by_name[name]
+            try:
+                decision, lock_file = decide_policy(self.db, policy, probe, model,
+                                                    violated=violated_by_policy.get(name, set()),
+                                                    reason=stale[name])
+            except Exception as exc:
+                log.exception("policy %s: deciding failed", name)
+                summary["policy_errors"].append({"file": str(policy.path), "error": f"deciding failed: {exc}"})
+                continue
+            summary["decided"].append({"policy": name, "config": decision.label, "state": decision.state,
+                                       "reason": decision.reason, "decision_id": decision.id})
+            if lock_file:
+                summary["lock_files"].append(str(lock_file))
+            log.info("policy %s decided: %s (%s)", name, decision.label, decision.state)
+            mark_requests_handled(self.db, requested.get(name, []))
+
+
+def _end_leftover_child(db: Any) -> None:
+    """A job child of a daemon that died (SIGKILL) normally dies with it; make sure of it."""
+    import psutil
+    from joulepilot.store.daemon_state import list_heartbeats
+
+    from .job_runner import kill_tree_of_pid
+
+    for hb in list_heartbeats(db, limit=5):
+        pid = ((hb.get("detail") or {}).get("job") or {}).get("child_pid")
+        if not pid:
+            continue
+        try:
+            proc = psutil.Process(int(pid))
+            if any("joulepilot.controller.job_child" in part for part in proc.cmdline()):
+                log.warning("ending job child %d left by a previous daemon", proc.pid)
+                kill_tree_of_pid(proc.pid)
+        except psutil.Error:
+            pass
+
+
+def _remove_db_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
+def _clear_dir(path: Path) -> None:
+    if path.is_dir():
+        for child in path.iterdir():
+            if child.is_file():
+                child.unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _configure_logging(level: str) -> None:
+    root = logging.getLogger("joulepilot")
+    root.setLevel(level)
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s joulepilot-daemon[%(process)d] %(levelname)s %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False

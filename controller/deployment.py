@@ -1,0 +1,571 @@
+"""Live metering of a deployed model: count calls on the hot path, meter energy off it.
+
+`attach(model, "name")` returns a `MeteredModel`. Calling it runs the wrapped model and bumps an
+`itertools.count` (atomic under the GIL, no lock, no device call). A daemon thread wakes every
+`interval_s`, reads the cumulative energy counter of the deployment's device (plus a few instant
+power reads in between, for the peak), and appends one sample per window. Samples are written to
+the store in batches, one transaction per batch, and flushed on `close()`, at interpreter exit
+(`atexit`) and on SIGTERM (a handler chained to the previous one). A SIGKILL loses at most the
+unflushed batch (`flush_interval_s`, 30 s by default).
+
+The envelope guard (`controller.guard`) sees every window. When it trips with `action = "fallback"`,
+the metering thread only *requests* a swap; the next call on the caller's thread builds (compiles)
+the fallback configuration and serves with it from then on, so that compile happens where a
+`torch.compile` call would normally happen and never races the model from another thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+from joulepilot.store import open_db, transaction, upsert_devices, upsert_host
+from joulepilot.store.deployments import (
+    insert_samples,
+    latest_decision,
+    register_deployment,
+    set_deployment_config,
+)
+
+from .features import device_kind as features_device_kind
+from .guard import EnvelopeGuard, guard_from_policy, record_trip, setting
+
+log = logging.getLogger("joulepilot.deployment")
+
+DEFAULT_INTERVAL_S = 5.0
+DEFAULT_FLUSH_INTERVAL_S = 30.0
+POWER_READS_PER_WINDOW = 4
+
+
+@dataclass
+class Fallback:
+    """A configuration to swap to: its id and label, and how to build the callable (lazily)."""
+
+    config_id: str | None
+    label: str
+    build: Callable[[], Callable[..., Any]]
+
+
+def as_mapping(obj: Any) -> dict[str, Any] | None:
+    """A decision (row dict, dataclass or object with `to_dict`) as a plain dict."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    for method in ("to_dict", "to_row"):
+        if callable(getattr(obj, method, None)):
+            return dict(getattr(obj, method)())
+    if is_dataclass(obj):
+        return asdict(obj)
+    return {k: getattr(obj, k) for k in dir(obj) if not k.startswith("_") and not callable(getattr(obj, k))}
+
+
+def _policy_name(policy: Any) -> str | None:
+    if policy is None:
+        return None
+    if isinstance(policy, str | os.PathLike):
+        path = Path(policy)
+        return path.name.removesuffix(".toml") if path.suffix == ".toml" else str(policy)
+    return setting(policy, "name")
+
+
+def _db_file(db: sqlite_utils.Database) -> str | None:
+    for _seq, name, file in db.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return file or None
+    return None
+
+
+def _torch_device(model: Any, device: str | None) -> str:
+    if device:
+        if device == "cuda":
+            import torch
+
+            return f"cuda:{torch.cuda.current_device()}"
+        return str(device)
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        try:
+            return str(next(iter(params())).device)
+        except (StopIteration, TypeError):
+            pass
+    return "cpu"
+
+
+def _torch_version() -> str:
+    """major.minor, as decisions record it."""
+    from joulepilot.policies.resolve import torch_minor
+
+    try:
+        return torch_minor()
+    except Exception:  # noqa: BLE001 - torch metadata missing: the decision's own version is used
+        return ""
+
+
+def _own_pids() -> set[int]:
+    pids = {os.getpid()}
+    try:
+        import psutil
+
+        pids |= {p.pid for p in psutil.Process().children(recursive=True)}
+    except Exception:  # noqa: BLE001 - psutil is best effort here
+        pass
+    return pids
+
+
+def _shared_gpu(index: int) -> tuple[int, float | None]:
+    """(other compute processes on the GPU, this process tree's share of their utilisation)."""
+    from joulepilot.telemetry import gpu_activity
+
+    activity = gpu_activity(index)
+    pids = set(getattr(activity, "compute_pids", None) or [])
+    mine = _own_pids()
+    others = pids - mine
+    if not others:
+        return 0, 1.0
+    util = getattr(activity, "process_utilization", None)
+    if not util:
+        return len(others), None
+    ours = sum(pct for pid, pct in util.items() if pid in mine)
+    total = sum(util.values())
+    return len(others), (ours / total if total > 0 else None)
+
+
+class MeteredModel:
+    """A callable deployment: forwards calls to the model, counts them, meters energy in the background."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        *,
+        deployment_id: int,
+        db_path: str | None,
+        shared_db: sqlite_utils.Database | None,
+        meter: Any,
+        own_meter: bool,
+        device: str,
+        interval_s: float,
+        flush_interval_s: float,
+        config_id: str | None,
+        config_label: str | None,
+        policy_name: str | None,
+        decision: dict[str, Any] | None,
+        device_kind: str | None,
+        guard: EnvelopeGuard | None,
+        fallback: Fallback | Callable[[], Fallback | None] | None,
+    ) -> None:
+        self._fn = fn
+        self._calls = itertools.count()
+        self._pending_swap: Fallback | None = None
+        self.name = name
+        self.deployment_id = deployment_id
+        self.device = device
+        self.interval_s = float(interval_s)
+        self.flush_interval_s = float(flush_interval_s)
+        self.config_id = config_id
+        self.config_label = config_label
+        self.policy_name = policy_name
+        self.decision_row = decision
+        self.device_kind = device_kind
+        self.guard = guard
+        self.trips: list[dict[str, Any]] = []
+        self._fallback = fallback
+        self._meter = meter
+        self._own_meter = own_meter
+        self._db_path = db_path
+        self._shared_db = shared_db
+        self._db: sqlite_utils.Database | None = None
+        self._buffer: list[dict[str, Any]] = []
+        self._buffer_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._swap_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._closed = False
+        self._written_config_id = config_id
+        self.samples_written = 0
+        gpus = [d for d in meter.devices if getattr(d, "kind", "") == "gpu"]
+        self._gpu_index = gpus[0].index if gpus else None
+        self.energy_source = meter.primary_source
+        self._last_t = time.time()
+        self._last_e = self._energy_now()
+        self._last_n = 0
+        self._last_flush = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"joulepilot-meter:{name}", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    # -- hot path ---------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pending_swap is not None:
+            self._apply_swap()
+        out = self._fn(*args, **kwargs)
+        next(self._calls)
+        return out
+
+    @property
+    def inferences(self) -> int:
+        """Completed calls so far (read without advancing the counter: `count(N)` reprs as N)."""
+        return int(repr(self._calls)[6:-1])
+
+    def __getattr__(self, item: str) -> Any:
+        # Only reached for names MeteredModel lacks: behave like the wrapped model (eval(), .training, ...).
+        if item.startswith("__") or "_fn" not in self.__dict__:
+            raise AttributeError(item)
+        return getattr(self.__dict__["_fn"], item)
+
+    # -- fallback swap (caller's thread) ----------------------------------------------------------
+    def _apply_swap(self) -> None:
+        with self._swap_lock:
+            target = self._pending_swap
+            if target is None:
+                return
+            log.warning("deployment %r: switching to fallback configuration %s (building it now)",
+                        self.name, target.label)
+            self._fn = target.build()
+            self.config_id = target.config_id
+            self.config_label = target.label
+            if self.guard is not None:
+                self.guard.reset()
+            self._pending_swap = None
+
+    def request_swap(self, target: Fallback) -> None:
+        """Serve `target` from the next call on (it is built on the caller's thread at that call)."""
+        self._pending_swap = target
+
+    # -- metering thread --------------------------------------------------------------------------
+    def _energy_now(self) -> float:
+        return float(sum(self._meter.read_energy_j().values()))
+
+    def _power_now(self) -> float | None:
+        try:
+            readings = self._meter.read_power_w()
+        except Exception:  # noqa: BLE001 - a failed instant read only loses the peak
+            return None
+        return float(sum(readings.values())) if readings else None
+
+    def _database(self) -> sqlite_utils.Database:
+        if self._db is None:
+            # The thread writes through its own connection so a caller's open transaction never mixes in.
+            self._db = open_db(self._db_path) if self._db_path else self._shared_db
+        return self._db
+
+    def _run(self) -> None:
+        step_s = self.interval_s / POWER_READS_PER_WINDOW
+        next_sample = time.monotonic() + self.interval_s
+        powers: list[float] = []
+        try:
+            while not self._stop.wait(max(0.0, min(step_s, next_sample - time.monotonic()))):
+                if time.monotonic() < next_sample:
+                    power = self._power_now()
+                    if power is not None:
+                        powers.append(power)
+                    continue
+                self._take_sample(powers)
+                powers = []
+                next_sample += self.interval_s
+                if next_sample < time.monotonic():  # a stall: don't queue up a burst of short windows
+                    next_sample = time.monotonic() + self.interval_s
+                self._maybe_flush()
+            self._take_sample(powers, final=True)
+            self.flush()
+        except Exception:  # noqa: BLE001 - metering must never take the served model down
+            log.exception("deployment %r: metering stopped", self.name)
+        finally:
+            if self._db is not None and self._db is not self._shared_db:
+                self._db.close()
+                self._db = None
+
+    def _take_sample(self, powers: list[float], final: bool = False) -> None:
+        t_end = time.time()
+        energy = self._energy_now()
+        count = self.inferences
+        duration_s = t_end - self._last_t
+        if final and duration_s <= 0:
+            return
+        energy_j = max(0.0, energy - self._last_e)
+        inferences = count - self._last_n
+        avg_power_w = energy_j / duration_s if duration_s > 0 else None
+        # The window's mean power bounds its peak from below; sparse instant reads can miss the top.
+        candidates = [p for p in powers if p is not None] + ([avg_power_w] if avg_power_w is not None else [])
+        other_processes, share = 0, (1.0 if self.energy_source == "estimate" else None)
+        if self._gpu_index is not None:
+            try:
+                other_processes, share = _shared_gpu(self._gpu_index)
+            except Exception:  # noqa: BLE001 - attribution is best effort
+                other_processes, share = 0, None
+        sample = {
+            "t_start": self._last_t,
+            "t_end": t_end,
+            "energy_j": energy_j,
+            "inferences": inferences,
+            "avg_power_w": avg_power_w,
+            "peak_power_w": max(candidates) if candidates else None,
+            "energy_source": self.energy_source,
+            "config_id": self.config_id,
+            "other_processes": other_processes,
+            "share": share,
+        }
+        self._last_t, self._last_e, self._last_n = t_end, energy, count
+        with self._buffer_lock:
+            self._buffer.append(sample)
+        if self.guard is not None and not final:
+            trip = self.guard.feed(avg_power_w, inferences=inferences, at=t_end)
+            if trip is not None:
+                self._on_trip(trip)
+
+    def _on_trip(self, trip: Any) -> None:
+        self.flush()  # the evidence is in the store before the violation that cites it
+        with self._write_lock:
+            written = record_trip(
+                self._database(), trip, deployment=self.name, policy=self.policy_name,
+                config_id=self.config_id, decision=self.decision_row, device_kind=self.device_kind,
+                torch_version=_torch_version(), source=self.energy_source, config_label=self.config_label,
+            )
+        if self.guard is not None and self.guard.action == "fallback":
+            self._request_fallback()
+        self.trips.append(written)
+
+    def _request_fallback(self) -> None:
+        target = self._fallback() if callable(self._fallback) and not isinstance(self._fallback, Fallback) \
+            else self._fallback
+        if target is None:
+            warnings.warn(f"deployment {self.name!r}: guard action is 'fallback' but no fallback "
+                          "configuration is available (pass base_model= or fallback= to attach); keeping "
+                          "the current configuration", RuntimeWarning, stacklevel=2)
+            return
+        if target.config_id is not None and target.config_id == self.config_id:
+            warnings.warn(f"deployment {self.name!r} already serves its fallback configuration "
+                          f"{target.label}; nothing lower to switch to", RuntimeWarning, stacklevel=2)
+            return
+        self.request_swap(target)
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= self.flush_interval_s:
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the batch stays buffered; the next flush retries it
+                log.warning("deployment %r: sample flush failed; will retry", self.name, exc_info=True)
+
+    def flush(self) -> int:
+        """Write the buffered samples now (one transaction); returns how many were written."""
+        with self._write_lock:
+            with self._buffer_lock:
+                batch, self._buffer = self._buffer, []
+            self._last_flush = time.monotonic()
+            if not batch:
+                return 0
+            db = self._database()
+            try:
+                with transaction(db):
+                    written = insert_samples(db, self.deployment_id, batch)
+                    current = batch[-1]["config_id"]
+                    if current != self._written_config_id:
+                        set_deployment_config(db, self.deployment_id, current)
+            except Exception:
+                with self._buffer_lock:  # keep them for the next flush rather than drop them
+                    self._buffer[:0] = batch
+                raise
+            if current != self._written_config_id:
+                self._written_config_id = current
+            self.samples_written += written
+            return written
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Take the last (partial) window, flush every sample, stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        _LIVE.discard(self)
+        if self._own_meter:
+            try:
+                self._meter.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __enter__(self) -> MeteredModel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"MeteredModel({self.name!r}, device={self.device!r}, config={self.config_label!r}, "
+                f"inferences={self.inferences}, source={self.energy_source!r})")
+
+
+# -- exit paths -----------------------------------------------------------------------------------
+_LIVE: weakref.WeakSet[MeteredModel] = weakref.WeakSet()
+_HANDLERS_INSTALLED = False
+_PREVIOUS_SIGTERM: Any = None
+
+
+def close_all() -> None:
+    """Flush and stop every live deployment in this process."""
+    for model in list(_LIVE):
+        try:
+            model.close()
+        except Exception:  # noqa: BLE001 - on the way out, one failure must not stop the others
+            log.exception("deployment %r: final flush failed", model.name)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    close_all()
+    previous = _PREVIOUS_SIGTERM
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL or previous is None:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_exit_handlers() -> None:
+    global _HANDLERS_INSTALLED, _PREVIOUS_SIGTERM
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(close_all)
+    # signal.signal only works on the main thread; elsewhere atexit and close() remain.
+    if threading.current_thread() is threading.main_thread():
+        try:
+            _PREVIOUS_SIGTERM = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):
+            pass
+
+
+# -- attach ---------------------------------------------------------------------------------------
+def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
+    details = (decision or {}).get("details") or {}
+    if isinstance(details, Mapping) and details.get("workload_id"):
+        return str(details["workload_id"])
+    if decision and decision.get("workload_id"):
+        return str(decision["workload_id"])
+    spec = setting(policy, "workload")
+    batch = setting(policy, "batch_size")
+    if not isinstance(spec, str) or batch is None:
+        return None
+    from joulepilot.compiler.workloads import workload_id
+
+    return workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"))
+
+
+def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:
+    if not config_id:
+        return None
+    row = db.execute("SELECT label FROM configs WHERE id = ?", [config_id]).fetchone()
+    return row[0] if row else None
+
+
+def _fallback_from_policy(policy: Any, base_model: Any, device: str) -> Fallback | None:
+    """The policy's `[fallback]` configuration applied to the uncompiled model, built lazily."""
+    if policy is None or base_model is None:
+        return None
+    spec = setting(policy, "fallback")
+    if spec is None:
+        spec = {"mode": "eager"}
+    from joulepilot.compiler import CompileConfig
+
+    if not isinstance(spec, CompileConfig):
+        values = dict(spec) if isinstance(spec, Mapping) else as_mapping(spec) or {}
+        batch = setting(policy, "batch_size")
+        if batch is not None:
+            values.setdefault("batch_size", int(batch))
+        known = {"mode", "fusion", "options", "precision", "dynamic", "batch_size"}
+        spec = CompileConfig(**{k: v for k, v in values.items() if k in known})
+    cfg = spec
+    return Fallback(cfg.id, cfg.label, lambda: cfg.apply(base_model, device=device))
+
+
+def attach(
+    model_callable: Callable[..., Any],
+    deployment_name: str,
+    *,
+    policy: Any = None,
+    decision: Any = None,
+    db: sqlite_utils.Database | str | os.PathLike | None = None,
+    device: str | None = None,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    meter: Any = None,
+    base_model: Any = None,
+    fallback: Fallback | Callable[[], Fallback | None] | None = None,
+    workload_id: str | None = None,
+    config_id: str | None = None,
+    device_kind: str | None = None,
+    guard: EnvelopeGuard | None = None,
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+) -> MeteredModel:
+    """Meter `model_callable` as the deployment `deployment_name`; returns the callable wrapper.
+
+    - `policy`: the policy object (or its name); its `[limits] max_avg_power_w` and `[guard]` table
+      configure the envelope guard, its `[fallback]` the configuration to swap to.
+    - `decision`: the decision being served (a decisions row or object); gives the configuration id,
+      device kind and the decision a violation marks.
+    - `base_model`: the uncompiled model, needed to build the fallback configuration.
+    - `meter`: an `EnergyMeter` to read (default: `EnergyMeter(device=device, sampler=False)`).
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+    if isinstance(db, sqlite_utils.Database):
+        store, db_path = db, _db_file(db)
+    else:
+        store = open_db(db)
+        db_path = _db_file(store)
+    torch_device = _torch_device(model_callable, device)
+    own_meter = meter is None
+    if meter is None:
+        from joulepilot.telemetry import EnergyMeter
+
+        meter = EnergyMeter(device=torch_device, sampler=False)
+    decision_row = as_mapping(decision)
+    policy_name = _policy_name(policy) or (decision_row or {}).get("policy")
+    config_id = config_id or (decision_row or {}).get("config_id") or \
+        ((decision_row or {}).get("config") or {}).get("id")
+    host_id = upsert_host(store)
+    upsert_devices(store, host_id, [d.to_dict() for d in meter.devices])
+    if device_kind is None:
+        gpu_names = [d.name for d in meter.devices if getattr(d, "kind", "") == "gpu" and d.name]
+        device_kind = (decision_row or {}).get("device_kind") or features_device_kind(
+            {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
+    if decision_row is None and policy_name and device_kind:
+        decision_row = latest_decision(store, policy_name, device_kind=device_kind)
+    workload_id = workload_id or _workload_id(store, policy, decision_row)
+    limits = setting(policy, "limits")
+    deployment_id = register_deployment(
+        store, deployment_name, policy=policy_name, workload_id=workload_id, config_id=config_id,
+        host_id=host_id, device=torch_device,
+        details={"device_kind": device_kind, "energy_source": meter.primary_source,
+                 "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s},
+    )
+    if guard is None and policy is not None and not isinstance(policy, str | os.PathLike):
+        guard = guard_from_policy(policy)
+    if fallback is None and base_model is not None and policy is not None \
+            and not isinstance(policy, str | os.PathLike):
+        fallback = _fallback_from_policy(policy, base_model, torch_device)
+    model = MeteredModel(
+        model_callable, deployment_name, deployment_id=deployment_id, db_path=db_path,
+        shared_db=None if db_path else store, meter=meter, own_meter=own_meter, device=torch_device,
+        interval_s=interval_s, flush_interval_s=flush_interval_s, config_id=config_id,
+        config_label=_config_label(store, config_id), policy_name=policy_name, decision=decision_row,
+        device_kind=device_kind, guard=guard, fallback=fallback,
+    )
+    if db_path and not isinstance(db, sqlite_utils.Database):
+        store.close()
+    _install_exit_handlers()
+    return model

@@ -1,0 +1,83 @@
+"""Which devices the daemon may use, and each one's kind and provenance, without a CUDA context.
+
+The daemon process never initialises CUDA (a context would hold GPU memory on production GPUs):
+GPU names and drivers come from NVML, as the compiler's sweep does, so the provenance key computed
+here equals the one the benchmark worker stamps on its runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    device: str  # 'cuda:0' | 'cpu'
+    device_kind: str  # the GPU's name, or 'cpu' (as the resolver and the deployment guard key decisions)
+    provenance_key: str
+    provenance: dict[str, Any]
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process sees through NVML (CUDA_VISIBLE_DEVICES honoured); 0 without NVML."""
+    try:
+        from joulepilot.telemetry.nvml import load_pynvml, visible_nvml_indices
+
+        nvml = load_pynvml()
+        nvml.nvmlInit()
+    except Exception:
+        return 0
+    try:
+        return len(visible_nvml_indices(nvml, os.environ.get("CUDA_VISIBLE_DEVICES")))
+    except Exception:
+        return 0
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def allowed_devices(spec: Sequence[str]) -> list[str]:
+    """Torch device strings from the config's `devices`: 'auto' is every visible GPU, else the CPU."""
+    out: list[str] = []
+    for item in spec:
+        if item == "auto":
+            count = visible_gpu_count()
+            out.extend(f"cuda:{i}" for i in range(count)) if count else out.append("cpu")
+        elif item == "cpu":
+            out.append("cpu")
+        else:
+            out.append(f"cuda:{int(item)}")
+    return list(dict.fromkeys(out)) or ["cpu"]
+
+
+def _gpu_identity(device: str) -> tuple[str | None, str | None]:
+    from joulepilot.telemetry import EnergyMeter
+
+    meter = EnergyMeter(device=device, sampler=False)
+    try:
+        gpu = next((d for d in meter.devices if d.kind == "gpu"), None)
+    finally:
+        meter.close()
+    return (gpu.name or None, gpu.driver or None) if gpu is not None else (None, None)
+
+
+def probe_device(device: str) -> DeviceProbe:
+    """Kind and provenance of `device` as the benchmark worker will record them."""
+    from joulepilot.compiler.provenance import cpu_name, provenance
+
+    if device.startswith("cuda"):
+        name, driver = _gpu_identity(device)
+        origin = provenance(device, name=name, driver=driver)
+        kind = str(origin.get("device_name") or device)
+    else:
+        origin = provenance(device, name=cpu_name())
+        kind = "cpu"
+    return DeviceProbe(device=device, device_kind=kind, provenance_key=origin["provenance_key"], provenance=origin)

@@ -1,0 +1,167 @@
+"""The latency/energy Pareto frontier of one workload: measured points, and predicted ones for the
+allowed configurations not measured yet."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .features import device_kind
+from .tradeoff import TradeoffError, TradeoffModel, fit
+
+
+def pareto_front(points: Sequence[Mapping[str, Any]], x: str = "latency_ms_p95",
+                 y: str = "energy_j_per_inference") -> list[int]:
+    """Indices of the points no other point beats on both x and y (lower is better), sorted by x."""
+    usable = [(i, p[x], p[y]) for i, p in enumerate(points) if p.get(x) is not None and p.get(y) is not None]
+    usable.sort(key=lambda t: (t[1], t[2]))
+    front, best_y = [], float("inf")
+    for i, _, yv in usable:
+        if yv < best_y:
+            front.append(i)
+            best_y = yv
+    return front
+
+
+def _grid(runs: Sequence[Mapping[str, Any]], batch_size: int, search: Any = None) -> list[Any]:
+    """Allowed configurations: the policy's search space, else every combination of the modes,
+    precisions, fusion presets and dynamic settings measured on this device."""
+    from joulepilot.compiler import CompileConfig
+
+    if search is not None:
+        modes, precisions, fusions, dynamics = search.modes, search.precisions, search.fusion, search.dynamic
+    else:
+        modes = sorted({r["mode"] for r in runs})
+        precisions = sorted({r["precision"] for r in runs})
+        fusions = sorted({r["fusion"] for r in runs})
+        dynamics = sorted({bool(r["dynamic"]) for r in runs})
+    seen, out = set(), []
+    for mode, precision, fusion, dynamic in itertools.product(modes, precisions, fusions, dynamics):
+        cfg = CompileConfig(mode=mode, fusion="default" if mode == "eager" else fusion, precision=precision,
+                            dynamic=dynamic, batch_size=batch_size)
+        if cfg.id not in seen:
+            seen.add(cfg.id)
+            out.append(cfg)
+    return out
+
+
+def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | None = None,
+             batch_size: int | None = None, model: TradeoffModel | None = None, search: Any = None,
+             predict: bool = True) -> dict[str, Any]:
+    """Measured and predicted (latency p95, J/inference) points of `workload` (a spec) on one device kind.
+
+    Defaults: the device kind and batch size with the most ok runs of the workload. Measured points are
+    the latest ok run per configuration; predicted points are allowed configurations never measured
+    (with the model's uncertainty). `frontier` lists the Pareto-optimal labels over all points,
+    `measured_frontier` over measured points only.
+    """
+    from joulepilot.store import list_runs
+
+    runs = list_runs(db, workload=workload, status="ok")
+    if not runs:
+        raise TradeoffError(f"no successful runs of workload {workload!r} in the store; "
+                            f"run `joulepilot bench {workload}` first")
+    kinds = Counter(device_kind(r) for r in runs)
+    device_name = device_name or kinds.most_common(1)[0][0]
+    on_device = [r for r in runs if device_kind(r) == device_name]
+    if not on_device:
+        raise TradeoffError(f"workload {workload!r} has no successful runs on {device_name!r}; "
+                            f"measured on: {', '.join(sorted(kinds))}")
+    batch_size = batch_size or Counter(r["batch_size"] for r in on_device).most_common(1)[0][0]
+    at_batch = [r for r in on_device if r["batch_size"] == batch_size]
+    if not at_batch:
+        raise TradeoffError(f"workload {workload!r} has no runs at batch size {batch_size} on {device_name!r}")
+    workload_id = Counter(r["workload_id"] for r in at_batch).most_common(1)[0][0]
+
+    latest: dict[str, dict[str, Any]] = {}
+    for run in at_batch:  # newest first
+        if run["workload_id"] == workload_id:
+            latest.setdefault(run["config_id"], run)
+    points = [
+        {"label": r["config_label"], "config_id": r["config_id"], "mode": r["mode"], "fusion": r["fusion"],
+         "precision": r["precision"], "source": "measured", "run_id": r["id"],
+         "latency_ms_p95": r["latency_ms_p95"], "energy_j_per_inference": r["energy_j_per_inference"],
+         "avg_power_w": r["avg_power_w"], "compile_s": r["compile_s"], "energy_source": r["energy_source"]}
+        for r in latest.values()
+    ]
+
+    notes = []
+    if predict:
+        unmeasured = [c for c in _grid(on_device, batch_size, search) if c.id not in latest]
+        if unmeasured:
+            if model is None:
+                try:
+                    model = fit(db)
+                except TradeoffError as exc:
+                    notes.append(f"no predictions: {exc}")
+            if model is not None:
+                workload_row = next(iter(db.query("SELECT * FROM workloads WHERE id = ?", [workload_id])))
+                for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name),
+                                     strict=True):
+                    point = {"label": cfg.label, "config_id": cfg.id, "mode": cfg.mode, "fusion": cfg.fusion,
+                             "precision": cfg.precision, "source": "predicted"}
+                    for target, (mean, std) in pred.items():
+                        point[target] = mean
+                        point[target + "_std"] = std
+                    points.append(point)
+
+    front = pareto_front(points)
+    measured_idx = [i for i, p in enumerate(points) if p["source"] == "measured"]
+    measured_front = [measured_idx[i] for i in pareto_front([points[i] for i in measured_idx])]
+    for i, p in enumerate(points):
+        p["pareto"] = i in front
+        p["measured_pareto"] = i in measured_front
+    points.sort(key=lambda p: (p["latency_ms_p95"] is None, p["latency_ms_p95"] or 0.0))
+    return {
+        "workload": workload, "workload_id": workload_id, "batch_size": batch_size, "device_kind": device_name,
+        "points": points,
+        "frontier": [p["label"] for p in points if p["pareto"]],
+        "measured_frontier": [p["label"] for p in points if p["measured_pareto"]],
+        "notes": notes,
+    }
+
+
+def plot_frontier(result: Mapping[str, Any], path: str | Path) -> Path:
+    """PNG of p95 latency against J/inference: measured dots, predicted hollow triangles with error bars,
+    and the frontier line over all points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [p for p in result["points"] if p.get("latency_ms_p95") is not None
+              and p.get("energy_j_per_inference") is not None]
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+    measured = [p for p in points if p["source"] == "measured"]
+    predicted = [p for p in points if p["source"] == "predicted"]
+    if measured:
+        ax.scatter([p["latency_ms_p95"] for p in measured], [p["energy_j_per_inference"] for p in measured],
+                   s=42, color="tab:blue", label="measured", zorder=3)
+    if predicted:
+        ax.errorbar([p["latency_ms_p95"] for p in predicted], [p["energy_j_per_inference"] for p in predicted],
+                    xerr=[p.get("latency_ms_p95_std", 0) for p in predicted],
+                    yerr=[p.get("energy_j_per_inference_std", 0) for p in predicted],
+                    fmt="^", mfc="none", color="tab:orange", ms=8, capsize=2, label="predicted (±1 std)",
+                    zorder=2)
+    front = sorted((p for p in points if p.get("pareto")), key=lambda p: p["latency_ms_p95"])
+    if front:
+        ax.step([p["latency_ms_p95"] for p in front], [p["energy_j_per_inference"] for p in front],
+                where="post", color="tab:green", lw=1.5, label="Pareto frontier", zorder=1)
+    for p in points:
+        ax.annotate(p["label"], (p["latency_ms_p95"], p["energy_j_per_inference"]), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points", color="0.3")
+    ax.set_xlabel("p95 latency per forward call (ms)")
+    ax.set_ylabel("energy per forward call (J)")
+    ax.set_title(f"{result['workload']} (batch {result['batch_size']}) on {result['device_kind']}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,121 @@
+"""Which policies need a new decision, and which configurations must be measured for them.
+
+A decision is stale when there is none for this device kind, the policy file changed, the software
+under it changed (torch / triton / driver / joulepilot: the runs' provenance key), the deployment
+guard marked it violated, a hook asked for it, or it is older than the configured age. Planning
+lists the policy's allowed configurations cheapest compile first, and leaves out those measured ok
+under the same provenance within the age limit and those a deployment found over the envelope.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlite_utils
+
+# Cheapest compile first: a sweep that is paused or cut short has measured the cheap options.
+MODE_COST_ORDER = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16")
+
+
+def compile_cost_rank(config: Any) -> tuple:
+    mode = getattr(config, "mode", None) or config["mode"]
+    precision = getattr(config, "precision", None) or config["precision"]
+    fusion = getattr(config, "fusion", None) or config["fusion"]
+    mode_rank = MODE_COST_ORDER.index(mode) if mode in MODE_COST_ORDER else len(MODE_COST_ORDER)
+    prec_rank = PRECISION_ORDER.index(precision) if precision in PRECISION_ORDER else len(PRECISION_ORDER)
+    return (mode_rank, fusion != "default", fusion, prec_rank)
+
+
+def ordered_candidates(policy: Any) -> list[Any]:
+    """The policy's allowed configurations (CompileConfig), cheapest compile first."""
+    from joulepilot.policies.resolve import candidate_configs
+
+    return sorted(candidate_configs(policy), key=compile_cost_rank)
+
+
+def _details(decision: Mapping[str, Any]) -> dict[str, Any]:
+    details = decision.get("details")
+    if isinstance(details, str):
+        try:
+            details = json.loads(details)
+        except ValueError:
+            return {}
+    return details if isinstance(details, dict) else {}
+
+
+def latest_decision_row(db: sqlite_utils.Database, policy: str, device_kind: str) -> dict[str, Any] | None:
+    rows = list(db.query("SELECT * FROM decisions WHERE policy = ? AND device_kind = ? "
+                         "ORDER BY decided_at DESC, id DESC LIMIT 1", [policy, device_kind]))
+    return rows[0] if rows else None
+
+
+def stale_reason(
+    decision: Mapping[str, Any] | None, *, policy_hash: str, provenance_key: str, max_age_s: float,
+    now: float | None = None,
+) -> str | None:
+    """Why the decision must be remade, or None when it is current."""
+    now = time.time() if now is None else now
+    if decision is None:
+        return "no decision yet"
+    if decision["state"] == "violated":
+        return "a deployment broke the envelope with the decided configuration"
+    if decision["policy_hash"] != policy_hash:
+        return "the policy file changed"
+    recorded = _details(decision).get("provenance_key")
+    if recorded != provenance_key:
+        return "torch, triton, driver or joulepilot changed since the decision" if recorded else \
+            "the decision was not made under this host's current provenance"
+    if now - float(decision["decided_at"]) > max_age_s:
+        return f"the decision is older than {max_age_s / 86400:g} days"
+    return None
+
+
+def fresh_ok_config_ids(db: sqlite_utils.Database, workload_id: str, provenance_key: str, min_finished_at: float
+                        ) -> set[str]:
+    """Configurations with an ok run of this workload under this provenance, recent enough to trust."""
+    return {r[0] for r in db.execute(
+        "SELECT DISTINCT config_id FROM runs WHERE workload_id = ? AND provenance_key = ? AND status = 'ok' "
+        "AND COALESCE(finished_at, started_at) >= ?",
+        [workload_id, provenance_key, min_finished_at],
+    )}
+
+
+@dataclass
+class Plan:
+    policy: str
+    workload_id: str
+    reason: str
+    to_measure: list[Any] = field(default_factory=list)  # CompileConfig, cheapest first
+    already_measured: list[str] = field(default_factory=list)  # labels
+    excluded_violated: list[str] = field(default_factory=list)  # labels
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "workload_id": self.workload_id, "reason": self.reason,
+                "to_measure": [c.label for c in self.to_measure], "already_measured": self.already_measured,
+                "excluded_violated": self.excluded_violated}
+
+
+def plan_policy(
+    db: sqlite_utils.Database, policy: Any, *, reason: str, provenance_key: str, max_age_s: float,
+    violated: Iterable[str] = (), now: float | None = None,
+) -> Plan:
+    from joulepilot.policies.resolve import policy_workload_id
+
+    now = time.time() if now is None else now
+    workload_id = policy_workload_id(policy)
+    fresh = fresh_ok_config_ids(db, workload_id, provenance_key, now - max_age_s)
+    violated = set(violated)
+    plan = Plan(policy=policy.name, workload_id=workload_id, reason=reason)
+    for cfg in ordered_candidates(policy):
+        if cfg.id in violated:
+            plan.excluded_violated.append(cfg.label)
+        elif cfg.id in fresh:
+            plan.already_measured.append(cfg.label)
+        else:
+            plan.to_measure.append(cfg)
+    return plan

@@ -1,0 +1,165 @@
+"""The report's plots as PNG bytes (matplotlib, Agg backend, no display needed).
+
+Each plot takes the report's per-window samples. Time runs along x as elapsed time from the first
+window, in a unit chosen for the span (s, min or h), so a one-minute test and a month of serving
+both read well. When the energy source is an estimate the plot says so in its title and across
+its face: an estimate must never pass for a measurement.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402 - the backend is chosen before pyplot loads
+
+AVG_COLOUR = "#1f6fb4"
+PEAK_COLOUR = "#e08a1e"
+LIMIT_COLOUR = "#c62828"
+ENERGY_COLOUR = "#2e7d32"
+SIZE_IN = (9.0, 3.4)
+DPI = 110
+
+
+def time_axis(samples: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[float], str]:
+    """(window starts, window ends) as elapsed time in a readable unit, and that unit's label."""
+    if not samples:
+        return [], [], "s"
+    t0 = samples[0]["t_start"]
+    span = samples[-1]["t_end"] - t0
+    scale, unit = (1.0, "s") if span < 300 else (60.0, "min") if span < 3 * 3600 else (3600.0, "h")
+    return ([(s["t_start"] - t0) / scale for s in samples], [(s["t_end"] - t0) / scale for s in samples], unit)
+
+
+def _finish(fig: Any, ax: Any, title: str, estimate: bool) -> bytes:
+    ax.set_title(title + ("  (ESTIMATE, not measured)" if estimate else ""), fontsize=11, loc="left")
+    ax.grid(True, alpha=0.3)
+    if estimate:
+        ax.text(0.5, 0.5, "ESTIMATE", transform=ax.transAxes, fontsize=40, color="grey", alpha=0.15,
+                ha="center", va="center", rotation=12)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # below the axes, so it never hides the data
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(handles)),
+                  fontsize=8, frameon=False)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _empty(title: str) -> bytes:
+    fig, ax = plt.subplots(figsize=SIZE_IN)
+    ax.text(0.5, 0.5, "no samples in this period", ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return _finish(fig, ax, title, False)
+
+
+def _steps(starts: list[float], ends: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:
+    """Each window drawn flat over its own span (a window's figure is an average over that span)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for a, b, v in zip(starts, ends, values, strict=True):
+        if v is None:
+            xs.append(a)
+            ys.append(float("nan"))
+            continue
+        xs += [a, b]
+        ys += [v, v]
+    return xs, ys
+
+
+def power_timeline(samples: Sequence[Mapping[str, Any]], *, max_avg_power_w: float | None,
+                   max_peak_power_w: float | None, source: str | None) -> bytes:
+    title = "Power per window against the envelope"
+    if not samples:
+        return _empty(title)
+    starts, ends, unit = time_axis(samples)
+    fig, ax = plt.subplots(figsize=SIZE_IN)
+    xs, ys = _steps(starts, ends, [s["avg_power_w"] for s in samples])
+    ax.plot(xs, ys, color=AVG_COLOUR, lw=1.8, label="average power per window")
+    mids = [(a + b) / 2 for a, b in zip(starts, ends, strict=True)]
+    peaks = [s["peak_power_w"] for s in samples]
+    if any(p is not None for p in peaks):
+        ax.plot(mids, [float("nan") if p is None else p for p in peaks], ls="none", marker=".", ms=5,
+                color=PEAK_COLOUR, label="peak power in window")
+    if max_avg_power_w is not None:
+        ax.axhline(max_avg_power_w, color=LIMIT_COLOUR, ls="--", lw=1.4,
+                   label=f"average-power limit {max_avg_power_w:g} W")
+    if max_peak_power_w is not None:
+        ax.axhline(max_peak_power_w, color=LIMIT_COLOUR, ls=":", lw=1.4,
+                   label=f"peak-power limit {max_peak_power_w:g} W")
+    top = max([v for v in ys if v == v] + [p for p in peaks if p is not None]
+              + [x for x in (max_avg_power_w, max_peak_power_w) if x is not None] + [1e-9])
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xlabel(f"time since first window ({unit})")
+    ax.set_ylabel("power (W)")
+    return _finish(fig, ax, title, "estimate" in (source or ""))
+
+
+def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: str | None,
+                             baselines: Mapping[str, Mapping[str, Any]] | None = None) -> bytes:
+    title = "Energy per inference per window"
+    if not samples:
+        return _empty(title)
+    starts, ends, unit = time_axis(samples)
+    fig, ax = plt.subplots(figsize=SIZE_IN)
+    values = [s["j_per_inference"] for s in samples]
+    xs, ys = _steps(starts, ends, values)
+    ax.plot(xs, ys, color=AVG_COLOUR, lw=1.8, label="this deployment")
+    styles = iter([("#6d4c41", "--"), ("#7b1fa2", "-.")])
+    for b in (baselines or {}).values():
+        colour, style = next(styles, ("grey", ":"))
+        if b.get("measured") and b.get("j_per_inference") is not None:
+            ax.axhline(b["j_per_inference"], color=colour, ls=style, lw=1.3,
+                       label=f"{b['label']} (benchmark)")
+    finite = [v for v in ys if v == v]
+    finite += [b["j_per_inference"] for b in (baselines or {}).values() if b.get("j_per_inference")]
+    ax.set_ylim(0, (max(finite) if finite else 1.0) * 1.15)
+    ax.set_xlabel(f"time since first window ({unit})")
+    ax.set_ylabel("energy per inference (J)")
+    if any(v is None for v in values):
+        ax.text(0.01, 0.02, "gaps: windows with no calls", transform=ax.transAxes, fontsize=8, color="grey")
+    return _finish(fig, ax, title, "estimate" in (source or ""))
+
+
+def cumulative_energy(samples: Sequence[Mapping[str, Any]], *, source: str | None) -> bytes:
+    title = "Cumulative energy"
+    if not samples:
+        return _empty(title)
+    _starts, ends, unit = time_axis(samples)
+    total = samples[-1]["cumulative_energy_j"]
+    scale, e_unit = (1.0, "J") if total < 1e4 else (1e3, "kJ") if total < 3.6e6 else (3.6e6, "kWh")
+    fig, ax = plt.subplots(figsize=SIZE_IN)
+    xs = [0.0] + ends
+    ys = [0.0] + [s["cumulative_energy_j"] / scale for s in samples]
+    ax.plot(xs, ys, color=ENERGY_COLOUR, lw=1.8, label="energy since first window")
+    ax.fill_between(xs, ys, color=ENERGY_COLOUR, alpha=0.12)
+    ax.set_ylim(0, max(ys) * 1.1 if max(ys) > 0 else 1.0)
+    ax.set_xlabel(f"time since first window ({unit})")
+    ax.set_ylabel(f"energy ({e_unit})")
+    return _finish(fig, ax, title, "estimate" in (source or ""))
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def report_plots(report: Mapping[str, Any]) -> dict[str, str]:
+    """The three plots of a report, as data URIs ready for <img src=...>."""
+    samples = report["samples"]
+    source = report["totals"]["energy_source"]
+    env = report["envelope"]
+    return {
+        "power": data_uri(power_timeline(samples, max_avg_power_w=env["max_avg_power_w"],
+                                         max_peak_power_w=env["max_peak_power_w"], source=source)),
+        "j_per_inference": data_uri(j_per_inference_timeline(samples, source=source,
+                                                             baselines=report["baselines"])),
+        "cumulative": data_uri(cumulative_energy(samples, source=source)),
+    }

@@ -1,0 +1,230 @@
+"""The speed/energy trade-off regression, refit from the store whenever it is needed.
+
+One random forest per target (`TARGETS`), on the features of `controller.features`. Targets are
+learnt in log space, and the two that grow with the amount of work (energy and latency per forward
+call) are first divided by the workload's FLOPs, and compile time by its graph size, so that the
+trees learn "joules per FLOP under this configuration" — something that carries over to a workload
+they have not seen, which raw joules do not.
+
+Uncertainty: each prediction's `std` is the spread (standard deviation) of the forest's individual
+trees, each tree's output mapped back to the target's units; the `mean` is the forest's average in log
+space mapped back (a geometric mean). Tree spread captures how much the data disagrees near the
+query; it understates the error on a workload unlike any seen, which is why `cross_validate` holds out
+whole workloads.
+
+Nothing is pickled: `fit(db)` takes well under a second on thousands of runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import sqlite_utils
+
+from .features import FeatureSpace, config_row, device_kind
+
+TARGETS = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "compile_s")
+N_TREES = 64
+# APE denominators are at least this much, so eager's near-zero compile time does not dominate MAPE.
+APE_FLOOR = {"compile_s": 1.0}
+
+
+class TradeoffError(RuntimeError):
+    """Not enough measurements to fit or cross-validate; the message says what to run."""
+
+
+def _offset(target: str, workload: Mapping[str, Any]) -> float:
+    """log of the quantity a target is divided by before learning."""
+    from .features import work_scale
+
+    if target in ("energy_j_per_inference", "latency_ms_p95"):
+        return math.log(work_scale(workload))
+    if target == "compile_s":
+        return math.log(1.0 + float(workload.get("graph_nodes") or 0))
+    return 0.0
+
+
+COMPILE_PAD_S = 0.05  # added before the log so eager's ~0 s compile stays finite
+
+
+def _to_learnt(target: str, value: float, workload: Mapping[str, Any]) -> float:
+    if target == "compile_s":
+        value = value + COMPILE_PAD_S
+    return math.log(value) - _offset(target, workload)
+
+
+def _from_learnt(target: str, learnt: np.ndarray, workload: Mapping[str, Any]) -> np.ndarray:
+    value = np.exp(learnt + _offset(target, workload))
+    if target == "compile_s":
+        value = np.maximum(0.0, value - COMPILE_PAD_S)
+    return value
+
+
+def _usable(target: str, value: Any) -> bool:
+    if value is None or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value >= 0 if target == "compile_s" else value > 0
+
+
+@dataclass
+class Sample:
+    """One ok run with what the regression needs."""
+
+    workload: dict[str, Any]
+    config: dict[str, Any]
+    device: str
+    targets: dict[str, float]
+    group: str  # workload spec: cross-validation holds these out whole
+
+
+def training_samples(db: sqlite_utils.Database) -> list[Sample]:
+    """Every ok run of the store, joined with its workload row."""
+    runs = _list_ok_runs(db)
+    workloads = {row["id"]: row for row in db.query("SELECT * FROM workloads")}
+    samples = []
+    for run in runs:
+        workload = workloads.get(run["workload_id"])
+        if workload is None:
+            continue
+        samples.append(Sample(
+            workload=workload,
+            config={k: run[k] for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options")},
+            device=device_kind(run),
+            targets={t: run[t] for t in TARGETS if _usable(t, run.get(t))},
+            group=str(workload["spec"]),
+        ))
+    return samples
+
+
+def _list_ok_runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    from joulepilot.store import list_runs
+
+    return list_runs(db, status="ok")
+
+
+@dataclass
+class TradeoffModel:
+    """Fitted forests, one per target; `predict` gives (mean, std) in the target's units."""
+
+    space: FeatureSpace
+    forests: dict[str, Any]
+    n_samples: dict[str, int]
+    workloads: list[str]
+    devices: list[str]
+    fitted_at: float = field(default_factory=time.time)
+
+    def predict_many(self, workload: Mapping[str, Any], configs: Sequence[Any],
+                     device_name: str) -> list[dict[str, tuple[float, float]]]:
+        if not configs:
+            return []
+        x = np.array([self.space.vector(workload, c, device_name) for c in configs], dtype=float)
+        out: list[dict[str, tuple[float, float]]] = [{} for _ in configs]
+        for target, forest in self.forests.items():
+            per_tree = np.stack([tree.predict(x) for tree in forest.estimators_])  # trees x configs
+            values = _from_learnt(target, per_tree, workload)
+            means = _from_learnt(target, per_tree.mean(axis=0), workload)
+            stds = values.std(axis=0)
+            for i in range(len(configs)):
+                out[i][target] = (float(means[i]), float(stds[i]))
+        return out
+
+    def predict(self, workload_row: Mapping[str, Any], config: Any,
+                device_name: str) -> dict[str, tuple[float, float]]:
+        """{target: (mean, std)} for one workload row, configuration and device kind."""
+        return self.predict_many(workload_row, [config], device_name)[0]
+
+    def summary(self) -> dict[str, Any]:
+        return {"targets": list(self.forests), "samples": self.n_samples, "workloads": self.workloads,
+                "devices": self.devices, "features": self.space.names, "fitted_at": self.fitted_at,
+                "uncertainty": "std of the random forest's per-tree predictions"}
+
+
+def _forest(seed: int = 0):
+    from sklearn.ensemble import RandomForestRegressor
+
+    return RandomForestRegressor(n_estimators=N_TREES, max_features=0.6, min_samples_leaf=1,
+                                 random_state=seed, n_jobs=1)
+
+
+def fit_samples(samples: Sequence[Sample]) -> TradeoffModel:
+    if not samples:
+        raise TradeoffError("no successful runs in the store to fit on; run `joulepilot bench WORKLOAD` first")
+    space = FeatureSpace.learn((s.workload, s.config, s.device) for s in samples)
+    forests, counts = {}, {}
+    for target in TARGETS:
+        rows = [s for s in samples if target in s.targets]
+        if not rows:
+            continue
+        x = np.array([space.vector(s.workload, s.config, s.device) for s in rows], dtype=float)
+        y = np.array([_to_learnt(target, s.targets[target], s.workload) for s in rows])
+        forests[target] = _forest().fit(x, y)
+        counts[target] = len(rows)
+    return TradeoffModel(space, forests, counts, sorted({s.group for s in samples}),
+                         sorted({s.device for s in samples}))
+
+
+def fit(db: sqlite_utils.Database) -> TradeoffModel:
+    """Fit every target on the store's ok runs."""
+    return fit_samples(training_samples(db))
+
+
+def _metrics(target: str, truth: Sequence[float], pred: Sequence[float]) -> dict[str, float | None]:
+    t = np.asarray(truth, dtype=float)
+    p = np.asarray(pred, dtype=float)
+    floor = APE_FLOOR.get(target, 0.0)
+    ape = np.abs(p - t) / np.maximum(np.abs(t), floor if floor else 1e-300)
+    pad = COMPILE_PAD_S if target == "compile_s" else 0.0
+    lt, lp = np.log(t + pad), np.log(p + pad)
+    ss_tot = float(((lt - lt.mean()) ** 2).sum())
+    r2 = 1.0 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+    return {"mape": float(ape.mean()), "median_ape": float(np.median(ape)), "r2_log": r2, "n": int(len(t))}
+
+
+def cross_validate_samples(samples: Sequence[Sample], n_splits: int = 5) -> dict[str, dict[str, Any]]:
+    from sklearn.model_selection import GroupKFold
+
+    groups = [s.group for s in samples]
+    distinct = sorted(set(groups))
+    if len(distinct) < 2:
+        found = distinct[0] if distinct else "none"
+        raise TradeoffError(
+            f"cross-validation holds out whole workloads and needs at least 2 benchmarked workloads; "
+            f"the store has {len(distinct)} ({found}); bench another one, e.g. `joulepilot bench convnet`")
+    folds = GroupKFold(n_splits=min(n_splits, len(distinct)))
+    truth: dict[str, list[float]] = {t: [] for t in TARGETS}
+    pred: dict[str, list[float]] = {t: [] for t in TARGETS}
+    for train_idx, test_idx in folds.split(samples, groups=groups):
+        model = fit_samples([samples[i] for i in train_idx])
+        for i in test_idx:
+            s = samples[i]
+            predicted = model.predict(s.workload, s.config, s.device)
+            for target, value in s.targets.items():
+                if target in predicted:
+                    truth[target].append(value)
+                    pred[target].append(predicted[target][0])
+    return {
+        target: _metrics(target, truth[target], pred[target]) | {
+            "folds": folds.get_n_splits(), "workloads": len(distinct),
+            "holdout": "whole workloads (GroupKFold by workload spec)"}
+        for target in TARGETS if truth[target]
+    }
+
+
+def cross_validate(db: sqlite_utils.Database, n_splits: int = 5) -> dict[str, dict[str, Any]]:
+    """Per target: MAPE, median APE, R² of log values, holding out whole workloads (GroupKFold by spec)."""
+    return cross_validate_samples(training_samples(db), n_splits)
+
+
+def measured_keys(runs: Iterable[Mapping[str, Any]]) -> set[tuple]:
+    """(mode, fusion, precision, dynamic) of runs, to tell measured points from predicted ones."""
+    return {(r["mode"], r["fusion"], r["precision"], int(bool(r["dynamic"]))) for r in runs}
+
+
+def config_key(config: Any) -> tuple:
+    row = config_row(config)
+    return (row["mode"], row["fusion"], row["precision"], int(bool(row.get("dynamic"))))

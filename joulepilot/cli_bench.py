@@ -1,0 +1,114 @@
+"""`joulepilot bench`: sweep one workload across compile configurations and store every run."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import click
+
+from .clikit import db_option, echo_json, echo_table
+
+SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_s", "latency_ms_p50",
+                   "latency_ms_p95", "throughput_per_s", "energy_j_per_inference", "avg_power_w", "peak_power_w",
+                   "max_rel_error", "energy_source")
+SUMMARY_HEADERS = ("run", "config", "status", "compile s", "warm s", "p50 ms", "p95 ms", "samples/s", "J/inference",
+                   "avg W", "peak W", "max rel err", "source")
+
+
+def _split_values(values: tuple[str, ...]) -> list[str]:
+    """Repeated flags and comma lists alike: ('eager,default', 'max-autotune') -> three values."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _energy_key(run: dict[str, Any]) -> tuple[int, float]:
+    value = run.get("energy_j_per_inference")
+    ok = run.get("status") == "ok" and value is not None and math.isfinite(value)
+    return (0, value) if ok else (1, 0.0)
+
+
+def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | None) -> None:
+    if run is None:
+        click.echo(f"[{index + 1}/{total}] {config.label}: compiling and measuring ...", err=True)
+        return
+    if run["status"] == "ok":
+        click.echo(f"[{index}/{total}] {config.label}: ok, compile {run['compile_s']:.2f} s, "
+                   f"p50 {run['latency_ms_p50']:.3f} ms, {run['energy_j_per_inference']:.4g} J/inference "
+                   f"({run['energy_source']})", err=True)
+    else:
+        first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
+        click.echo(f"[{index}/{total}] {config.label}: FAILED, {first_line}", err=True)
+
+
+@click.command("bench")
+@click.argument("spec")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Samples per forward call.")
+@click.option("--modes", "--mode", "modes", multiple=True,
+              help="Compile modes, comma list or repeated: eager, default, reduce-overhead, "
+                   "max-autotune-no-cudagraphs, max-autotune. Default: eager,default on CPU; "
+                   "eager,default,reduce-overhead,max-autotune-no-cudagraphs on a GPU.")
+@click.option("--fusion", "fusions", multiple=True,
+              help="Inductor fusion presets, comma list or repeated (default: default).")
+@click.option("--precision", "precisions", multiple=True,
+              help="fp32, tf32, bf16, fp16; comma list or repeated. Default: fp32 on CPU, fp32,bf16 on a GPU.")
+@click.option("--option", "raw_options", multiple=True, metavar="NAME=VALUE",
+              help="Raw Inductor option for every compiled configuration, e.g. max_fusion_size=32.")
+@click.option("--dynamic", is_flag=True, help="Compile with dynamic shapes.")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length for token workloads.")
+@click.option("--image-size", type=click.IntRange(min=1), help="Image side for vision workloads.")
+@click.option("--min-seconds", type=click.FloatRange(min=0.05),
+              help="Length of each energy window (default 5 on a GPU, 2 on CPU).")
+@click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Cold-compile budget per configuration; an overrun is recorded as a failed run.")
+@click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
+@click.option("--warm-start/--no-warm-start", default=None,
+              help="Also time a fresh process that loads the saved compile artifacts (default: on for GPUs).")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (progress stays on stderr).")
+def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
+                  precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, seq_len: int | None,
+                  image_size: int | None, min_seconds: float | None, budget_s: float, device: str | None,
+                  warm_start: bool | None, db: str | None, as_json: bool) -> None:
+    """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
+
+    SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
+    package.module:factory.
+    """
+    from joulepilot.compiler import ConfigError, WorkloadError, bench, default_device, plan_configs
+    from joulepilot.compiler.bench import default_modes, default_precisions
+    from joulepilot.compiler.options import parse_option_assignments
+    from joulepilot.store import StoreError
+    from joulepilot.telemetry import TelemetryError
+
+    device = device or default_device()
+    try:
+        configs = plan_configs(
+            _split_values(modes) or default_modes(device),
+            _split_values(fusions) or ["default"],
+            _split_values(precisions) or default_precisions(device),
+            batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
+        )
+        runs = bench(spec, configs, device=device, min_seconds=min_seconds, budget_s=budget_s, db=db,
+                     batch_size=batch_size, seq_len=seq_len, image_size=image_size, warm_start=warm_start,
+                     progress=_progress_line)
+    except (ConfigError, WorkloadError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (StoreError, TelemetryError) as exc:
+        raise click.ClickException(f"{exc}") from exc
+    runs.sort(key=_energy_key)
+    if as_json:
+        echo_json(runs)
+    else:
+        echo_table(runs, SUMMARY_COLUMNS, SUMMARY_HEADERS)
+        failed = [r for r in runs if r["status"] != "ok"]
+        for run in failed:
+            click.echo(f"run {run['run_id']} ({run['config_label']}) failed: {run.get('reason')}")
+        if any(r.get("energy_source") == "estimate" for r in runs):
+            click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
+    if runs and all(r["status"] != "ok" for r in runs):
+        sys.exit(1)
+
+
+commands = [bench_command]

@@ -1,0 +1,112 @@
+"""`joulepilot daemon` and `joulepilot status`."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .clikit import db_option, echo_json, echo_table
+
+
+@click.command("daemon")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Daemon TOML config (see deploy/daemon.toml); without it, the defaults.")
+@db_option
+@click.option("--policies", "policy_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Policy folder (repeatable); overrides the config's `policies`.")
+@click.option("--once", is_flag=True, help="Run one pass (measure, decide, lock) and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the pass summary as JSON.")
+def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[str, ...], once: bool,
+                   as_json: bool) -> None:
+    """Keep every policy's decision current: benchmark while the device is idle, refit, re-decide.
+
+    One daemon per database. SIGTERM/SIGINT stop it within seconds (the running measurement is
+    re-queued); SIGHUP re-reads the config.
+    """
+    from joulepilot.controller.daemon import Daemon, DaemonAlreadyRunning, DaemonConfigError
+
+    try:
+        daemon = Daemon.from_cli(config_path=config_path, db=db, policies=policy_dirs)
+    except DaemonConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    from joulepilot.store import StoreError
+
+    try:
+        result = daemon.run(once=once)
+    except (DaemonAlreadyRunning, StoreError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:  # the lock file or scratch folder beside the database cannot be written
+        raise click.ClickException(f"{exc}; the daemon needs write access to the database's folder "
+                                   f"({daemon.cfg.db.parent}); fix its permissions or pass --db") from exc
+    if once and as_json:
+        echo_json(result.summary)
+    sys.exit(result.exit_code)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _short(text: str | None, limit: int = 80) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
+
+
+@click.command("status")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status_command(db: str | None, as_json: bool) -> None:
+    """Is the daemon alive, what is it doing, the queue, and each policy's decision."""
+    from joulepilot.controller.status import daemon_status
+    from joulepilot.store import default_db_path, open_db
+
+    path = db or str(default_db_path())
+    database = open_db(path)
+    try:
+        status = daemon_status(database, path)
+    finally:
+        database.close()
+    if as_json:
+        echo_json(status)
+        return
+    d = status["daemon"]
+    if d["alive"]:
+        head = f"daemon: running (pid {d['pid']}), {d['state'] or 'starting'}"
+    elif d["state"] is None:
+        head = "daemon: never ran on this database"
+    else:
+        head = f"daemon: not running (last pid {d['pid']}, last state {d['state']})"
+    click.echo(f"database: {status['db']}")
+    click.echo(head)
+    if d["last_heartbeat_age_s"] is not None:
+        click.echo(f"last heartbeat: {_age(d['last_heartbeat_age_s'])} ago")
+    if d["doing"]:
+        click.echo(f"doing: {d['doing']}")
+    last = status["last_pass"]
+    if last:
+        finished = last.get("finished_at")
+        when = f"{_age(time.time() - finished)} ago" if finished else "in progress"
+        click.echo(f"last pass: {when}, {last.get('runs_ok', 0)} ok / {last.get('runs_failed', 0)} failed runs, "
+                   f"{len(last.get('decided', []))} decided")
+    for err in status["policy_errors"]:
+        click.echo(f"policy error: {err['file']}: {err['error']}", err=True)
+    counts = status["queue"]["counts"]
+    click.echo("queue: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+               + (f"; {status['requests_pending']} request(s) pending" if status["requests_pending"] else ""))
+    if status["queue"]["next"]:
+        echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"])
+    click.echo("")
+    rows = [dict(r, age=_age(r["age_s"]), reason=_short(r.get("reason"))) for r in status["decisions"]]
+    echo_table(rows, ["policy", "device_kind", "config", "state", "age", "reason"],
+               ["policy", "device", "config", "state", "age", "reason"])
+
+
+commands = [daemon_command, status_command]

@@ -1,0 +1,220 @@
+"""`joulepilot fit`, `joulepilot frontier` and `joulepilot policy check|explain|lock`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
+from joulepilot.policies import PolicyError, load_policy, record_decision, resolve, write_lock
+from joulepilot.store import open_db
+
+from .clikit import db_option, echo_json, echo_table
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+device_name_option = click.option(
+    "--device-name", help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
+                          "(default: this host's cuda:0 if present, else cpu).")
+torch_option = click.option("--torch-version", help="torch major.minor to decide for (default: installed).")
+
+
+def _device_kind(device_name: str | None) -> str:
+    if device_name:
+        return device_name
+    from .hook import current_device_kind
+
+    return current_device_kind()
+
+
+@click.command("fit")
+@db_option
+@json_option
+def fit_command(db: str | None, as_json: bool) -> None:
+    """Fit the trade-off model and print its cross-validated error per target (whole workloads held out)."""
+    database = open_db(db)
+    try:
+        model = fit(database)
+    except TradeoffError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        scores = cross_validate(database)
+    except TradeoffError as exc:
+        click.echo(f"fitted on {max(model.n_samples.values())} ok runs of {', '.join(model.workloads)}", err=True)
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        echo_json({"model": model.summary(), "cross_validation": scores})
+        return
+    rows = [{"target": t, "mape_pct": 100 * m["mape"], "median_ape_pct": 100 * m["median_ape"],
+             "r2_log": m["r2_log"], "rows": m["n"], "workloads": m["workloads"], "folds": m["folds"]}
+            for t, m in scores.items()]
+    click.echo(f"fitted on {max(model.n_samples.values())} ok runs, {len(model.workloads)} workloads, "
+               f"devices: {', '.join(model.devices)}")
+    click.echo("cross-validation, whole workloads held out (GroupKFold by workload spec):")
+    echo_table(rows, ["target", "mape_pct", "median_ape_pct", "r2_log", "rows", "workloads", "folds"],
+               ["target", "MAPE %", "median APE %", "R² (log)", "rows", "workloads", "folds"])
+
+
+@click.command("frontier")
+@click.argument("workload")
+@db_option
+@click.option("--device-name", help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
+@click.option("--batch-size", type=int, help="Batch size; default: the one with most runs.")
+@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
+              help="Predict the policy's search space (default: combinations of the knobs measured).")
+@click.option("--no-predict", is_flag=True, help="Measured points only.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@json_option
+def frontier_command(workload: str, db: str | None, device_name: str | None, batch_size: int | None,
+                     policy_file: str | None, no_predict: bool, plot_path: str | None, as_json: bool) -> None:
+    """The latency/energy Pareto frontier of WORKLOAD: measured points, and predicted unmeasured ones."""
+    search = _load(policy_file).search if policy_file else None
+    try:
+        result = frontier(open_db(db), workload, device_name=device_name, batch_size=batch_size, search=search,
+                          predict=not no_predict)
+    except TradeoffError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if plot_path:
+        result["plot"] = str(plot_frontier(result, plot_path))
+    if as_json:
+        echo_json(result)
+        return
+    click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}  "
+               f"(* = on the Pareto frontier)")
+    rows = [p | {"front": "*" if p["pareto"] else ""} for p in result["points"]]
+    echo_table(rows, ["front", "label", "source", "latency_ms_p95", "energy_j_per_inference",
+                      "energy_j_per_inference_std", "avg_power_w"],
+               ["", "config", "source", "p95 ms", "J/call", "± J", "avg W"])
+    for note in result["notes"]:
+        click.echo(note, err=True)
+    if plot_path:
+        click.echo(f"plot written to {plot_path}")
+
+
+@click.group("policy")
+def policy_group() -> None:
+    """Validate policy files, explain and lock their decisions."""
+
+
+def _load(path: str) -> Any:
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@policy_group.command("check")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@json_option
+def check_command(files: tuple[str, ...], as_json: bool) -> None:
+    """Validate policy FILES; exits 1 if any is invalid."""
+    results = []
+    for file in files:
+        try:
+            policy = load_policy(file)
+            results.append({"file": file, "ok": True, "policy": policy.name, "hash": policy.hash, "problems": []})
+        except PolicyError as exc:
+            results.append({"file": file, "ok": False, "problems": [p.to_dict() for p in exc.problems]})
+    if as_json:
+        echo_json(results)
+    else:
+        for r in results:
+            if r["ok"]:
+                click.echo(f"{r['file']}: ok (policy {r['policy']}, hash {r['hash']})")
+            else:
+                click.echo(f"{r['file']}: {len(r['problems'])} problem(s)")
+                for p in r["problems"]:
+                    hint = f" ({p['hint']})" if p["hint"] else ""
+                    click.echo(f"  {p['key']}: expected {p['expected']}, found {p['found']}{hint}")
+    if not all(r["ok"] for r in results):
+        raise SystemExit(1)
+
+
+def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None) -> tuple:
+    policy = _load(file)
+    database = open_db(db)
+    try:
+        model = fit(database)
+    except TradeoffError:
+        model = None
+    decision = resolve(policy, database, _device_kind(device_name), model, torch_version=torch_version)
+    return policy, database, decision
+
+
+CANDIDATE_COLUMNS = ["status", "label", "source", "score", "amortised_energy_j", "latency_ms_p95", "avg_power_w",
+                     "compile_s", "max_rel_error", "break_even", "why"]
+
+
+def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
+    rows = []
+    for c in decision.candidates:
+        fig = c.figures if c.source == "measured" else {k: v[0] for k, v in c.predicted.items()}
+        rows.append({"status": c.status, "label": c.label, "source": c.source, "score": c.score,
+                     "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
+                     "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
+                     "max_rel_error": fig.get("max_rel_error"), "break_even": c.break_even_inferences,
+                     "why": "; ".join(c.reasons) or "within every limit"})
+    return rows
+
+
+def _echo_decision(decision: Any) -> None:
+    click.echo(f"policy     {decision.policy} ({decision.workload}, objective {decision.objective}, "
+               f"{decision.expected_inferences:,} expected inferences)")
+    click.echo(f"device     {decision.device_kind}, torch {decision.torch_version}")
+    click.echo(f"decision   {decision.label}  [{decision.state}]")
+    click.echo(f"reason     {decision.reason}")
+    if decision.proposed:
+        click.echo(f"proposed   {decision.proposed['label']} (prediction only: benchmark it to verify)")
+    if decision.config.get("mode") == "eager":
+        click.echo("break-even vs eager fp32: none needed (eager compiles nothing)")
+    elif decision.break_even_inferences is not None:
+        click.echo(f"break-even vs eager fp32: {decision.break_even_inferences:,.0f} inferences")
+    click.echo("")
+    echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
+               ["status", "config", "source", "score", "J/call amortised", "p95 ms", "avg W", "compile s",
+                "rel err", "break-even", "why"])
+
+
+@policy_group.command("explain")
+@click.argument("file", type=click.Path(dir_okay=False))
+@db_option
+@device_name_option
+@torch_option
+@click.option("--record", is_flag=True, help="Also store the decision (the hook then uses it).")
+@json_option
+def explain_command(file: str, db: str | None, device_name: str | None, torch_version: str | None, record: bool,
+                    as_json: bool) -> None:
+    """Resolve FILE's policy now and show the decision and every candidate with why it was kept or rejected."""
+    _, database, decision = _decide(file, db, device_name, torch_version)
+    if record:
+        record_decision(database, decision)
+    if as_json:
+        echo_json(decision.to_dict())
+    else:
+        _echo_decision(decision)
+
+
+@policy_group.command("lock")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@db_option
+@device_name_option
+@torch_option
+@json_option
+def lock_command(file: str, db: str | None, device_name: str | None, torch_version: str | None,
+                 as_json: bool) -> None:
+    """Resolve FILE's policy, store the decision and write it to <stem>.lock.json beside the policy."""
+    _, database, decision = _decide(file, db, device_name, torch_version)
+    record_decision(database, decision)
+    path = write_lock(Path(file), decision)
+    if as_json:
+        echo_json({"lock_file": str(path), "device_kind": decision.device_kind,
+                   "torch_version": decision.torch_version, "config": decision.config, "state": decision.state,
+                   "reason": decision.reason, "decision_id": decision.id})
+    else:
+        click.echo(f"{path}: {decision.device_kind} / torch {decision.torch_version} -> {decision.label} "
+                   f"[{decision.state}]")
+        click.echo(f"reason: {decision.reason}")
+
+
+commands = [fit_command, frontier_command, policy_group]

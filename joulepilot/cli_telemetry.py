@@ -1,0 +1,103 @@
+"""`joulepilot telemetry` and `joulepilot measure`: thin layers over joulepilot.telemetry."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import click
+
+from joulepilot.telemetry import (
+    TelemetryError,
+    detect_meters,
+    measure_command,
+    meter_status,
+    parse_device,
+)
+
+from .clikit import db_option, echo_json, echo_table
+
+
+def _device_rows() -> list[dict]:
+    rows: list[dict] = []
+    for meter in detect_meters(None):
+        try:
+            for d in meter.devices():
+                rows.append(d.to_dict())
+        finally:
+            meter.close()
+    return rows
+
+
+@click.command("telemetry")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def telemetry_command(as_json: bool) -> None:
+    """Show which energy meters work on this host, and why the others do not."""
+    statuses = [s.to_dict() for s in meter_status()]
+    devices = _device_rows()
+    cpu_source = next((s["name"] for s in statuses if s["name"] in ("rapl", "estimate") and s["active"]), None)
+    gpu_source = "nvml" if any(s["name"] == "nvml" and s["active"] for s in statuses) else None
+    if as_json:
+        echo_json({"meters": statuses, "devices": devices, "primary_source": {"cpu": cpu_source, "cuda": gpu_source}})
+        return
+    echo_table([dict(s, devices=", ".join(s["devices"]) or "-") for s in statuses], ["name", "active", "devices", "reason"])
+    click.echo("")
+    echo_table(devices, ["id", "source", "name", "driver", "power_limit_w", "memory_bytes"],
+               ["device", "source", "name", "driver", "power limit W", "memory bytes"])
+    click.echo("")
+    click.echo(f"device 'cpu' is metered by: {cpu_source or '-'}; device 'cuda:N' by: {gpu_source or '- (no NVML)'}")
+
+
+def _exit_status(code: int) -> int:
+    # A child killed by signal N reports -N; shells report 128 + N.
+    return 128 - code if code < 0 else code
+
+
+@click.command("measure", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON on stdout; the command's own stdout then goes to stderr.")
+@click.option("--device", default=None,
+              help="'cpu', 'cuda:N', or all measured devices (default). CPU-only hosts without RAPL get an estimate.")
+@click.option("--idle-s", type=float, default=0.0, show_default=True,
+              help="Seconds of idle baseline to measure first, for energy above idle.")
+@click.option("--sample-hz", type=float, default=10.0, show_default=True, help="Power sampler rate (<= 10).")
+@db_option
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def measure_cli(as_json: bool, device: str | None, idle_s: float, sample_hz: float, db: str | None,
+                cmd: tuple[str, ...]) -> None:
+    """Run CMD and report the energy it used per device; exits with CMD's exit code.
+
+    Example: joulepilot measure --json -- python train.py --epochs 1
+    """
+    del db  # accepted for symmetry with other commands; measurements are not stored
+    try:
+        if device is not None:
+            parse_device(device)
+        result = measure_command(list(cmd), device=device, idle_s=idle_s, sample_hz=sample_hz,
+                                 stdout=2 if as_json else None)  # fd 2: stderr
+    except FileNotFoundError as exc:
+        raise click.ClickException(f"command not found: {cmd[0]!r} ({exc.strerror}); check the name and PATH") from exc
+    except PermissionError as exc:
+        raise click.ClickException(f"command not executable: {cmd[0]!r}; chmod +x it or run it through its interpreter") from exc
+    except (TelemetryError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        echo_json(result)
+    else:
+        _print_report(result)
+    code = result["exit_code"]
+    if code < 0 and -code in (signal.SIGINT, signal.SIGTERM):
+        click.echo(f"command was stopped by signal {-code}", err=True)
+    sys.exit(_exit_status(code))
+
+
+def _print_report(result: dict) -> None:
+    rows = result["devices"]
+    echo_table(rows, ["device", "source", "energy_j", "avg_power_w", "peak_power_w", "energy_above_idle_j"],
+               ["device", "source", "energy J", "avg W", "peak W", "above idle J"])
+    label = " (ESTIMATE: CPU time x W/core, not measured)" if result["estimated"] else ""
+    click.echo(f"total {result['energy_j']:.2f} J in {result['duration_s']:.2f} s, "
+               f"exit code {result['exit_code']}{label}")
+
+
+commands = [telemetry_command, measure_cli]

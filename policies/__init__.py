@@ -1,0 +1,38 @@
+"""Policy files: schema and validation, resolution under limits, lock files."""
+
+from .load import find_policy, load_policy, policy_dirs, policy_hash
+from .lock import lock_path, read_lock, write_lock
+from .resolve import (
+    Candidate,
+    Decision,
+    candidate_configs,
+    fallback_config,
+    record_decision,
+    resolve,
+    stored_decision,
+    torch_minor,
+)
+from .schema import OBJECTIVES, Policy, PolicyError, Problem, validate
+
+__all__ = [
+    "OBJECTIVES",
+    "Candidate",
+    "Decision",
+    "Policy",
+    "PolicyError",
+    "Problem",
+    "candidate_configs",
+    "fallback_config",
+    "find_policy",
+    "load_policy",
+    "lock_path",
+    "policy_dirs",
+    "policy_hash",
+    "read_lock",
+    "record_decision",
+    "resolve",
+    "stored_decision",
+    "torch_minor",
+    "validate",
+    "write_lock",
+]

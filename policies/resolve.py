@@ -1,0 +1,405 @@
+"""Choosing a policy's configuration for one device kind and torch version.
+
+Rules (the README's "How a decision is made" says the same for users):
+
+* Candidates are every allowed configuration: search.modes x search.precisions x search.fusion x
+  search.dynamic at the policy's batch size (eager ignores fusion, so it appears once per precision).
+* A candidate's figures come from its latest ok run of the same workload (spec, batch and shape) on
+  the same device kind under the same torch major.minor. Limits are checked against these
+  measurements only. A measured figure that a limit needs but the run lacks rejects the candidate:
+  a hard limit is never granted on a guess.
+* A candidate with no measurement may still be scored by the trade-off model's prediction. It can be
+  *proposed* (to be measured next), never applied:
+    - best measured feasible candidate exists  -> state `verified`, that config applied; a predicted
+      candidate that looks better is named in `proposed`;
+    - none, but a predicted candidate looks feasible -> state `provisional`: the fallback is applied
+      and the predicted candidate is `proposed`, until a measurement confirms or refutes it;
+    - nothing feasible at all -> state `fallback`, the fallback applied, the reason says why.
+* Energy objective: joules per forward call plus compile energy amortised over expected_inferences
+  (compile_energy_j / expected_inferences). `latency`: p95 latency. `edp`: amortised energy x p95.
+  Ties go to the cheaper compile. The break-even inference count against eager fp32 is
+  compile_energy_j / (eager J/inference - candidate J/inference).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlite_utils
+
+from .schema import Policy
+
+LIMIT_FIGURES = {
+    "max_avg_power_w": ("avg_power_w", "W"),
+    "max_peak_power_w": ("peak_power_w", "W"),
+    "max_p95_latency_ms": ("latency_ms_p95", "ms"),
+    "max_compile_s": ("compile_s", "s"),
+    "max_rel_error": ("max_rel_error", ""),
+}
+# Limits a prediction can speak to (the trade-off model has no accuracy or peak-power target).
+PREDICTED_LIMITS = {"max_avg_power_w": "avg_power_w", "max_p95_latency_ms": "latency_ms_p95",
+                    "max_compile_s": "compile_s"}
+FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "latency_ms_p50", "latency_ms_p95",
+           "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
+           "energy_source", "window_s", "torch_version")
+STATES = ("verified", "provisional", "fallback")
+
+
+def torch_minor(version: str | None = None) -> str:
+    """'2.13' from '2.13.0+cpu'; the installed torch's when `version` is None (without importing torch)."""
+    if version is None:
+        version = importlib.metadata.version("torch")
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2])
+
+
+@dataclass
+class Candidate:
+    config: dict[str, Any]  # configs row
+    label: str
+    source: str  # 'measured' | 'predicted' | 'none'
+    status: str = "pending"  # chosen | kept | rejected | proposed | unverified | unknown
+    reasons: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)  # measured
+    predicted: dict[str, list[float]] = field(default_factory=dict)  # target -> [mean, std]
+    run_id: int | None = None
+    score: float | None = None
+    amortised_energy_j: float | None = None
+    break_even_inferences: float | None = None
+
+    @property
+    def config_id(self) -> str:
+        return self.config["id"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Decision:
+    policy: str
+    policy_hash: str
+    device_kind: str
+    torch_version: str
+    workload: str
+    workload_id: str
+    config: dict[str, Any]  # the configuration to apply (configs row)
+    state: str
+    reason: str
+    objective: str
+    expected_inferences: int
+    proposed: dict[str, Any] | None = None  # prediction-only config worth measuring next
+    candidates: list[Candidate] = field(default_factory=list)
+    measured: dict[str, Any] = field(default_factory=dict)  # key figures of the applied config, if measured
+    break_even_inferences: float | None = None
+    eager_energy_j_per_inference: float | None = None
+    decided_at: float = field(default_factory=time.time)
+    id: int | None = None
+
+    @property
+    def config_id(self) -> str:
+        return self.config["id"]
+
+    @property
+    def label(self) -> str:
+        return self.config.get("label", self.config_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        values = dict(data)
+        values["candidates"] = [c if isinstance(c, Candidate) else Candidate(**c)
+                                for c in values.get("candidates", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def candidate_configs(policy: Policy) -> list[Any]:
+    """Every allowed configuration, in a stable order, without duplicates."""
+    from joulepilot.compiler import CompileConfig
+
+    seen, configs = set(), []
+    for mode in policy.search.modes:
+        for precision in policy.search.precisions:
+            for fusion in policy.search.fusion:
+                for dynamic in policy.search.dynamic:
+                    fusion_used = "default" if mode == "eager" else fusion
+                    cfg = CompileConfig(mode=mode, fusion=fusion_used, precision=precision, dynamic=dynamic,
+                                        batch_size=policy.batch_size)
+                    if cfg.id not in seen:
+                        seen.add(cfg.id)
+                        configs.append(cfg)
+    return configs
+
+
+def fallback_config(policy: Policy) -> Any:
+    from joulepilot.compiler import CompileConfig
+
+    fb = policy.fallback
+    return CompileConfig(mode=fb.mode, fusion="default" if fb.mode == "eager" else fb.fusion,
+                         precision=fb.precision, batch_size=policy.batch_size)
+
+
+def policy_workload_id(policy: Policy) -> str:
+    from joulepilot.compiler import workload_id
+
+    return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size)
+
+
+def _device_kind(run: Mapping[str, Any]) -> str:
+    device = str(run.get("device") or "")
+    return str(run.get("device_name") or device) if device.startswith("cuda") else "cpu"
+
+
+def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str,
+                torch_version: str) -> dict[str, dict[str, Any]]:
+    """config_id -> latest ok run (else latest failed run) of the workload on this device kind and torch."""
+    from joulepilot.store import list_runs
+
+    latest: dict[str, dict[str, Any]] = {}
+    for run in list_runs(db, where="runs.workload_id = ?", params=[workload_id]):  # newest first
+        if _device_kind(run) != device_kind or torch_minor(run.get("torch_version") or "0.0") != torch_version:
+            continue
+        have = latest.get(run["config_id"])
+        if have is None or (have["status"] != "ok" and run["status"] == "ok"):
+            latest[run["config_id"]] = run
+    return latest
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value:.4g}{(' ' + unit) if unit else ''}"
+
+
+def _score(objective: str, energy_j: float, latency_ms: float | None) -> float | None:
+    if objective == "energy":
+        return energy_j
+    if latency_ms is None:
+        return None
+    return latency_ms if objective == "latency" else energy_j * latency_ms
+
+
+def _check_measured(cand: Candidate, policy: Policy) -> None:
+    for limit, value in policy.limits.items():
+        figure, unit = LIMIT_FIGURES[limit]
+        measured = cand.figures.get(figure)
+        if measured is None:
+            cand.reasons.append(f"{limit}: {figure} was not measured, so the limit {_fmt(value, unit)} "
+                                f"cannot be verified")
+        elif measured > value:
+            cand.reasons.append(f"{limit}: measured {figure} {_fmt(measured, unit)} > limit {_fmt(value, unit)}")
+
+
+def _check_predicted(cand: Candidate, policy: Policy) -> list[str]:
+    """Reasons a prediction says the candidate breaks a limit; unverifiable limits are noted, not failed."""
+    notes = []
+    for limit, value in policy.limits.items():
+        figure = PREDICTED_LIMITS.get(limit)
+        unit = LIMIT_FIGURES[limit][1]
+        if figure is None or figure not in cand.predicted:
+            notes.append(f"{limit} cannot be predicted; needs a measurement")
+            continue
+        mean, std = cand.predicted[figure]
+        if mean > value:
+            cand.reasons.append(f"{limit}: predicted {figure} {_fmt(mean, unit)} ± {_fmt(std, unit)} "
+                                f"> limit {_fmt(value, unit)}")
+    return notes
+
+
+def _amortise(cand: Candidate, policy: Policy, energy_j: float, compile_energy_j: float | None,
+              latency_ms: float | None) -> None:
+    amortised = energy_j + (compile_energy_j or 0.0) / policy.objective.expected_inferences
+    cand.amortised_energy_j = amortised
+    cand.score = _score(policy.objective.minimize, amortised, latency_ms)
+
+
+def _break_even(compile_energy_j: float | None, energy_j: float, eager_j: float | None,
+                is_eager: bool) -> float | None:
+    if is_eager or eager_j is None or compile_energy_j is None:
+        return 0.0 if is_eager else None
+    saving = eager_j - energy_j
+    return compile_energy_j / saving if saving > 0 else math.inf
+
+
+def _key_figures(cand: Candidate | None) -> dict[str, Any]:
+    if cand is None or cand.source != "measured":
+        return {}
+    keep = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "peak_power_w", "compile_s",
+            "compile_energy_j", "max_rel_error", "energy_source", "torch_version")
+    return {k: cand.figures.get(k) for k in keep} | {"run_id": cand.run_id}
+
+
+def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: Any = None, *,
+            torch_version: str | None = None) -> Decision:
+    """The decision for `policy` on device kind `device_name` ('cpu' or the GPU's name) and torch
+    major.minor `torch_version` (default: the installed torch). `model` is a fitted TradeoffModel or None."""
+    torch_version = torch_minor(torch_version) if torch_version else torch_minor()
+    workload_id = policy_workload_id(policy)
+    found = list(db.query("SELECT * FROM workloads WHERE id = ?", [workload_id]))
+    workload_row = found[0] if found else None
+    runs = latest_runs(db, workload_id, device_name, torch_version)
+    fallback = fallback_config(policy)
+
+    eager_run = runs.get(fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id)
+    eager_j = eager_run["energy_j_per_inference"] if eager_run and eager_run["status"] == "ok" else None
+
+    configs = candidate_configs(policy)
+    unmeasured = [c for c in configs if c.id not in runs or runs[c.id]["status"] != "ok"]
+    predictions: dict[str, dict[str, tuple[float, float]]] = {}
+    if model is not None and workload_row is not None and unmeasured:
+        for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name), strict=True):
+            predictions[cfg.id] = pred
+
+    candidates: list[Candidate] = []
+    for cfg in configs:
+        run = runs.get(cfg.id)
+        cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none")
+        candidates.append(cand)
+        if run is not None and run["status"] == "ok":
+            cand.source, cand.run_id = "measured", run["id"]
+            cand.figures = {k: run.get(k) for k in FIGURES}
+            _check_measured(cand, policy)
+            _amortise(cand, policy, run["energy_j_per_inference"], run.get("compile_energy_j"),
+                      run.get("latency_ms_p95"))
+            cand.break_even_inferences = _break_even(run.get("compile_energy_j"), run["energy_j_per_inference"],
+                                                     eager_j, not cfg.compiles)
+            cand.status = "rejected" if cand.reasons else "kept"
+        elif cfg.id in predictions:
+            pred = predictions[cfg.id]
+            cand.source = "predicted"
+            cand.predicted = {k: [m, s] for k, (m, s) in pred.items()}
+            if run is not None:
+                cand.reasons.append(f"last benchmark failed: {run.get('reason') or 'no reason recorded'}")
+            notes = _check_predicted(cand, policy)
+            energy = pred.get("energy_j_per_inference", (math.nan, 0))[0]
+            compile_s = pred.get("compile_s", (0.0, 0))[0] if cfg.compiles else 0.0
+            power = pred.get("avg_power_w", (0.0, 0))[0]
+            latency = pred.get("latency_ms_p95", (None, 0))[0]
+            # Compile energy is not a target of its own: predicted compile seconds at predicted power.
+            _amortise(cand, policy, energy, compile_s * power, latency)
+            cand.break_even_inferences = _break_even(compile_s * power, energy, eager_j, not cfg.compiles)
+            if cand.reasons:
+                cand.status = "rejected"
+            else:
+                cand.status = "unverified"
+                cand.reasons.append("not measured: prediction only" + ("; " + "; ".join(notes) if notes else ""))
+        else:
+            cand.status = "unknown"
+            if run is not None:
+                cand.reasons.append(f"benchmark failed: {run.get('reason') or 'no reason recorded'}")
+                cand.status, cand.source, cand.run_id = "rejected", "measured", run["id"]
+            else:
+                cand.reasons.append(f"not measured on {device_name} with torch {torch_version}, and no "
+                                    f"prediction ({'no trade-off model' if model is None else 'workload never described'})")
+
+    def order(c: Candidate) -> tuple:
+        return (c.score if c.score is not None else math.inf, c.figures.get("compile_s") or 0.0, c.label)
+
+    feasible = sorted((c for c in candidates if c.status == "kept"), key=order)
+    hopeful = sorted((c for c in candidates if c.status == "unverified" and c.score is not None
+                      and math.isfinite(c.score)), key=order)
+    chosen = feasible[0] if feasible else None
+    proposed = hopeful[0] if hopeful and (chosen is None or order(hopeful[0]) < order(chosen)) else None
+
+    objective = policy.objective.minimize
+    if chosen is not None:
+        chosen.status = "chosen"
+        state, applied = "verified", chosen.config
+        reason = (f"{chosen.label} is the measured configuration with the lowest {_objective_text(objective)} "
+                  f"({chosen.score:.4g}) within every limit; {len(feasible)} of {len(candidates)} candidates "
+                  f"measured within limits")
+    elif proposed is not None:
+        state, applied = "provisional", fallback.to_row()
+        reason = (f"no measured configuration meets every limit; {proposed.label} is predicted to "
+                  f"({_objective_text(objective)} {proposed.score:.4g}) but is unmeasured, so the fallback "
+                  f"{fallback.label} is applied until it is benchmarked")
+    else:
+        state, applied = "fallback", fallback.to_row()
+        reason = f"no configuration is feasible, so the fallback {fallback.label} is applied: " + \
+            _rejection_summary(candidates, device_name, torch_version, workload_row is None, policy)
+    if proposed is not None:
+        proposed.status = "proposed"
+        if chosen is not None:
+            reason += f"; {proposed.label} is predicted better and should be measured"
+
+    applied_cand = next((c for c in candidates if c.config_id == applied["id"]), None)
+    if applied_cand is None and applied["id"] in runs and runs[applied["id"]]["status"] == "ok":
+        applied_cand = Candidate(config=applied, label=applied["label"], source="measured",
+                                 figures={k: runs[applied["id"]].get(k) for k in FIGURES},
+                                 run_id=runs[applied["id"]]["id"])
+    return Decision(
+        policy=policy.name, policy_hash=policy.hash, device_kind=device_name, torch_version=torch_version,
+        workload=policy.workload, workload_id=workload_id, config=applied, state=state, reason=reason,
+        objective=objective, expected_inferences=policy.objective.expected_inferences,
+        proposed=proposed.config if proposed else None, candidates=candidates,
+        measured=_key_figures(applied_cand),
+        break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
+        eager_energy_j_per_inference=eager_j,
+    )
+
+
+def _objective_text(objective: str) -> str:
+    return {"energy": "amortised J/inference", "latency": "p95 latency (ms)",
+            "edp": "energy-delay product (J x ms)"}[objective]
+
+
+def _rejection_summary(candidates: list[Candidate], device: str, torch_version: str, no_workload: bool,
+                       policy: Policy) -> str:
+    if no_workload and all(c.source == "none" for c in candidates):
+        return (f"workload {policy.workload} (batch {policy.batch_size}) has never been benchmarked in this "
+                f"store; run `joulepilot bench {policy.workload} --batch-size {policy.batch_size}`")
+    counts: dict[str, int] = {}
+    for c in candidates:
+        for r in c.reasons:
+            key = r.split(":")[0] if c.status == "rejected" else ("unmeasured" if c.source == "none" else r.split(":")[0])
+            counts[key] = counts.get(key, 0) + 1
+    parts = [f"{n} x {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    return f"{len(candidates)} candidates on {device} / torch {torch_version}: " + ", ".join(parts)
+
+
+def decision_record(decision: Decision) -> dict[str, Any]:
+    """The decisions-table row for a Decision (details carry everything else as JSON)."""
+    details = decision.to_dict()
+    for key in ("policy", "policy_hash", "device_kind", "torch_version", "state", "reason", "decided_at", "id"):
+        details.pop(key, None)
+    return {
+        "policy": decision.policy, "policy_hash": decision.policy_hash, "device_kind": decision.device_kind,
+        "torch_version": decision.torch_version, "config_id": decision.config_id, "state": decision.state,
+        "reason": decision.reason, "decided_at": decision.decided_at,
+        "details": json.dumps(details, sort_keys=True, default=str, allow_nan=True),
+    }
+
+
+def decision_from_record(row: Mapping[str, Any]) -> Decision:
+    details = row.get("details") or "{}"
+    data = json.loads(details) if isinstance(details, str) else dict(details)
+    data.update({k: row[k] for k in ("policy", "policy_hash", "device_kind", "torch_version", "state", "reason",
+                                     "decided_at") if k in row})
+    data["id"] = row.get("id")
+    return Decision.from_dict(data)
+
+
+def record_decision(db: sqlite_utils.Database, decision: Decision) -> int:
+    """Store the decision (and its configuration row) and return its id."""
+    from joulepilot.store import transaction, upsert_config
+    from joulepilot.store.decisions import write_decision
+
+    with transaction(db):
+        upsert_config(db, decision.config)
+        decision.id = write_decision(db, decision_record(decision))
+    return decision.id
+
+
+def stored_decision(db: sqlite_utils.Database, policy: str, device_kind: str,
+                    torch_version: str) -> Decision | None:
+    from joulepilot.store.decisions import latest_decision
+
+    row = latest_decision(db, policy, device_kind, torch_version)
+    return decision_from_record(row) if row else None

@@ -1,0 +1,303 @@
+"""The policy file's shape: every key, its type and its default, and the `Policy` it validates into.
+
+A policy file is TOML written by a model's owner. `validate(raw, file)` checks a parsed document
+against `SCHEMA` and returns a `Policy`, or raises `PolicyError` listing every problem at once, each
+naming the file, the dotted key, what was expected and what was found (and, for an unknown key, the
+closest valid one).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OBJECTIVES = ("energy", "latency", "edp")
+GUARD_ACTIONS = ("warn", "fallback")
+DEFAULT_EXPECTED_INFERENCES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy file."""
+
+    file: str
+    key: str
+    expected: str
+    found: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.file}: {self.key}: expected {self.expected}, found {self.found}"
+        return text + (f" ({self.hint})" if self.hint else "")
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class PolicyError(ValueError):
+    """A policy file cannot be read or is invalid; `problems` lists every issue found."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        lines = [str(p) for p in problems]
+        super().__init__("\n".join(lines) if len(lines) == 1 else f"{len(lines)} problems:\n  " + "\n  ".join(lines))
+
+
+@dataclass(frozen=True)
+class Objective:
+    minimize: str = "energy"
+    expected_inferences: int = DEFAULT_EXPECTED_INFERENCES
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard limits; None means unlimited. Checked only against measurements."""
+
+    max_avg_power_w: float | None = None
+    max_peak_power_w: float | None = None
+    max_p95_latency_ms: float | None = None
+    max_compile_s: float | None = None
+    max_rel_error: float | None = None
+
+    def items(self) -> list[tuple[str, float]]:
+        return [(k, v) for k, v in asdict(self).items() if v is not None]
+
+
+@dataclass(frozen=True)
+class Search:
+    modes: tuple[str, ...] = ("eager", "default")
+    precisions: tuple[str, ...] = ("fp32",)
+    fusion: tuple[str, ...] = ("default",)
+    dynamic: tuple[bool, ...] = (False,)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    mode: str = "eager"
+    precision: str = "fp32"
+    fusion: str = "default"
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Read by the deployment guard: act after `windows` consecutive metered windows over a limit."""
+
+    windows: int = 3
+    action: str = "warn"
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    workload: str
+    batch_size: int
+    objective: Objective = field(default_factory=Objective)
+    limits: Limits = field(default_factory=Limits)
+    search: Search = field(default_factory=Search)
+    fallback: Fallback = field(default_factory=Fallback)
+    guard: Guard = field(default_factory=Guard)
+    seq_len: int | None = None
+    image_size: int | None = None
+    description: str = ""
+    path: str | None = None  # where it was loaded from
+    hash: str = ""  # content hash, see load.policy_hash
+
+    def shape_args(self) -> dict[str, int]:
+        """The workload's input-shape arguments the policy sets (seq_len, image_size)."""
+        return {k: v for k, v in (("seq_len", self.seq_len), ("image_size", self.image_size)) if v is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- the schema: key -> checker. A checker returns (value, None) or (None, (expected, found, hint)).
+
+Check = Callable[[Any], tuple[Any, tuple[str, str, str] | None]]
+
+
+def _found(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+
+
+def _string(value: Any):
+    if isinstance(value, str) and value.strip():
+        return value, None
+    return None, ("a non-empty string", _found(value), "")
+
+
+def _optional_string(value: Any):
+    if isinstance(value, str):
+        return value, None
+    return None, ("a string", _found(value), "")
+
+
+def _positive_int(value: Any):
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value, None
+    return None, ("a positive integer", _found(value), "")
+
+
+def _positive_number(value: Any):
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value), None
+    return None, ("a positive number", _found(value), "")
+
+
+def _choice(choices: tuple[str, ...]) -> Check:
+    def check(value: Any):
+        if isinstance(value, str) and value in choices:
+            return value, None
+        hint = ""
+        if isinstance(value, str):
+            close = difflib.get_close_matches(value, choices, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else ""
+        return None, ("one of " + ", ".join(repr(c) for c in choices), _found(value), hint)
+
+    return check
+
+
+def _choices(choices: tuple[str, ...]) -> Check:
+    one = _choice(choices)
+
+    def check(value: Any):
+        if not isinstance(value, list) or not value:
+            return None, ("a non-empty array of " + ", ".join(repr(c) for c in choices), _found(value), "")
+        for item in value:
+            _, err = one(item)
+            if err:
+                return None, (err[0], f"{_found(item)} in the array", err[2])
+        return tuple(dict.fromkeys(value)), None
+
+    return check
+
+
+def _bools(value: Any):
+    if isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
+        return tuple(dict.fromkeys(value)), None
+    return None, ("a non-empty array of booleans, e.g. [false] or [false, true]", _found(value), "")
+
+
+def compiler_vocabulary() -> dict[str, tuple[str, ...]]:
+    """Valid modes, precisions and fusion presets, as the compiler core defines them."""
+    from joulepilot.compiler import FUSION_PRESETS, MODES, PRECISIONS
+
+    return {"modes": tuple(MODES), "precisions": tuple(PRECISIONS), "fusion": tuple(FUSION_PRESETS)}
+
+
+def schema() -> dict[str, Any]:
+    """Top-level keys and tables: a checker per key, and for tables a (checker map, required keys)."""
+    vocab = compiler_vocabulary()
+    return {
+        "name": _string,
+        "workload": _string,
+        "batch_size": _positive_int,
+        "seq_len": _positive_int,
+        "image_size": _positive_int,
+        "description": _optional_string,
+        "objective": {"minimize": _choice(OBJECTIVES), "expected_inferences": _positive_int},
+        "limits": {
+            "max_avg_power_w": _positive_number,
+            "max_peak_power_w": _positive_number,
+            "max_p95_latency_ms": _positive_number,
+            "max_compile_s": _positive_number,
+            "max_rel_error": _positive_number,
+        },
+        "search": {
+            "modes": _choices(vocab["modes"]),
+            "precisions": _choices(vocab["precisions"]),
+            "fusion": _choices(vocab["fusion"]),
+            "dynamic": _bools,
+        },
+        "fallback": {
+            "mode": _choice(vocab["modes"]),
+            "precision": _choice(vocab["precisions"]),
+            "fusion": _choice(vocab["fusion"]),
+        },
+        "guard": {"windows": _positive_int, "action": _choice(GUARD_ACTIONS)},
+    }
+
+
+REQUIRED = ("name", "workload", "batch_size")
+REQUIRED_IN_TABLE = {"fallback": ("mode",)}
+
+
+def _unknown(file: str, key: str, known: list[str], value: Any) -> Problem:
+    leaf = key.rsplit(".", 1)[-1]
+    prefix = key[: -len(leaf)]
+    close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
+    hint = f"did you mean '{prefix}{close[0]}'?" if close else "valid keys here: " + ", ".join(known)
+    return Problem(file, key, "a known key", f"unknown key with {_found(value)}", hint)
+
+
+def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
+    """Check a parsed policy document and build the `Policy`; raises PolicyError with every problem."""
+    spec = schema()
+    problems: list[Problem] = []
+    values: dict[str, Any] = {}
+    tables: dict[str, dict[str, Any]] = {}
+
+    for key, value in raw.items():
+        checker = spec.get(key)
+        if checker is None:
+            problems.append(_unknown(file, key, list(spec), value))
+        elif isinstance(checker, dict):
+            if not isinstance(value, dict):
+                problems.append(Problem(file, key, f"a table [{key}]", _found(value)))
+                continue
+            table = tables.setdefault(key, {})
+            for sub, sub_value in value.items():
+                sub_checker = checker.get(sub)
+                if sub_checker is None:
+                    problems.append(_unknown(file, f"{key}.{sub}", list(checker), sub_value))
+                    continue
+                checked, err = sub_checker(sub_value)
+                if err:
+                    problems.append(Problem(file, f"{key}.{sub}", *err))
+                else:
+                    table[sub] = checked
+        else:
+            checked, err = checker(value)
+            if err:
+                problems.append(Problem(file, key, *err))
+            else:
+                values[key] = checked
+
+    for key in REQUIRED:
+        if key not in raw:
+            problems.append(Problem(file, key, f"a value for required key '{key}'", "nothing",
+                                    f"add `{key} = ...` at the top of the file"))
+    for table, keys in REQUIRED_IN_TABLE.items():
+        for key in keys:
+            if table in raw and isinstance(raw[table], dict) and key not in raw[table]:
+                problems.append(Problem(file, f"{table}.{key}", f"a value for required key '{key}'",
+                                        "nothing", f"add `{key} = ...` under [{table}]"))
+
+    limits = tables.get("limits", {})
+    search = tables.get("search", {})
+    objective = tables.get("objective", {})
+    if limits.get("max_peak_power_w") is not None and limits.get("max_avg_power_w") is not None:
+        if limits["max_peak_power_w"] < limits["max_avg_power_w"]:
+            problems.append(Problem(file, "limits.max_peak_power_w",
+                                    f"a value >= limits.max_avg_power_w ({limits['max_avg_power_w']:g})",
+                                    _found(limits["max_peak_power_w"]), "peak power cannot be below the average"))
+    if problems:
+        raise PolicyError(problems)
+
+    return Policy(
+        name=values["name"],
+        workload=values["workload"],
+        batch_size=values["batch_size"],
+        seq_len=values.get("seq_len"),
+        image_size=values.get("image_size"),
+        description=values.get("description", ""),
+        objective=Objective(**objective),
+        limits=Limits(**limits),
+        search=Search(**search),
+        fallback=Fallback(**tables.get("fallback", {})),
+        guard=Guard(**tables.get("guard", {})),
+        path=file if file != "<policy>" else None,
+    )

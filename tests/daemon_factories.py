@@ -1,0 +1,77 @@
+"""A slow-to-compile workload factory and small helpers for the daemon's tests.
+
+The factory is used as a workload spec: `<path>/tests/daemon_factories.py:deep_mlp`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def deep_mlp(batch_size: int = 8):
+    """Cheap to run, slow to compile: Inductor has hundreds of small layers to trace and fuse, so a
+    signal sent a few seconds into the job lands in the middle of the compile."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(120):
+        layers += [nn.Linear(16, 16), nn.GELU(), nn.LayerNorm(16)]
+    model = nn.Sequential(*layers).eval()
+    return model, (torch.randn(batch_size, 16),)
+
+
+# --- helpers shared by the daemon's tests ---------------------------------------------------------
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def write_policy(folder: Path, name: str, *, workload: str = "mlp", modes: Sequence[str] = ("eager",),
+                 precisions: Sequence[str] = ("fp32",), extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.toml"
+    path.write_text(
+        f'name = "{name}"\nworkload = "{workload}"\nbatch_size = 8\n{extra}\n'
+        f"[search]\nmodes = {list(modes)!r}\nprecisions = {list(precisions)!r}\n".replace("'", '"')
+    )
+    return path
+
+
+def write_daemon_config(path: Path, *, db: Path, policies: Path, interval_s: float = 3600, exporter: bool = False,
+                        port: int = 0, min_seconds: float = 0.5) -> Path:
+    path.write_text(
+        f'db = "{db}"\npolicies = ["{policies}"]\ninterval_s = {interval_s}\nlog_level = "INFO"\n'
+        f"[bench]\nmin_seconds = {min_seconds}\nbudget_s = 300\n"
+        f"[idle]\npoll_s = 0.5\n"
+        f'[exporter]\nenabled = {"true" if exporter else "false"}\nport = {port}\n'
+    )
+    return path
+
+
+def daemon_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "joulepilot", "daemon", *args]
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def query(db_path: Path, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    conn = sqlite3.connect(db_path, timeout=30)
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    finally:
+        conn.close()

@@ -1,0 +1,1 @@
+"""Test doubles for hardware this CI machine lacks: an NVML module and a powercap sysfs tree."""

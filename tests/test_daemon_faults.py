@@ -1,0 +1,175 @@
+"""The daemon under faults, for real: SIGKILL mid-sweep, SIGTERM mid-compile, a second daemon, SIGHUP,
+a broken policy file beside good ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from daemon_factories import TESTS_DIR, daemon_cmd, query, wait_for, write_daemon_config, write_policy
+
+
+def status_json(db: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "joulepilot", "status", "--db", str(db), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def start_daemon(config: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(daemon_cmd("--config", str(config)), stdout=subprocess.DEVNULL,
+                            stderr=open(log, "w"), stdin=subprocess.DEVNULL)
+
+
+def family(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> bool:
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path):
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "mlp", modes=("eager",), precisions=("fp32", "bf16"))
+    (policies / "broken.toml").write_text('name = "broken"\nworkload = "mlp"\nbatch_size = 8\nobjectiv = 1\n')
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+
+    daemon = start_daemon(config, tmp_path / "first.log")
+    try:
+        # Let the first job finish and the second start, then kill the daemon outright.
+        wait_for(lambda: query(db, "SELECT 1 FROM jobs WHERE id = 2 AND state = 'running'") if db.exists() else None,
+                 180, "the second job to start")
+        assert query(db, "SELECT state FROM jobs WHERE id = 1")[0]["state"] == "done"
+        children = family(daemon.pid)
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    # Its job child dies with it (PR_SET_PDEATHSIG), and takes the compiler's worker along.
+    assert all_gone(children, 15), [p.cmdline() for p in children if p.is_running()]
+    assert query(db, "SELECT state FROM jobs ORDER BY id") == [{"state": "done"}, {"state": "running"}]
+    assert len(query(db, "SELECT id FROM runs")) == 1  # the killed job left nothing half-written
+    assert "broken.toml" in (tmp_path / "first.log").read_text()
+
+    # Restart: the orphaned job goes back in the queue and runs; the finished one is not redone.
+    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json"), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr  # non-zero: a policy file was skipped
+    assert re.search(r"job\(s\) 2 re-queued", proc.stderr)
+    summary = json.loads(proc.stdout)
+    assert summary["runs_ok"] == 1 and [d["policy"] for d in summary["decided"]] == ["mlp"]
+    assert [e["file"] for e in summary["policy_errors"]] == [str(policies / "broken.toml")]
+    assert "objectiv" in summary["policy_errors"][0]["error"]  # the validation message, naming the key
+
+    runs = query(db, "SELECT * FROM runs ORDER BY id")
+    assert len(runs) == 2
+    assert len({(r["workload_id"], r["config_id"], r["provenance_key"]) for r in runs}) == 2  # no duplicate
+    assert all(r["status"] == "ok" and r["finished_at"] and r["energy_j_per_inference"] for r in runs)
+    jobs = query(db, "SELECT * FROM jobs ORDER BY id")
+    assert [j["state"] for j in jobs] == ["done", "done"] and jobs[1]["attempts"] == 2
+    for job in jobs:
+        run = next(r for r in runs if r["id"] == job["run_id"])
+        assert json.loads(run["extra"])["job_id"] == job["id"]
+    assert not list((tmp_path / "j.db.daemon-work").glob("*.db"))  # scratch space cleaned
+
+    status = status_json(db)
+    assert [d["policy"] for d in status["decisions"]] == ["mlp"]
+    assert status["policy_errors"][0]["file"].endswith("broken.toml")
+
+
+def _worker_phase(daemon_pid: int) -> str | None:
+    for proc in family(daemon_pid):
+        try:
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        if "joulepilot.compiler.worker" in cmd:
+            phases = Path(cmd[-1]).with_name("phases.tsv")
+            try:
+                lines = phases.read_text().strip().splitlines()
+            except OSError:
+                return None
+            return lines[-1].split("\t")[0] if lines else None
+    return None
+
+
+def test_sigterm_during_a_compile_stops_within_seconds_and_requeues(tmp_path):
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "slow", workload=f"{TESTS_DIR / 'daemon_factories.py'}:deep_mlp", modes=("default",))
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+    daemon = start_daemon(config, tmp_path / "daemon.log")
+    try:
+        wait_for(lambda: _worker_phase(daemon.pid) == "compile", 180, "the worker to start compiling")
+        children = family(daemon.pid)
+        assert any("joulepilot.compiler.worker" in " ".join(p.cmdline()) for p in children)
+        t0 = time.monotonic()
+        daemon.send_signal(signal.SIGTERM)
+        code = daemon.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    log = (tmp_path / "daemon.log").read_text()
+    assert code == 0, log
+    assert took < 10, f"took {took:.1f}s to stop"
+    assert all_gone(children, 5)  # the job child, the compiler's worker and Inductor's compile workers
+    job = query(db, "SELECT * FROM jobs")[0]
+    assert job["state"] == "queued" and job["attempts"] == 0  # back in the queue, the attempt not counted
+    assert query(db, "SELECT COUNT(*) AS n FROM runs")[0]["n"] == 0
+    beat = query(db, "SELECT * FROM heartbeats ORDER BY id DESC LIMIT 1")[0]
+    assert beat["state"] == "stopped" and "SIGTERM" in json.loads(beat["detail"])["doing"]
+    assert "re-queued" in log and "received SIGTERM" in log
+
+
+def test_loop_mode_lock_exporter_sighup_and_stop(tmp_path):
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, exporter=True, port=0)
+    log_path = tmp_path / "daemon.log"
+    daemon = start_daemon(config, log_path)
+    try:
+        port = int(wait_for(lambda: re.search(r"exporter: http://127\.0\.0\.1:(\d+)/metrics", log_path.read_text()),
+                            60, "the exporter").group(1))
+        wait_for(lambda: "pass done" in log_path.read_text(), 60, "the first pass")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert "joulepilot_daemon_up 1.0" in metrics
+
+        second = subprocess.run(daemon_cmd("--db", str(db), "--policies", str(policies), "--once"),
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode != 0
+        assert f"pid {daemon.pid}" in second.stderr and "already serves this database" in second.stderr
+
+        config.write_text(config.read_text().replace("interval_s = 3600", "interval_s = 1800"))
+        daemon.send_signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: reloaded" in log_path.read_text(), 30, "the reload")
+        beat = wait_for(lambda: [b for b in query(db, "SELECT detail FROM heartbeats ORDER BY id DESC LIMIT 1")
+                                 if json.loads(b["detail"]).get("interval_s") == 1800], 60, "a heartbeat after reload")
+        assert beat
+
+        status = status_json(db)
+        assert status["daemon"]["alive"] and status["daemon"]["pid"] == daemon.pid
+
+        daemon.send_signal(signal.SIGINT)
+        assert daemon.wait(timeout=15) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    assert query(db, "SELECT state FROM heartbeats ORDER BY id DESC LIMIT 1")[0]["state"] == "stopped"

@@ -1,0 +1,93 @@
+"""The daemon for real on a built-in workload: policy folder -> measured runs, decisions, lock files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from daemon_factories import daemon_cmd, query, write_daemon_config, write_policy
+from joulepilot.policies import read_lock, torch_minor
+from joulepilot.store import open_db
+from joulepilot.store.daemon_state import add_request
+
+
+def once(config, *extra):
+    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json", *extra), capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def status(db):
+    proc = subprocess.run([sys.executable, "-m", "joulepilot", "status", "--db", str(db), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path):
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    # One compiled configuration keeps this test quick; cheapest-first ordering is tested in the units
+    # and in the fault tests.
+    policy_file = write_policy(policies, "mlp", modes=("default",))
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+
+    # Pass 1: nothing known -> a measurement, a decision, a lock file.
+    summary, _ = once(config)
+    assert summary["stale"] == [{"policy": "mlp", "reason": "no decision yet"}]
+    assert summary["enqueued"] == 1 and summary["runs_ok"] == 1 and summary["runs_failed"] == 0
+    assert [d["policy"] for d in summary["decided"]] == ["mlp"]
+    runs = query(db, "SELECT runs.*, configs.mode FROM runs JOIN configs ON configs.id = runs.config_id ORDER BY runs.id")
+    assert [r["mode"] for r in runs] == ["default"]
+    assert all(r["status"] == "ok" and r["provenance_key"] == summary["provenance_key"] for r in runs)
+    assert all(r["energy_j_per_inference"] > 0 and r["finished_at"] for r in runs)
+    jobs = query(db, "SELECT * FROM jobs ORDER BY id")
+    assert [j["state"] for j in jobs] == ["done"]
+    for job, run in zip(jobs, runs, strict=True):  # each job linked to the run it produced, and back
+        assert job["run_id"] == run["id"] and json.loads(run["extra"])["job_id"] == job["id"]
+    decisions = query(db, "SELECT * FROM decisions")
+    assert len(decisions) == 1 and decisions[0]["state"] == "verified" and decisions[0]["device_kind"] == "cpu"
+    assert json.loads(decisions[0]["details"])["provenance_key"] == summary["provenance_key"]
+    entry = read_lock(policy_file, "cpu", torch_minor())
+    assert entry is not None and entry["config_id"] == decisions[0]["config_id"]
+    assert summary["lock_files"] == [str(policy_file.with_name("mlp.lock.json"))]
+    st = status(db)
+    assert st["daemon"]["alive"] is False and st["daemon"]["state"] == "stopped"
+    assert st["decisions"][0]["policy"] == "mlp" and st["decisions"][0]["state"] == "verified"
+    assert st["queue"]["counts"]["done"] == 1
+
+    # Pass 2: everything current -> nothing new.
+    summary, _ = once(config)
+    assert summary["stale"] == [] and summary["enqueued"] == 0 and summary["decided"] == []
+    assert len(query(db, "SELECT id FROM runs")) == 1 and len(query(db, "SELECT id FROM decisions")) == 1
+
+    # Pass 3: the policy file changed (a new limit) -> re-decided from the measurements already made.
+    policy_file.write_text(policy_file.read_text().replace("batch_size = 8", "batch_size = 8\n[limits]\n"
+                                                          "max_p95_latency_ms = 10000"))
+    summary, _ = once(config)
+    assert summary["stale"] == [{"policy": "mlp", "reason": "the policy file changed"}]
+    assert summary["enqueued"] == 0 and len(summary["decided"]) == 1
+    decisions = query(db, "SELECT * FROM decisions ORDER BY id")
+    assert len(decisions) == 2 and decisions[1]["policy_hash"] != decisions[0]["policy_hash"]
+    assert len(query(db, "SELECT id FROM runs")) == 1
+    assert read_lock(policy_file, "cpu", torch_minor())["policy_hash"] == decisions[1]["policy_hash"]
+
+    # Pass 4: hooks' requests -> re-decided, requests marked handled. One names a policy file outside the
+    # daemon's folders (the hook's note says where); its configuration is already measured, so no new run.
+    app_policy = write_policy(tmp_path / "app", "app-mlp", modes=("default",))
+    database = open_db(db)
+    add_request(database, "mlp", workload="mlp")
+    add_request(database, "app-mlp", workload="mlp", note=json.dumps({"policy_path": str(app_policy)}))
+    add_request(database, "nowhere", workload="mlp")
+    database.close()
+    summary, _ = once(config)
+    assert summary["requests"] == 3 and summary["unknown_requests"] == ["nowhere"]
+    assert {(s["policy"], s["reason"]) for s in summary["stale"]} == {("mlp", "a hook requested it"),
+                                                                      ("app-mlp", "no decision yet")}
+    assert sorted(d["policy"] for d in summary["decided"]) == ["app-mlp", "mlp"]
+    handled = {r["policy"]: r["handled_at"] for r in query(db, "SELECT * FROM requests")}
+    assert handled["mlp"] and handled["app-mlp"] and handled["nowhere"] is None
+    assert read_lock(app_policy, "cpu", torch_minor()) is not None
+    assert len(query(db, "SELECT id FROM runs")) == 1

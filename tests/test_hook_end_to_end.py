@@ -1,0 +1,44 @@
+"""The whole chain for real on the CPU: bench the built-in mlp, fit, resolve a policy, joulepilot.compile it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from joulepilot.compiler import CompileConfig, bench, load_workload
+from joulepilot.controller import fit
+from joulepilot.policies import load_policy, record_decision, resolve
+
+from joulepilot.hook import compile as jp_compile
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml"
+
+
+@pytest.mark.slow
+def test_bench_fit_resolve_compile(tmp_path, db):
+    policy_path = tmp_path / "mlp.toml"
+    shutil.copy(EXAMPLE, policy_path)
+    policy = load_policy(policy_path)
+    configs = [CompileConfig("eager", batch_size=8), CompileConfig("default", batch_size=8)]
+    runs = bench("mlp", configs, device="cpu", min_seconds=0.5, db=db, batch_size=8)
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r.get("reason") for r in runs]
+
+    model = fit(db)
+    decision = resolve(policy, db, "cpu", model)
+    assert decision.state == "verified", decision.reason
+    assert decision.config["id"] in {c.id for c in configs}
+    chosen = next(c for c in decision.candidates if c.status == "chosen")
+    assert chosen.source == "measured" and chosen.figures["max_rel_error"] <= policy.limits.max_rel_error
+    record_decision(db, decision)
+
+    workload = load_workload("mlp", batch_size=8, device="cpu")
+    compiled = jp_compile(workload.model, policy=policy_path, db=db)
+    assert compiled.decision.source == "store" and compiled.decision.config_id == decision.config_id
+    (x,) = workload.example_inputs
+    with torch.no_grad():
+        expected = workload.model(x)
+    out = compiled(x)
+    rel = ((out - expected).abs().max() / expected.abs().max()).item()
+    assert rel <= policy.limits.max_rel_error

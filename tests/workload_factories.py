@@ -1,0 +1,91 @@
+"""`package.module:factory` workloads for the tests, imported by the worker subprocess as
+`tests.workload_factories:<name>` (the runner passes the parent's import roots on PYTHONPATH).
+
+The misbehaving models misbehave from their second call on: the first call is the worker's eager
+fp32 reference, the second is the configuration's first (timed, "compile") call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+
+
+class _Misbehaving(nn.Module):
+    def __init__(self, action: str, only_under_autocast: bool = False) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+        self.action = action
+        self.only_under_autocast = only_under_autocast
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        triggered = self.calls >= 2 and (not self.only_under_autocast or torch.is_autocast_enabled(x.device.type))
+        if triggered:
+            if self.action == "exit":
+                os._exit(3)
+            if self.action == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if self.action == "hang":
+                time.sleep(3600)
+            if self.action == "oom":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (test double)")
+        return self.linear(x)
+
+
+def _inputs(batch_size: int) -> tuple[torch.Tensor]:
+    return (torch.randn(batch_size, 8),)
+
+
+def exits(batch_size: int = 1):
+    return _Misbehaving("exit"), _inputs(batch_size)
+
+
+def segfaults(batch_size: int = 1):
+    return _Misbehaving("segfault"), _inputs(batch_size)
+
+
+def hangs(batch_size: int = 1):
+    return _Misbehaving("hang"), _inputs(batch_size)
+
+
+def runs_out_of_memory(batch_size: int = 1):
+    return _Misbehaving("oom"), _inputs(batch_size)
+
+
+def exits_under_autocast(batch_size: int = 1):
+    return _Misbehaving("exit", only_under_autocast=True), _inputs(batch_size)
+
+
+def raises(batch_size: int = 1):
+    raise ValueError("weights file /nonexistent/model.pt is missing")
+
+
+class WithExampleInputs(nn.Module):
+    """A factory may return just a model that knows its inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def example_inputs(self, batch_size: int) -> torch.Tensor:
+        return torch.randn(batch_size, 16)
+
+
+def model_only():
+    return WithExampleInputs()
+
+
+def linear(batch_size: int = 1, features: int = 32):
+    return nn.Linear(features, features), (torch.randn(batch_size, features),)
+
+
+not_callable = 42
