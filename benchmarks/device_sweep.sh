@@ -4,7 +4,7 @@
 # Usage (on the GPU machine, from the repo root): benchmarks/device_sweep.sh NAME MODELS MAX_MINUTES
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-name=$1 models=$2 minutes=$3 warm=${4:-default/fp32}
+name=$1 models=$2 minutes=$3 warm=${4-default/fp32}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1

@@ -6,6 +6,8 @@ Element-wise relative error is dominated by reference values near zero (any ReLU
 tensor's worst absolute deviation is scaled by its largest reference magnitude instead. Outputs may be
 tensors or (nested) tuples, lists, dicts and dataclass-like objects with `to_tuple()` (Hugging Face);
 non-tensor leaves are ignored. A shape mismatch or a NaN where the reference is finite counts as inf.
+When every reference tensor is identically zero the check says nothing (any output scaled by zero), so
+the error is NaN, stored as NULL: "not measured", which a policy's max_rel_error refuses.
 """
 
 from __future__ import annotations
@@ -53,4 +55,6 @@ def max_rel_error(output: Any, reference: Any) -> float:
         return math.inf
     if not outs:
         return 0.0
+    if all(not bool(r.detach().ne(0).any()) for r in refs):
+        return math.nan
     return max(tensor_rel_error(o, r) for o, r in zip(outs, refs, strict=True))

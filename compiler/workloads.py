@@ -229,6 +229,23 @@ def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | No
     return HiddenStates(hf_model), inputs, notes
 
 
+def _reinit_zero_weights(model: Any, generator: Any) -> dict[str, Any]:
+    """Give all-zero weight matrices small random values.
+
+    Some libraries zero-initialise the last layer (torchvision's ViT head), so a randomly initialised
+    model outputs exactly zero and the numerical check against eager compares nothing.
+    """
+    import torch
+
+    names = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2 and not bool(param.ne(0).any()):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                names.append(name)
+    return {"reinitialised_zero_weights": names} if names else {}
+
+
 def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_len: int | None,
            image_size: int | None, generator: Any) -> tuple[Any, tuple, dict[str, Any]]:
     import torch
@@ -241,7 +258,8 @@ def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_le
         tv = _import_library("torchvision", spec)
         size = image_size or 224
         model = tv.models.get_model(name, weights=None)
-        return model, (torch.randn(batch_size, 3, size, size, generator=generator),), {"image_size": size}
+        notes = {"image_size": size, **_reinit_zero_weights(model, generator)}
+        return model, (torch.randn(batch_size, 3, size, size, generator=generator),), notes
     if kind == "timm":
         timm = _import_library("timm", spec)
         try:
@@ -251,7 +269,7 @@ def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_le
         _, height, width = model.default_cfg.get("input_size", (3, 224, 224))
         size = image_size or height
         return model, (torch.randn(batch_size, 3, size, image_size or width, generator=generator),), \
-            {"image_size": size}
+            {"image_size": size, **_reinit_zero_weights(model, generator)}
     if kind == "transformers":
         return _transformers_model(name, spec, batch_size, seq_len, image_size, generator)
     factory = resolve_factory(name)

@@ -75,3 +75,13 @@ def query(db_path: Path, sql: str, params: Sequence[Any] = ()) -> list[dict[str,
         return [dict(r) for r in conn.execute(sql, params).fetchall()]
     finally:
         conn.close()
+
+
+def poll_query(db_path: Path, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """query() for wait_for: [] while the database does not exist or is not migrated yet."""
+    if not Path(db_path).exists():
+        return []
+    try:
+        return query(db_path, sql, params)
+    except sqlite3.OperationalError:
+        return []

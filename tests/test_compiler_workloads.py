@@ -142,6 +142,20 @@ def test_max_rel_error_is_norm_wise_and_handles_structures():
     assert max_rel_error(out, ref) == pytest.approx(0.01)  # 0.04 / max|ref| = 0.04 / 4
     assert max_rel_error((out, {"b": ref}), (ref, {"b": ref})) == pytest.approx(0.01)
     assert max_rel_error(out.to(torch.bfloat16), ref) == pytest.approx(0.04 / 4, rel=0.05)
-    assert max_rel_error(torch.zeros(2), torch.zeros(2)) == 0.0
+    # An identically zero reference says nothing about the output: undefined, stored as NULL.
+    assert math.isnan(max_rel_error(torch.zeros(2), torch.zeros(2)))
+    assert max_rel_error((torch.zeros(2), ref), (torch.zeros(2), ref)) == 0.0
     assert math.isinf(max_rel_error(torch.zeros(3), torch.zeros(2)))
     assert math.isinf(max_rel_error(torch.tensor([float("nan")]), torch.tensor([1.0])))
+
+
+def test_zero_initialised_weights_get_random_values():
+    from joulepilot.compiler.workloads import _reinit_zero_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    torch.nn.init.zeros_(model[1].weight)  # as torchvision does for the ViT head
+    torch.nn.init.zeros_(model[1].bias)
+    notes = _reinit_zero_weights(model, torch.Generator().manual_seed(0))
+    assert notes == {"reinitialised_zero_weights": ["1.weight"]}
+    assert bool(model[1].weight.ne(0).any())
+    assert bool(model(torch.randn(3, 4)).ne(0).any())

@@ -14,7 +14,15 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from daemon_factories import TESTS_DIR, daemon_cmd, query, wait_for, write_daemon_config, write_policy
+from daemon_factories import (
+    TESTS_DIR,
+    daemon_cmd,
+    poll_query,
+    query,
+    wait_for,
+    write_daemon_config,
+    write_policy,
+)
 
 
 def status_json(db: Path) -> dict:
@@ -51,8 +59,8 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path):
     daemon = start_daemon(config, tmp_path / "first.log")
     try:
         # Let the first job finish and the second start, then kill the daemon outright.
-        wait_for(lambda: query(db, "SELECT 1 FROM jobs WHERE id = 2 AND state = 'running'") if db.exists() else None,
-                 180, "the second job to start")
+        wait_for(lambda: poll_query(db, "SELECT 1 FROM jobs WHERE id = 2 AND state = 'running'"), 180,
+                 "the second job to start")
         assert query(db, "SELECT state FROM jobs WHERE id = 1")[0]["state"] == "done"
         children = family(daemon.pid)
         os.kill(daemon.pid, signal.SIGKILL)
@@ -160,7 +168,7 @@ def test_loop_mode_lock_exporter_sighup_and_stop(tmp_path):
         config.write_text(config.read_text().replace("interval_s = 3600", "interval_s = 1800"))
         daemon.send_signal(signal.SIGHUP)
         wait_for(lambda: "SIGHUP: reloaded" in log_path.read_text(), 30, "the reload")
-        beat = wait_for(lambda: [b for b in query(db, "SELECT detail FROM heartbeats ORDER BY id DESC LIMIT 1")
+        beat = wait_for(lambda: [b for b in poll_query(db, "SELECT detail FROM heartbeats ORDER BY id DESC LIMIT 1")
                                  if json.loads(b["detail"]).get("interval_s") == 1800], 60, "a heartbeat after reload")
         assert beat
 
