@@ -152,10 +152,12 @@ class CompileConfig:
         return stable_id(self.compiles, self.inductor_options(device) if self.compiles else {},
                          self.precision, self.dynamic, self.batch_size)
 
-    def apply(self, model: Callable[..., Any], device: str | None = None) -> Callable[..., Any]:
+    def apply(self, model: Callable[..., Any], device: str | None = None,
+              compile_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
         """The callable to benchmark: torch.compile(model) (or the model for eager) run under no_grad in
         this configuration's precision scope. `device` (default: where the model's parameters are)
-        picks the autocast device type and whether CUDA-only options apply."""
+        picks the autocast device type and whether CUDA-only options apply. `compile_kwargs` replaces
+        `torch_compile_kwargs(device)` (the hook merges a user's own arguments this way)."""
         import torch
 
         from .precision import precision_scope
@@ -164,7 +166,9 @@ class CompileConfig:
             first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
             device = str(first.device) if first is not None else "cpu"
 
-        target = torch.compile(model, **self.torch_compile_kwargs(device)) if self.compiles else model
+        if compile_kwargs is None:
+            compile_kwargs = self.torch_compile_kwargs(device)
+        target = torch.compile(model, **compile_kwargs) if self.compiles else model
         precision = self.precision
 
         def run(*args: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 from collections.abc import Sequence
@@ -67,10 +66,7 @@ def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, viola
     from joulepilot.store import upsert_config
     from joulepilot.store.decisions import write_decision
 
-    kwargs: dict[str, Any] = {}
-    if violated and "exclude" in inspect.signature(resolve).parameters:
-        kwargs["exclude"] = set(violated)
-    decision = resolve(policy, db, probe.device_kind, model, **kwargs)
+    decision = resolve(policy, db, probe.device_kind, model, exclude=violated)
     record = decision_record(decision)
     details = json.loads(record["details"])
     details.update({"provenance_key": probe.provenance_key, "decided_by": "daemon", "stale_reason": reason,

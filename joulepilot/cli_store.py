@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .clikit import db_option, echo_json, echo_table
 from joulepilot.store import list_runs, open_db
+
+from .clikit import db_option, echo_json, echo_table
 
 RUN_COLUMNS = ("id", "workload", "config_label", "status", "latency_ms_p50", "energy_j_per_inference",
                "avg_power_w", "energy_source")

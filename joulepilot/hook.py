@@ -239,20 +239,7 @@ def _apply(config: Any, model: Any, device: str, user_kwargs: dict[str, Any]) ->
         if user_kwargs:
             log.debug("decision is eager; torch.compile arguments %s ignored", sorted(user_kwargs))
         return config.apply(model, device)
-    import torch
-
-    from joulepilot.compiler.precision import precision_scope
-
-    target = torch.compile(model, **merge_compile_kwargs(config, device, user_kwargs))
-    precision = config.precision
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with torch.no_grad(), precision_scope(precision, device):
-            return target(*args, **kwargs)
-
-    run.compiled = target  # type: ignore[attr-defined]
-    run.config = config  # type: ignore[attr-defined]
-    return run
+    return config.apply(model, device, compile_kwargs=merge_compile_kwargs(config, device, user_kwargs))
 
 
 def _model_device(model: Any, device: Any) -> str:

@@ -27,7 +27,7 @@ import importlib.metadata
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -237,9 +237,10 @@ def _key_figures(cand: Candidate | None) -> dict[str, Any]:
 
 
 def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: Any = None, *,
-            torch_version: str | None = None) -> Decision:
+            torch_version: str | None = None, exclude: Collection[str] = ()) -> Decision:
     """The decision for `policy` on device kind `device_name` ('cpu' or the GPU's name) and torch
-    major.minor `torch_version` (default: the installed torch). `model` is a fitted TradeoffModel or None."""
+    major.minor `torch_version` (default: the installed torch). `model` is a fitted TradeoffModel or None.
+    `exclude`: config ids that broke the power envelope in a live deployment; they are rejected."""
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
     found = list(db.query("SELECT * FROM workloads WHERE id = ?", [workload_id]))
@@ -298,6 +299,9 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             else:
                 cand.reasons.append(f"not measured on {device_name} with torch {torch_version}, and no "
                                     f"prediction ({'no trade-off model' if model is None else 'workload never described'})")
+        if cfg.id in exclude:
+            cand.reasons.append("broke the power envelope in a live deployment (envelope guard)")
+            cand.status = "rejected"
 
     def order(c: Candidate) -> tuple:
         return (c.score if c.score is not None else math.inf, c.figures.get("compile_s") or 0.0, c.label)

@@ -209,13 +209,7 @@ def latest_decision(
     rows = list(db.query(sql + " ORDER BY decided_at DESC, id DESC LIMIT 1", args))
     if not rows:
         return None
-    row = rows[0]
-    if isinstance(row.get("details"), str):
-        try:
-            row["details"] = json.loads(row["details"])
-        except ValueError:
-            pass
-    return row
+    return _decode_details(rows[0])
 
 
 def mark_decision_violated(

@@ -189,3 +189,19 @@ def test_decision_reports_break_even_against_eager(sweep):
         expected = chosen.figures["compile_energy_j"] / (eager["energy_j_per_inference"]
                                                          - chosen.figures["energy_j_per_inference"])
         assert decision.break_even_inferences == pytest.approx(expected)
+
+
+def test_configs_that_broke_a_deployment_envelope_are_excluded(sweep):
+    checked = 0
+    for row, kind, tv, runs in _cases(sweep):
+        policy = _policy(row, runs)
+        first = resolve(policy, sweep, kind, torch_version=tv)
+        if first.state != "verified":
+            continue
+        second = resolve(policy, sweep, kind, torch_version=tv, exclude={first.config_id})
+        assert second.config_id != first.config_id
+        excluded = next(c for c in second.candidates if c.config["id"] == first.config_id)
+        assert excluded.status == "rejected"
+        assert any("envelope guard" in r for r in excluded.reasons)
+        checked += 1
+    assert checked

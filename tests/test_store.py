@@ -7,7 +7,6 @@ import sqlite3
 import time
 
 import pytest
-
 from joulepilot.store import (
     SCHEMA_VERSION,
     StoreError,
