@@ -713,14 +713,16 @@ def render_html(report: Mapping[str, Any]) -> str:
     from importlib.resources import files
     from string import Template
 
-    from joulepilot import __version__
+    from joulepilot.compiler.provenance import package_version
+
+    version = package_version("joulepilot") or "unknown"
 
     if report.get("kind") == SUMMARY_KIND:
         body, title = _summary_html(report), "joulepilot: energy of every deployment"
     else:
         body, title = _report_html(report), f"joulepilot energy report: {report['deployment']['name']}"
     template = Template(files("joulepilot.controller").joinpath("report_template.html").read_text())
-    return template.substitute(title=escape(title), body=body, version=escape(__version__),
+    return template.substitute(title=escape(title), body=body, version=escape(version),
                                generated_at=escape(human_time(report.get("generated_at"))))
 
 
