@@ -36,6 +36,9 @@ def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | No
         click.echo(f"[{index}/{total}] {config.label}: ok, compile {run['compile_s']:.2f} s, "
                    f"p50 {run['latency_ms_p50']:.3f} ms, {run['energy_j_per_inference']:.4g} J/inference "
                    f"({run['energy_source']})", err=True)
+        warning = (run.get("extra") or {}).get("window_warning") if isinstance(run.get("extra"), dict) else None
+        if warning:
+            click.echo(f"[{index}/{total}] {config.label}: warning: {warning}", err=True)
     else:
         first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
         click.echo(f"[{index}/{total}] {config.label}: FAILED, {first_line}", err=True)

@@ -159,3 +159,15 @@ def test_zero_initialised_weights_get_random_values():
     assert notes == {"reinitialised_zero_weights": ["1.weight"]}
     assert bool(model[1].weight.ne(0).any())
     assert bool(model(torch.randn(3, 4)).ne(0).any())
+
+
+def test_a_window_much_slower_than_the_latency_pass_is_flagged():
+    from joulepilot.compiler.worker import _check_window_pace
+
+    extra: dict = {}
+    _check_window_pace(8.6, 5.9, extra)
+    assert extra["window_ms_per_call"] == 8.6
+    assert "1.46x the synchronised p50" in extra["window_warning"]
+    calm: dict = {}
+    _check_window_pace(5.5, 5.9, calm)
+    assert "window_warning" not in calm
