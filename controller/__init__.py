@@ -1,7 +1,12 @@
 """The agent: trade-off regression, frontier, daemon, deployments, reports."""
 
+from .daemon import Daemon as Daemon
+from .daemon_config import DaemonConfig as DaemonConfig
+from .daemon_config import DaemonConfigError as DaemonConfigError
+from .daemon_config import load_daemon_config as load_daemon_config
 from .deployment import MeteredModel as MeteredModel
 from .deployment import attach as attach
+from .exporter import start_exporter as start_exporter
 from .features import FeatureSpace as FeatureSpace
 from .features import device_kind as device_kind
 from .frontier import frontier as frontier
@@ -9,9 +14,11 @@ from .frontier import pareto_front as pareto_front
 from .frontier import plot_frontier as plot_frontier
 from .guard import EnvelopeGuard as EnvelopeGuard
 from .guard import EnvelopeWarning as EnvelopeWarning
+from .instance_lock import DaemonAlreadyRunning as DaemonAlreadyRunning
 from .report import build_report as build_report
 from .report import build_summary as build_summary
 from .report import render as render
+from .status import daemon_status as daemon_status
 from .tradeoff import TARGETS as TARGETS
 from .tradeoff import TradeoffError as TradeoffError
 from .tradeoff import TradeoffModel as TradeoffModel

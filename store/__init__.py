@@ -1,5 +1,20 @@
 """SQLite store: schema, migrations, typed reads and writes."""
 
+from .daemon_state import (
+    add_request,
+    claim_job,
+    enqueue_job,
+    finish_job,
+    latest_heartbeat,
+    list_jobs,
+    mark_requests_handled,
+    queue_counts,
+    queued_jobs,
+    recover_orphaned_jobs,
+    requeue_job,
+    unhandled_requests,
+    write_heartbeat,
+)
 from .db import default_db_path, default_home, migrate, open_db, schema_version, transaction
 from .decisions import latest_decision, list_decisions, write_decision
 from .deployments import (
@@ -28,6 +43,19 @@ from .records import (
 from .schema import SCHEMA_VERSION
 
 __all__ = [
+    "add_request",
+    "claim_job",
+    "enqueue_job",
+    "finish_job",
+    "latest_heartbeat",
+    "list_jobs",
+    "mark_requests_handled",
+    "queue_counts",
+    "queued_jobs",
+    "recover_orphaned_jobs",
+    "requeue_job",
+    "unhandled_requests",
+    "write_heartbeat",
     "get_deployment",
     "insert_samples",
     "insert_violation",
