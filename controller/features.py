@@ -7,11 +7,12 @@ rather than an error: the model then falls back on what the other columns say.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from joulepilot.store.jsonvalues import json_column
 
 CATEGORICAL = ("mode", "fusion", "precision")
 
@@ -57,12 +58,7 @@ def op_group(name: str) -> str:
 
 def op_mix_fractions(workload: Mapping[str, Any]) -> dict[str, float]:
     """Share of graph nodes in each coarse op family (OP_GROUPS), from the workload's op_mix JSON."""
-    raw = workload.get("op_mix")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raw = None
+    raw = json_column(workload.get("op_mix"))
     if not isinstance(raw, Mapping):
         return {}
     counts: dict[str, float] = {}

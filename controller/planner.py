@@ -9,13 +9,13 @@ under the same provenance within the age limit and those a deployment found over
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
+from joulepilot.store.jsonvalues import json_column
 
 # Cheapest compile first: a sweep that is paused or cut short has measured the cheap options.
 MODE_COST_ORDER = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -39,12 +39,7 @@ def ordered_candidates(policy: Any) -> list[Any]:
 
 
 def _details(decision: Mapping[str, Any]) -> dict[str, Any]:
-    details = decision.get("details")
-    if isinstance(details, str):
-        try:
-            details = json.loads(details)
-        except ValueError:
-            return {}
+    details = json_column(decision.get("details"), {})
     return details if isinstance(details, dict) else {}
 
 

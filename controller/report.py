@@ -31,6 +31,7 @@ from typing import Any
 
 import sqlite_utils
 from joulepilot.store.deployments import get_deployment, list_deployments, list_violations, read_samples
+from joulepilot.store.jsonvalues import json_safe
 
 from .features import device_kind as features_device_kind
 
@@ -479,23 +480,13 @@ def render(report: Mapping[str, Any], format: str = "md") -> str | bytes:
     if format not in FORMATS:
         raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
     if format == "json":
-        return json.dumps(_clean(report), indent=2, sort_keys=False, default=str) + "\n"
+        return json.dumps(json_safe(report), indent=2, sort_keys=False, default=str) + "\n"
     summary = report.get("kind") == SUMMARY_KIND
     if format == "csv":
         return _summary_csv(report) if summary else _report_csv(report)
     if format == "md":
         return _summary_md(report) if summary else _report_md(report)
     return render_html(report)
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
 
 
 def headline_figures(report: Mapping[str, Any]) -> list[tuple[str, str, Any, str, str | None]]:

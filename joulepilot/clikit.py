@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import click
+
+from joulepilot.store.jsonvalues import json_safe
 
 db_option = click.option(
     "--db",
@@ -17,19 +18,9 @@ db_option = click.option(
 )
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 def echo_json(data: Any) -> None:
     """Print strict JSON (NaN and infinities become null)."""
-    click.echo(json.dumps(_clean(data), indent=2, default=str))
+    click.echo(json.dumps(json_safe(data), indent=2, default=str))
 
 
 def format_cell(value: Any) -> str:

@@ -29,6 +29,7 @@ from .deployments import (
 )
 from .errors import StoreError
 from .exchange import export_runs, import_runs, read_export, write_export
+from .jsonvalues import json_column, json_safe
 from .records import (
     host_identity,
     insert_run,
@@ -43,6 +44,8 @@ from .records import (
 from .schema import SCHEMA_VERSION
 
 __all__ = [
+    "json_column",
+    "json_safe",
     "add_request",
     "claim_job",
     "enqueue_job",

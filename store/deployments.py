@@ -10,6 +10,7 @@ from typing import Any
 import sqlite_utils
 
 from .db import transaction
+from .jsonvalues import json_column
 
 SAMPLE_FIELDS = (
     "t_start",
@@ -84,10 +85,7 @@ def get_deployment(db: sqlite_utils.Database, name: str) -> dict[str, Any] | Non
 
 def _decode_details(row: dict[str, Any]) -> dict[str, Any]:
     if isinstance(row.get("details"), str):
-        try:
-            row["details"] = json.loads(row["details"])
-        except ValueError:
-            pass
+        row["details"] = json_column(row["details"], row["details"])
     return row
 
 

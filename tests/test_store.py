@@ -183,3 +183,14 @@ def test_reader_keeps_reading_while_a_writer_writes(tmp_path):
     assert reads > 5
     assert seen == sorted(seen)  # counts only grow, no read failed
     assert reader.execute("SELECT count(*) FROM runs").fetchone()[0] == 301
+
+
+def test_json_columns_and_strict_json():
+    from joulepilot.store import json_column, json_safe
+
+    assert json_column('{"a": 1}') == {"a": 1}
+    assert json_column({"a": 1}) == {"a": 1}  # already decoded
+    assert json_column("not json", {}) == {}
+    assert json_column(None, []) == []
+    assert json_safe({"x": float("nan"), "y": [1.5, float("inf")], "z": (2,)}) == {"x": None, "y": [1.5, None],
+                                                                                  "z": [2]}
