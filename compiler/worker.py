@@ -156,6 +156,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
             idle = dict(meter.measure_idle(seconds=float(job["idle_s"])))
         extra["idle_power_by_device_w"] = idle
         extra["metered_devices"] = [d.id for d in meter.devices]
+        # The device name is the same for every card of a kind; the UUID tells two runs' cards apart.
+        extra["device_uuids"] = {d.id: d.uuid for d in meter.devices if d.uuid}
 
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(device))
