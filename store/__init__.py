@@ -15,7 +15,7 @@ from .daemon_state import (
     unhandled_requests,
     write_heartbeat,
 )
-from .db import default_db_path, default_home, migrate, open_db, schema_version, transaction
+from .db import database_error, default_db_path, default_home, migrate, open_db, schema_version, transaction
 from .decisions import latest_decision, list_decisions, write_decision
 from .deployments import (
     get_deployment,
@@ -27,7 +27,7 @@ from .deployments import (
     register_deployment,
     violated_config_ids,
 )
-from .errors import StoreError
+from .errors import DatabaseCorrupt, DatabaseMissing, SchemaTooNew, StoreError
 from .exchange import export_runs, import_runs, read_export, write_export
 from .jsonvalues import json_column, json_safe
 from .records import (
@@ -69,6 +69,10 @@ __all__ = [
     "violated_config_ids",
     "SCHEMA_VERSION",
     "StoreError",
+    "DatabaseCorrupt",
+    "DatabaseMissing",
+    "SchemaTooNew",
+    "database_error",
     "default_db_path",
     "default_home",
     "export_runs",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from .errors import StoreError
+from .errors import DatabaseCorrupt, DatabaseMissing, SchemaTooNew, StoreError
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
 BUSY_TIMEOUT_MS = 30_000
@@ -43,7 +43,7 @@ def migrate(db: sqlite_utils.Database) -> int:
     conn = db.conn
     current = schema_version(db)
     if current > SCHEMA_VERSION:
-        raise StoreError(
+        raise SchemaTooNew(
             f"database schema version {current} is newer than this joulepilot understands "
             f"({SCHEMA_VERSION}); upgrade joulepilot or point --db at another file"
         )
@@ -63,23 +63,91 @@ def migrate(db: sqlite_utils.Database) -> int:
     return schema_version(db)
 
 
-def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = True) -> sqlite_utils.Database:
-    """Open (creating if needed) the joulepilot database at `path` or the default location."""
-    target = Path(path).expanduser() if path else default_db_path()
+def _connect(target: Path, *, read_only: bool) -> sqlite3.Connection:
+    timeout = BUSY_TIMEOUT_MS / 1000
+    if not read_only:
+        return sqlite3.connect(str(target), timeout=timeout, isolation_level=None, check_same_thread=False)
+    uri = target.resolve().as_uri()
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(target), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, isolation_level=None,
                                check_same_thread=False)
+        conn.execute("PRAGMA user_version").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        # A WAL database in a folder we cannot write (no -shm to create): read it as immutable.
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, isolation_level=None,
+                               check_same_thread=False)
+
+
+def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = True, must_exist: bool = False,
+            read_only: bool = False) -> sqlite_utils.Database:
+    """Open the joulepilot database at `path` or the default location.
+
+    By default the file is created if needed and migrated to this version's schema. `must_exist`
+    refuses a missing file (read commands given a mistyped --db); `read_only` opens it without writing
+    anything (no migration, no journal-mode change), which also works on a read-only file or folder.
+    Every failure is a StoreError (subclasses: DatabaseMissing, DatabaseCorrupt, SchemaTooNew) whose
+    message names the file and the fix.
+    """
+    target = Path(path).expanduser() if path else default_db_path()
+    if (must_exist or read_only) and not target.is_file():
+        raise DatabaseMissing(f"database {target} does not exist; check --db / JOULEPILOT_DB (a new database "
+                              f"is created by `joulepilot bench` or the daemon)")
+    try:
+        if not read_only:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        conn = _connect(target, read_only=read_only)
+    except sqlite3.DatabaseError as exc:
+        raise database_error(target, exc) from exc
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"cannot open database {target}: {exc}; pass --db or set JOULEPILOT_DB") from exc
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = ON")
-    db = sqlite_utils.Database(conn)
-    if migrate_schema:
-        migrate(db)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if read_only:
+            conn.execute("PRAGMA query_only = ON")
+        else:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        db = sqlite_utils.Database(conn)
+        version = schema_version(db)
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(f"database {target} has schema version {version}, newer than this joulepilot "
+                               f"understands ({SCHEMA_VERSION}); upgrade joulepilot or point --db at another file")
+        if migrate_schema and not read_only:
+            migrate(db)
+        elif version == 0 and not _has_table(db, "runs"):
+            if read_only or must_exist:
+                raise DatabaseCorrupt(f"{target} is not a joulepilot database (no tables); check --db")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise database_error(target, exc) from exc
+    except StoreError:
+        conn.close()
+        raise
     return db
+
+
+def _has_table(db: sqlite_utils.Database, name: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [name]).fetchone() is not None
+
+
+def database_error(target: str | os.PathLike, exc: sqlite3.Error) -> StoreError:
+    """A StoreError naming the file and the fix for an error sqlite raised on it."""
+    text = str(exc)
+    lowered = text.lower()
+    if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
+        return DatabaseCorrupt(f"database {target} is corrupt or not a SQLite file ({text}); restore it from a "
+                               f"backup, or move it aside and let joulepilot create a new one")
+    if "readonly" in lowered or "read-only" in lowered:
+        return StoreError(f"database {target} is read-only ({text}); this command needs to write: fix its "
+                          f"permissions or pass --db with a writable file")
+    if "disk is full" in lowered or "disk i/o" in lowered:
+        return StoreError(f"database {target}: {text}; free space on its disk and retry")
+    if "locked" in lowered or "busy" in lowered:
+        return StoreError(f"database {target} stayed locked for {BUSY_TIMEOUT_MS // 1000} s ({text}); "
+                          f"another process holds a long write; retry")
+    return StoreError(f"database {target}: {text}")
 
 
 @contextmanager
