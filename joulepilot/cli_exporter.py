@@ -10,13 +10,16 @@ import click
 from .clikit import db_option
 
 
-def _configure_logging() -> None:
+def _log_to_stderr() -> logging.Handler | None:
+    """Send joulepilot's log to stderr (journald under systemd) unless something already handles it."""
     root = logging.getLogger("joulepilot")
     root.setLevel(logging.INFO)
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s joulepilot-exporter[%(process)d] %(levelname)s %(message)s"))
-        root.addHandler(handler)
+    if root.handlers:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s joulepilot-exporter[%(process)d] %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    return handler
 
 
 @click.command("exporter")
@@ -36,19 +39,22 @@ def exporter_command(db: str | None, bind: str, port: int) -> None:
     from joulepilot.controller.exporter import serve_exporter
     from joulepilot.store import default_db_path
 
-    _configure_logging()
     path = db or str(default_db_path())
 
     def ready(exporter) -> None:
         click.echo(f"joulepilot exporter: serving http://{exporter.address}:{exporter.port}/metrics for {path}",
                    err=True)
 
+    handler = _log_to_stderr()
     try:
         serve_exporter(path, port=port, bind=bind, on_ready=ready)
     except OSError as exc:
         raise click.ClickException(
             f"cannot listen on {bind}:{port}: {exc.strerror or exc}; pass --port with a free port (the daemon "
             f"serves the same endpoint unless its config sets [exporter] enabled = false)") from exc
+    finally:
+        if handler is not None:
+            logging.getLogger("joulepilot").removeHandler(handler)
 
 
 commands = [exporter_command]

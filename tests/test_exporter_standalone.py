@@ -25,7 +25,15 @@ from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
 from joulepilot.controller.deployment import attach
 from joulepilot.controller.exporter import start_exporter
-from joulepilot.store import insert_samples, insert_violation, open_db, register_deployment, schema_version
+from joulepilot.store import (
+    insert_samples,
+    insert_violation,
+    open_db,
+    register_deployment,
+    schema_version,
+    upsert_devices,
+    upsert_host,
+)
 from joulepilot.store.schema import MIGRATIONS, SCHEMA_VERSION
 from prometheus_client.parser import text_string_to_metric_families
 from test_exporter_metrics import populate
@@ -346,6 +354,23 @@ def test_gpu_labels_are_per_deployment_not_per_host(tmp_path, monkeypatch, two_g
         exp.stop()
     assert only(found, "joulepilot_inferences_total", deployment="gpu-svc", gpu="1", UUID=UUID_B) > 0
     assert only(found, "joulepilot_inferences_total", deployment="gpu-svc-0", gpu="0", UUID=UUID_A) == 1
+
+
+def test_deployments_from_before_gpus_were_recorded_use_the_hosts_device_row(tmp_path):
+    db_path = tmp_path / "j.db"
+    db = open_db(db_path)
+    host = upsert_host(db)
+    upsert_devices(db, host, [{"id": "gpu:1", "kind": "gpu", "uuid": UUID_B, "source": "nvml"}])
+    dep = register_deployment(db, "older", policy="mlp", device="cuda:1", host_id=host,
+                              details={"energy_source": "nvml"})
+    insert_samples(db, dep, [{"t_start": 0, "t_end": 5, "energy_j": 12.5, "inferences": 3, "energy_source": "nvml"}])
+    db.close()
+    exp = start_exporter(db_path, port=0)
+    try:
+        found = samples(exp.port)
+    finally:
+        exp.stop()
+    assert only(found, "joulepilot_energy_joules_total", deployment="older", source="nvml", UUID=UUID_B) == 12.5
 
 
 def test_cpu_deployments_have_empty_gpu_labels(tmp_path):
