@@ -245,8 +245,9 @@ class Daemon:
             self._exporter = start_exporter(self.cfg.db, port=self.cfg.exporter.port, bind=self.cfg.exporter.bind)
             log.info("exporter: http://%s:%d/metrics", self.cfg.exporter.bind, self._exporter.port)
         except OSError as exc:
-            log.error("exporter not started on %s:%d: %s; change [exporter] port in the config",
-                      self.cfg.exporter.bind, self.cfg.exporter.port, exc)
+            log.error("exporter not started on %s:%d: %s; change [exporter] port in the config, or set "
+                      "[exporter] enabled = false when `joulepilot exporter` (joulepilot-exporter.service) "
+                      "serves it", self.cfg.exporter.bind, self.cfg.exporter.port, exc)
 
     def _stop_exporter(self) -> None:
         if self._exporter is not None:

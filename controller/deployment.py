@@ -551,7 +551,10 @@ def attach(
         store, deployment_name, policy=policy_name, workload_id=workload_id, config_id=config_id,
         host_id=host_id, device=torch_device,
         details={"device_kind": device_kind, "energy_source": meter.primary_source,
-                 "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s},
+                 "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s,
+                 # per deployment, not per host: processes with different CUDA_VISIBLE_DEVICES share `gpu:0`
+                 "gpus": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in meter.devices
+                          if getattr(d, "kind", "") == "gpu"]},
     )
     if guard is None and policy is not None and not isinstance(policy, str | os.PathLike):
         guard = guard_from_policy(policy)

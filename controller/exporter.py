@@ -1,125 +1,186 @@
 """Prometheus exporter: a collector that reads the database at scrape time (pull, no state of its own).
 
-Series (base units, Prometheus naming):
-  joulepilot_policy_decision_info{policy,device,config,mode,fusion,precision,state}  1 per latest decision
+It runs inside the daemon (`[exporter] enabled`) or as its own process (`joulepilot exporter`, see
+`serve_exporter`); the separate process keeps answering when the daemon dies, so
+`joulepilot_daemon_up` can drop to 0. Each scrape opens the database read-only (never migrating it)
+and reads one consistent snapshot. When the database cannot be read (missing, corrupt, too old or
+new), the scrape still answers with `joulepilot_daemon_up` and `joulepilot_exporter_scrape_error` = 1.
+
+Series (base units, Prometheus naming; the README's exporter table is the reference):
+  joulepilot_policy_decision_info{policy,device,config,mode,fusion,precision,state}
   joulepilot_policy_decision_timestamp_seconds{policy,device}
-  joulepilot_policy_energy_joules_per_inference{policy,device}     measured, for the decided config
-  joulepilot_policy_power_watts{policy,device,stat="avg"|"peak"}
+  joulepilot_policy_energy_joules_per_inference{policy,device,source}
+  joulepilot_policy_power_watts{policy,device,source,stat}
   joulepilot_policy_latency_p95_seconds{policy,device}
-  joulepilot_energy_joules_total{deployment,policy}                sum of deployment samples
-  joulepilot_inferences_total{deployment,policy}
-  joulepilot_deployment_power_watts{deployment,stat="avg"|"peak"}  latest sample
+  joulepilot_energy_joules_total{deployment,policy,source,gpu,UUID}     one series per energy source
+  joulepilot_inferences_total{deployment,policy,gpu,UUID}
+  joulepilot_deployment_power_watts{deployment,source,gpu,UUID,stat}   latest sample
   joulepilot_violations_total{policy,deployment}
-  joulepilot_daemon_up                                              1 while a daemon holds the database lock
+  joulepilot_daemon_up
   joulepilot_daemon_last_heartbeat_timestamp_seconds
-  joulepilot_daemon_state{state}                                    1 for the state of the last heartbeat
+  joulepilot_daemon_state{state}
   joulepilot_daemon_queue_jobs{state}
+  joulepilot_exporter_scrape_error
+`gpu` and `UUID` are spelled as dcgm-exporter spells them, so the series join its DCGM_FI_* series.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from joulepilot.store import open_db
 from joulepilot.store.daemon_state import HEARTBEAT_STATES, latest_heartbeat, queue_counts
+from joulepilot.store.metrics import (
+    LATEST_DECISIONS_SQL,
+    decided_run,
+    deployment_totals,
+    latest_decisions,
+    read_snapshot,
+    recorded_gpu,
+    require_current_schema,
+    violation_counts,
+)
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
-from .instance_lock import lock_is_held, lock_path_for
+from .instance_lock import lock_path_for, probe_lock
+
+__all__ = ["LATEST_DECISIONS_SQL", "Exporter", "JoulepilotCollector", "make_registry", "serve_exporter",
+           "start_exporter"]
 
 log = logging.getLogger(__name__)
 
-LATEST_DECISIONS_SQL = """
-SELECT d.*, c.label AS config_label, c.mode, c.fusion, c.precision
-FROM decisions d
-LEFT JOIN configs c ON c.id = d.config_id
-WHERE d.id = (SELECT MAX(id) FROM decisions d2 WHERE d2.policy = d.policy AND d2.device_kind = d.device_kind)
-ORDER BY d.policy, d.device_kind
-"""
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_PORT = 9464
+NVML_RETRY_S = 300.0  # how long to wait before asking NVML again after it could not be loaded
+ENERGY_SOURCES = ("nvml", "rapl", "estimate")
 
 
-def _details(row: dict[str, Any]) -> dict[str, Any]:
-    try:
-        value = json.loads(row.get("details") or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+class NvmlIndexResolver:
+    """GPU UUID -> the host's NVML index (dcgm-exporter's `gpu` label), cached; None where NVML is absent.
 
+    A deployment records the CUDA index its process saw, which differs from the host index when
+    CUDA_VISIBLE_DEVICES hides or reorders GPUs; the UUID identifies the card either way.
+    Only read calls: nvmlInit, nvmlDeviceGetHandleByUUID, nvmlDeviceGetIndex, nvmlShutdown.
+    """
 
-def decision_workload_id(db: Any, decision: dict[str, Any]) -> str | None:
-    """The workload a decision is about: recorded in its details, else the daemon's jobs for the policy."""
-    details = _details(decision)
-    for key in ("workload_id",):
-        if details.get(key):
-            return str(details[key])
-    row = db.execute("SELECT workload_id FROM jobs WHERE policy = ? ORDER BY id DESC LIMIT 1",
-                     [decision["policy"]]).fetchone()
-    if row:
-        return row[0]
-    row = db.execute("SELECT workload_id FROM deployments WHERE policy = ? AND workload_id IS NOT NULL "
-                     "ORDER BY id DESC LIMIT 1", [decision["policy"]]).fetchone()
-    return row[0] if row else None
+    def __init__(self) -> None:
+        self._known: dict[str, int] = {}
+        self._failed_at: float | None = None
+        self._lock = threading.Lock()
 
+    def resolve(self, uuids: set[str]) -> dict[str, int]:
+        with self._lock:
+            missing = {u for u in uuids if u and u not in self._known}
+            now = time.monotonic()
+            if missing and (self._failed_at is None or now - self._failed_at >= NVML_RETRY_S):
+                self._look_up(missing, now)
+            return {u: self._known[u] for u in uuids if u in self._known}
 
-def decided_run(db: Any, decision: dict[str, Any]) -> dict[str, Any] | None:
-    """The latest successful measurement of the decided configuration (None when only predicted)."""
-    if not decision.get("config_id"):
-        return None
-    workload_id = decision_workload_id(db, decision)
-    sql = "SELECT * FROM runs WHERE config_id = ? AND status = 'ok'"
-    args: list[Any] = [decision["config_id"]]
-    if workload_id:
-        sql += " AND workload_id = ?"
-        args.append(workload_id)
-    rows = list(db.query(sql + " ORDER BY id DESC LIMIT 1", args))
-    return rows[0] if rows else None
+    def _look_up(self, uuids: set[str], now: float) -> None:
+        try:
+            from joulepilot.telemetry.nvml import load_pynvml
+
+            nvml = load_pynvml()
+            nvml.nvmlInit()
+        except Exception as exc:  # no driver, no binding, no permission: labels fall back to recorded indices
+            if self._failed_at is None:
+                log.info("exporter: NVML unavailable (%s); `gpu` labels use the CUDA index each deployment "
+                         "recorded (join on UUID)", exc)
+            self._failed_at = now
+            return
+        try:
+            for uuid in uuids:
+                try:
+                    self._known[uuid] = int(nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(uuid)))
+                except Exception:  # a GPU of another host, or one removed since: keep the recorded index
+                    self._failed_at = now
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except Exception:
+                pass
 
 
 class JoulepilotCollector(Collector):
-    """Reads the joulepilot database on every scrape; a database it cannot read gives no series."""
+    """Reads the joulepilot database on every scrape (read-only, never migrating)."""
 
     def __init__(self, db_path: str | os.PathLike) -> None:
-        self.db_path = Path(db_path)
+        self.db_path = Path(db_path).expanduser()
+        self._gpu_index = NvmlIndexResolver()
+        self._error_lock = threading.Lock()
+        self._last_error: str | None = None
 
     def describe(self) -> list[Metric]:
         return []  # series are only known at scrape time
 
     def collect(self) -> Iterator[Metric]:
+        errors: list[str] = []
+        up = GaugeMetricFamily("joulepilot_daemon_up",
+                               "1 while a joulepilot daemon holds this database's lock, else 0")
         try:
-            db = open_db(self.db_path)
+            up.add_metric([], 1.0 if probe_lock(lock_path_for(self.db_path)) else 0.0)
+        except OSError as exc:  # unknown is not down: leave the series out rather than report 0
+            errors.append(f"cannot probe the daemon lock {lock_path_for(self.db_path)}: {exc}; give the exporter "
+                          f"read access to the database's folder")
+        metrics: list[Metric] = []
+        try:
+            metrics = self._read_database()
         except Exception as exc:
-            log.warning("exporter cannot open %s: %s", self.db_path, exc)
-            return
+            errors.append(str(exc))
+        failed = GaugeMetricFamily("joulepilot_exporter_scrape_error",
+                                   "1 when this scrape could not read the database or the daemon lock")
+        failed.add_metric([], 1.0 if errors else 0.0)
+        self._note_errors(errors)
+        yield up
+        yield failed
+        yield from metrics
+
+    def _note_errors(self, errors: list[str]) -> None:
+        """Log a failure once (and again only when it changes), and the recovery."""
+        message = "; ".join(errors) or None
+        with self._error_lock:
+            if message == self._last_error:
+                return
+            previous, self._last_error = self._last_error, message
+        if message is not None:
+            log.warning("exporter: %s", message)
+        elif previous is not None:
+            log.info("exporter: reading %s again", self.db_path)
+
+    def _read_database(self) -> list[Metric]:
+        db = open_db(self.db_path, read_only=True)
         try:
-            yield from self._policy_metrics(db)
-            yield from self._deployment_metrics(db)
-            yield from self._daemon_metrics(db)
+            require_current_schema(db, self.db_path)
+            with read_snapshot(db):
+                return [*self._policy_metrics(db), *self._deployment_metrics(db), *self._daemon_metrics(db)]
         finally:
             db.close()
 
-    def _policy_metrics(self, db: Any) -> Iterator[Metric]:
+    def _policy_metrics(self, db: Any) -> list[Metric]:
         info = InfoMetricFamily("joulepilot_policy_decision", "Latest decision per policy and device kind",
                                 labels=["policy", "device"])
         decided_at = GaugeMetricFamily("joulepilot_policy_decision_timestamp_seconds",
                                        "When the latest decision was made (Unix time)", labels=["policy", "device"])
         energy = GaugeMetricFamily("joulepilot_policy_energy_joules_per_inference",
                                    "Measured joules per inference (one forward call) of the decided configuration",
-                                   labels=["policy", "device"])
+                                   labels=["policy", "device", "source"])
         power = GaugeMetricFamily("joulepilot_policy_power_watts",
                                   "Measured average and peak power of the decided configuration",
-                                  labels=["policy", "device", "stat"])
+                                  labels=["policy", "device", "source", "stat"])
         latency = GaugeMetricFamily("joulepilot_policy_latency_p95_seconds",
                                     "Measured p95 latency of the decided configuration",
                                     labels=["policy", "device"])
-        for d in db.query(LATEST_DECISIONS_SQL):
+        for d in latest_decisions(db):
             labels = [d["policy"], d["device_kind"]]
             info.add_metric(labels, {
                 "config": d.get("config_label") or d.get("config_id") or "",
@@ -132,49 +193,66 @@ class JoulepilotCollector(Collector):
             run = decided_run(db, d)
             if run is None:
                 continue
+            source = run.get("energy_source") or "estimate"  # a run without a recorded source was not metered
             if run.get("energy_j_per_inference") is not None:
-                energy.add_metric(labels, run["energy_j_per_inference"])
+                energy.add_metric([*labels, source], run["energy_j_per_inference"])
             for stat in ("avg", "peak"):
                 if run.get(f"{stat}_power_w") is not None:
-                    power.add_metric([*labels, stat], run[f"{stat}_power_w"])
+                    power.add_metric([*labels, source, stat], run[f"{stat}_power_w"])
             if run.get("latency_ms_p95") is not None:
                 latency.add_metric(labels, run["latency_ms_p95"] / 1000.0)
-        yield from (info, decided_at, energy, power, latency)
+        return [info, decided_at, energy, power, latency]
 
-    def _deployment_metrics(self, db: Any) -> Iterator[Metric]:
-        energy = CounterMetricFamily("joulepilot_energy_joules", "Energy metered for a deployment",
-                                     labels=["deployment", "policy"])
+    def _deployment_gpu(self, db: Any, dep: dict[str, Any]) -> tuple[str, int] | None:
+        """(UUID, recorded CUDA index) of the one GPU a deployment meters; None for CPU or several GPUs."""
+        device = str(dep.get("device") or "")
+        if not device.startswith("cuda"):
+            return None
+        gpus = dep["details"].get("gpus")
+        if isinstance(gpus, list):
+            if len(gpus) != 1 or not isinstance(gpus[0], dict) or not gpus[0].get("uuid"):
+                return None
+            return str(gpus[0]["uuid"]), int(gpus[0].get("index") or 0)
+        # Deployments registered before their GPUs were recorded: the host's row for their CUDA index.
+        index = int(device[5:]) if device[5:].isdigit() else 0
+        row = recorded_gpu(db, dep.get("host_id"), f"gpu:{index}")
+        return (str(row["uuid"]), index) if row and row.get("uuid") else None
+
+    def _deployment_metrics(self, db: Any) -> list[Metric]:
+        energy = CounterMetricFamily("joulepilot_energy_joules", "Energy metered for a deployment, by energy source",
+                                     labels=["deployment", "policy", "source", "gpu", "UUID"])
         inferences = CounterMetricFamily("joulepilot_inferences", "Inferences (forward calls) served by a deployment",
-                                         labels=["deployment", "policy"])
+                                         labels=["deployment", "policy", "gpu", "UUID"])
         power = GaugeMetricFamily("joulepilot_deployment_power_watts",
                                   "Average and peak power in the deployment's latest sample",
-                                  labels=["deployment", "stat"])
-        rows = db.query(
-            "SELECT dep.name, dep.policy, COALESCE(SUM(s.energy_j), 0) AS energy_j, "
-            "COALESCE(SUM(s.inferences), 0) AS inferences, MAX(s.id) AS last_id "
-            "FROM deployments dep LEFT JOIN deployment_samples s ON s.deployment_id = dep.id "
-            "GROUP BY dep.id ORDER BY dep.name"
-        )
-        for r in rows:
-            labels = [r["name"], r["policy"] or ""]
-            energy.add_metric(labels, float(r["energy_j"]))
-            inferences.add_metric(labels, float(r["inferences"]))
-            if r["last_id"] is not None:
-                last = db.execute("SELECT avg_power_w, peak_power_w FROM deployment_samples WHERE id = ?",
-                                  [r["last_id"]]).fetchone()
-                for stat, value in zip(("avg", "peak"), last, strict=True):
-                    if value is not None:
-                        power.add_metric([r["name"], stat], value)
+                                  labels=["deployment", "source", "gpu", "UUID", "stat"])
+        deployments = deployment_totals(db)
+        gpus = {dep["id"]: self._deployment_gpu(db, dep) for dep in deployments}
+        host_index = self._gpu_index.resolve({g[0] for g in gpus.values() if g})
+        for dep in deployments:
+            gpu = gpus[dep["id"]]
+            gpu_labels = [str(host_index.get(gpu[0], gpu[1])), gpu[0]] if gpu else ["", ""]
+            name, policy = dep["name"], dep.get("policy") or ""
+            by_source = dict(dep["energy_by_source"])
+            declared = dep["details"].get("energy_source")
+            if not by_source and declared in ENERGY_SOURCES:
+                by_source[declared] = 0.0  # a registered deployment starts its counter at 0
+            for source, joules in sorted(by_source.items()):
+                energy.add_metric([name, policy, source, *gpu_labels], joules)
+            if by_source:
+                inferences.add_metric([name, policy, *gpu_labels], float(dep["inferences"]))
+            last = dep["last_sample"]
+            if last is not None:
+                for stat in ("avg", "peak"):
+                    if last.get(f"{stat}_power_w") is not None:
+                        power.add_metric([name, last["energy_source"], *gpu_labels, stat], last[f"{stat}_power_w"])
         violations = CounterMetricFamily("joulepilot_violations", "Envelope violations recorded by the guard",
                                          labels=["policy", "deployment"])
-        for r in db.query("SELECT policy, deployment, COUNT(*) AS n FROM violations GROUP BY policy, deployment"):
+        for r in violation_counts(db):
             violations.add_metric([r["policy"], r["deployment"]], r["n"])
-        yield from (energy, inferences, power, violations)
+        return [energy, inferences, power, violations]
 
-    def _daemon_metrics(self, db: Any) -> Iterator[Metric]:
-        up = GaugeMetricFamily("joulepilot_daemon_up", "1 while a joulepilot daemon holds this database's lock")
-        up.add_metric([], 1.0 if lock_is_held(lock_path_for(self.db_path)) else 0.0)
-        yield up
+    def _daemon_metrics(self, db: Any) -> list[Metric]:
         hb = latest_heartbeat(db)
         last = GaugeMetricFamily("joulepilot_daemon_last_heartbeat_timestamp_seconds",
                                  "Unix time of the daemon's last heartbeat")
@@ -184,12 +262,11 @@ class JoulepilotCollector(Collector):
             last.add_metric([], hb["at"])
             for s in HEARTBEAT_STATES:
                 state.add_metric([s], 1.0 if s == hb["state"] else 0.0)
-        yield from (last, state)
         queue = GaugeMetricFamily("joulepilot_daemon_queue_jobs", "Jobs in the daemon's queue by state",
                                   labels=["state"])
         for s, n in queue_counts(db).items():
             queue.add_metric([s], n)
-        yield queue
+        return [last, state, queue]
 
 
 class Exporter:
@@ -219,7 +296,35 @@ def make_registry(db_path: str | os.PathLike) -> CollectorRegistry:
     return registry
 
 
-def start_exporter(db_path: str | os.PathLike, *, port: int = 9464, bind: str = "127.0.0.1") -> Exporter:
-    """Serve `/metrics` for the database at `db_path` on bind:port from a background thread."""
+def start_exporter(db_path: str | os.PathLike, *, port: int = DEFAULT_PORT, bind: str = DEFAULT_BIND) -> Exporter:
+    """Serve `/metrics` for the database at `db_path` on bind:port from a background thread.
+
+    Raises OSError when the address cannot be bound (in use, not local, privileged port).
+    """
     server, thread = start_http_server(port, addr=bind, registry=make_registry(db_path))
     return Exporter(server, thread)
+
+
+def serve_exporter(db_path: str | os.PathLike, *, port: int = DEFAULT_PORT, bind: str = DEFAULT_BIND,
+                   stop: threading.Event | None = None,
+                   on_ready: Callable[[Exporter], None] | None = None) -> None:
+    """Serve `/metrics` until `stop` is set or, from the main thread, SIGTERM/SIGINT arrives; then return.
+
+    The standalone exporter (`joulepilot exporter`): it needs only read access to the database and
+    its folder, and keeps answering while the daemon is down. OSError when the address cannot be bound.
+    """
+    stop = stop or threading.Event()
+    exporter = start_exporter(db_path, port=port, bind=bind)
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        if on_ready is not None:
+            on_ready(exporter)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        exporter.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 PROBE_RETRIES = 20
+PROBE_RETRY_S = 0.05
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -38,19 +39,32 @@ def read_lock_pid(lock_path: str | os.PathLike) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def lock_is_held(lock_path: str | os.PathLike) -> bool:
-    """True when some process holds the lock now (tested without taking it for long)."""
+def probe_lock(lock_path: str | os.PathLike) -> bool:
+    """True when some process holds the lock now; False when none does or the file does not exist.
+
+    A non-blocking shared flock taken and dropped at once on a read-only descriptor: it needs only
+    read access (works from a read-only mount) and never holds the lock for longer than the probe.
+    Raises OSError when the file exists but cannot be opened (permissions): that is not "free".
+    """
     try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except OSError:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)
+        os.close(fd)  # closing drops the probe's shared lock, if it got one
     return False
+
+
+def lock_is_held(lock_path: str | os.PathLike) -> bool:
+    """True when some process holds the lock now (tested without taking it for long); False if unreadable."""
+    try:
+        return probe_lock(lock_path)
+    except OSError:
+        return False
 
 
 class InstanceLock:
@@ -64,16 +78,17 @@ class InstanceLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC)
         # `status` and the exporter probe the lock with a brief shared flock; retry past such a probe.
+        # The pid in the file proves nothing here: a daemon killed by SIGKILL leaves its pid behind,
+        # so only a lock that stays taken for every retry (about a second) means another daemon.
         for attempt in range(PROBE_RETRIES):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                pid = read_lock_pid(self.path)
-                if pid is not None or attempt == PROBE_RETRIES - 1:
+                if attempt == PROBE_RETRIES - 1:
                     os.close(fd)
-                    raise DaemonAlreadyRunning(self.path, pid) from None
-                time.sleep(0.05)
+                    raise DaemonAlreadyRunning(self.path, read_lock_pid(self.path)) from None
+                time.sleep(PROBE_RETRY_S)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         os.fsync(fd)

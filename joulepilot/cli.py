@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "joulepilot.cli_policy",
     "joulepilot.cli_daemon",
     "joulepilot.cli_report",
+    "joulepilot.cli_exporter",
 )
 
 

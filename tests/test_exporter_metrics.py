@@ -21,6 +21,7 @@ DOCUMENTED = {
     "joulepilot_policy_latency_p95_seconds", "joulepilot_energy_joules_total", "joulepilot_inferences_total",
     "joulepilot_deployment_power_watts", "joulepilot_violations_total", "joulepilot_daemon_up",
     "joulepilot_daemon_last_heartbeat_timestamp_seconds", "joulepilot_daemon_state", "joulepilot_daemon_queue_jobs",
+    "joulepilot_exporter_scrape_error",
 }
 
 
@@ -42,7 +43,8 @@ def populate(path):
                         "config_id": cfg.id, "state": "verified", "reason": "best", "decided_at": decided_at,
                         "details": {"workload_id": "w-mlp"}})
     dep = register_deployment(db, "mlp-prod", policy="mlp", workload_id="w-mlp", config_id=cfg.id, device="cpu")
-    register_deployment(db, "mlp-idle", policy="mlp")
+    register_deployment(db, "mlp-idle", policy="mlp", details={"energy_source": "rapl"})
+    register_deployment(db, "mlp-unknown", policy="mlp")  # no sample and no declared source: no energy series
     insert_samples(db, dep, [
         {"t_start": 0, "t_end": 5, "energy_j": 100.0, "inferences": 2000, "avg_power_w": 20.0, "peak_power_w": 25.0,
          "energy_source": "estimate"},
@@ -99,19 +101,24 @@ def test_metrics_hold_every_documented_series_with_db_values(exporter):
     assert value(families, "joulepilot_policy_decision_timestamp_seconds", policy="mlp") == pytest.approx(
         facts["decided_at"])
     # The newest measurement of the decided configuration.
-    assert value(families, "joulepilot_policy_energy_joules_per_inference", policy="mlp") == pytest.approx(0.0353)
-    assert value(families, "joulepilot_policy_power_watts", policy="mlp", stat="avg") == pytest.approx(387.0)
+    assert value(families, "joulepilot_policy_energy_joules_per_inference", policy="mlp",
+                 source="estimate") == pytest.approx(0.0353)
+    assert value(families, "joulepilot_policy_power_watts", policy="mlp", stat="avg",
+                 source="estimate") == pytest.approx(387.0)
     assert value(families, "joulepilot_policy_power_watts", policy="mlp", stat="peak") == pytest.approx(512.5)
     assert value(families, "joulepilot_policy_latency_p95_seconds", policy="mlp") == pytest.approx(0.00292)
 
-    assert value(families, "joulepilot_energy_joules_total", deployment="mlp-prod") == pytest.approx(250.5)
+    assert value(families, "joulepilot_energy_joules_total", deployment="mlp-prod",
+                 source="estimate") == pytest.approx(250.5)
     assert value(families, "joulepilot_inferences_total", deployment="mlp-prod") == 5000
-    assert value(families, "joulepilot_energy_joules_total", deployment="mlp-idle") == 0
-    assert value(families, "joulepilot_deployment_power_watts", deployment="mlp-prod", stat="avg") == pytest.approx(
-        30.1)
+    assert value(families, "joulepilot_energy_joules_total", deployment="mlp-idle", source="rapl") == 0
+    assert not [s for s in families["joulepilot_energy_joules_total"] if s.labels["deployment"] == "mlp-unknown"]
+    assert value(families, "joulepilot_deployment_power_watts", deployment="mlp-prod", stat="avg",
+                 source="estimate") == pytest.approx(30.1)
     assert value(families, "joulepilot_violations_total", policy="mlp", deployment="mlp-prod") == 1
 
     assert value(families, "joulepilot_daemon_up") == 0  # nobody holds the lock
+    assert value(families, "joulepilot_exporter_scrape_error") == 0
     assert value(families, "joulepilot_daemon_last_heartbeat_timestamp_seconds") == pytest.approx(
         facts["heartbeat_at"])
     assert value(families, "joulepilot_daemon_state", state="sweeping") == 1

@@ -1,0 +1,137 @@
+"""Typed reads behind the Prometheus exporter: one consistent snapshot of what a scrape shows.
+
+Everything here only reads, so it works on a connection from `open_db(path, read_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlite_utils
+
+from .db import schema_version
+from .errors import StoreError
+from .schema import SCHEMA_VERSION
+
+LATEST_DECISIONS_SQL = """
+SELECT d.*, c.label AS config_label, c.mode, c.fusion, c.precision
+FROM decisions d
+LEFT JOIN configs c ON c.id = d.config_id
+WHERE d.id = (SELECT MAX(id) FROM decisions d2 WHERE d2.policy = d.policy AND d2.device_kind = d.device_kind)
+ORDER BY d.policy, d.device_kind
+"""
+
+
+class SchemaTooOld(StoreError):
+    """A read-only reader met a database that no writer has migrated to this version yet."""
+
+
+def require_current_schema(db: sqlite_utils.Database, path: str | os.PathLike) -> None:
+    """Refuse a database older than this joulepilot: a read-only reader cannot migrate it."""
+    version = schema_version(db)
+    if version < SCHEMA_VERSION:
+        raise SchemaTooOld(f"database {path} has schema version {version}, older than this joulepilot's "
+                           f"({SCHEMA_VERSION}); start the daemon (it migrates the database) and scrape again")
+
+
+@contextmanager
+def read_snapshot(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
+    """All reads inside see the same committed state (one WAL read transaction)."""
+    conn = db.conn
+    if conn.in_transaction:
+        yield db
+        return
+    conn.execute("BEGIN")
+    try:
+        yield db
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _json_dict(text: Any) -> dict[str, Any]:
+    if not isinstance(text, str) or not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def latest_decisions(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """The newest decision per (policy, device kind), with its configuration's label and knobs."""
+    return list(db.query(LATEST_DECISIONS_SQL))
+
+
+def decision_workload_id(db: sqlite_utils.Database, decision: dict[str, Any]) -> str | None:
+    """The workload a decision is about: recorded in its details, else the daemon's jobs for the policy."""
+    recorded = _json_dict(decision.get("details")).get("workload_id")
+    if recorded:
+        return str(recorded)
+    row = db.execute("SELECT workload_id FROM jobs WHERE policy = ? ORDER BY id DESC LIMIT 1",
+                     [decision["policy"]]).fetchone()
+    if row:
+        return row[0]
+    row = db.execute("SELECT workload_id FROM deployments WHERE policy = ? AND workload_id IS NOT NULL "
+                     "ORDER BY id DESC LIMIT 1", [decision["policy"]]).fetchone()
+    return row[0] if row else None
+
+
+def decided_run(db: sqlite_utils.Database, decision: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest successful measurement of the decided configuration (None when only predicted)."""
+    if not decision.get("config_id"):
+        return None
+    workload_id = decision_workload_id(db, decision)
+    sql = "SELECT * FROM runs WHERE config_id = ? AND status = 'ok'"
+    args: list[Any] = [decision["config_id"]]
+    if workload_id:
+        sql += " AND workload_id = ?"
+        args.append(workload_id)
+    rows = list(db.query(sql + " ORDER BY id DESC LIMIT 1", args))
+    return rows[0] if rows else None
+
+
+def deployment_totals(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Per deployment: its row (details decoded), energy by source, inferences, and its latest sample.
+
+    Keys: id, name, policy, device, host_id, details (dict), energy_by_source ({source: joules}),
+    inferences, last_sample (avg_power_w, peak_power_w, energy_source) or None.
+    """
+    deployments: dict[int, dict[str, Any]] = {}
+    for row in db.query("SELECT * FROM deployments ORDER BY name"):
+        row["details"] = _json_dict(row.get("details"))
+        row.update(energy_by_source={}, inferences=0, last_sample=None)
+        deployments[row["id"]] = row
+    for dep_id, source, energy_j, inferences in db.execute(
+            "SELECT deployment_id, energy_source, SUM(energy_j), SUM(inferences) FROM deployment_samples "
+            "GROUP BY deployment_id, energy_source").fetchall():
+        dep = deployments.get(dep_id)
+        if dep is not None:
+            dep["energy_by_source"][source] = float(energy_j or 0.0)
+            dep["inferences"] += int(inferences or 0)
+    for row in db.query(
+            "SELECT s.deployment_id, s.avg_power_w, s.peak_power_w, s.energy_source FROM deployment_samples s "
+            "JOIN (SELECT deployment_id, MAX(id) AS id FROM deployment_samples GROUP BY deployment_id) last "
+            "ON last.id = s.id"):
+        dep = deployments.get(row.pop("deployment_id"))
+        if dep is not None:
+            dep["last_sample"] = row
+    return list(deployments.values())
+
+
+def recorded_gpu(db: sqlite_utils.Database, host_id: str | None, device_id: str) -> dict[str, Any] | None:
+    """The devices row for `device_id` ('gpu:N') on a host: name, uuid, ... (None when not recorded)."""
+    if not host_id:
+        return None
+    rows = list(db.query("SELECT * FROM devices WHERE id = ?", [f"{host_id}/{device_id}"]))
+    return rows[0] if rows else None
+
+
+def violation_counts(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """How many envelope violations each (policy, deployment) has recorded."""
+    return list(db.query("SELECT policy, deployment, COUNT(*) AS n FROM violations "
+                         "GROUP BY policy, deployment ORDER BY policy, deployment"))
