@@ -205,3 +205,21 @@ def test_zero_grid_intensity_is_accepted(tmp_path):
                                        "--grid-gco2-per-kwh", "0"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["co2"]["co2_g"] == 0
+
+
+@pytest.mark.parametrize(("joules", "text"), [
+    (0.0353, "35.3 mJ"), (6.892e-05, "68.92 µJ"), (248.1, "248.1 J"), (999.99, "1 kJ"), (12_345.0, "12.35 kJ"),
+    (5e7, "50 MJ"), (0.0, "0 J"), (-208.7, "-208.7 J"), (None, "–"), (float("nan"), "–"),
+])
+def test_energy_reads_in_a_unit_that_suits_it(joules, text):
+    from joulepilot.controller.report_format import energy
+
+    assert energy(joules) == text
+
+
+def test_kwh_is_added_only_where_it_reads_well():
+    from joulepilot.controller.report_format import energy_with_kwh, kwh
+
+    assert energy_with_kwh(0.0099 * 3.6e6) == "35.64 kJ"
+    assert energy_with_kwh(0.01 * 3.6e6) == "36 kJ (0.01 kWh)"
+    assert kwh(248.1) == "0.00006892 kWh"  # the tooltip's figure: plain decimals, never 6.892e-05
