@@ -38,6 +38,7 @@ from joulepilot.store.deployments import (
     register_deployment,
     set_deployment_config,
 )
+from joulepilot.store.sample_amend import amend_newest_sample
 
 from .features import device_kind as features_device_kind
 from .guard import EnvelopeGuard, guard_from_policy, record_trip, setting
@@ -47,6 +48,11 @@ log = logging.getLogger("joulepilot.deployment")
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_FLUSH_INTERVAL_S = 30.0
 POWER_READS_PER_WINDOW = 4
+# A last window (at close) shorter than this many seconds, or than this fraction of the interval, is folded
+# into the window before it: the energy counter steps every ~100 ms, so a sliver of a window reads 0 J
+# (0 W in the exporter, a drop in plots) or one whole step (a spike).
+MIN_TAIL_S = 1.0
+MIN_TAIL_FRACTION = 0.2
 
 
 @dataclass
@@ -195,6 +201,7 @@ class MeteredModel:
         self._stop = threading.Event()
         self._closed = False
         self._written_config_id = config_id
+        self._newest: dict[str, Any] | None = None  # the newest window taken (buffered or written)
         self.samples_written = 0
         gpus = [d for d in meter.devices if getattr(d, "kind", "") == "gpu"]
         self._gpu_index = gpus[0].index if gpus else None
@@ -295,6 +302,9 @@ class MeteredModel:
         duration_s = t_end - self._last_t
         if final and duration_s <= 0:
             return
+        if final and duration_s < max(MIN_TAIL_S, MIN_TAIL_FRACTION * self.interval_s) \
+                and self._fold_tail(t_end, energy, count, powers):
+            return
         energy_j = max(0.0, energy - self._last_e)
         inferences = count - self._last_n
         avg_power_w = energy_j / duration_s if duration_s > 0 else None
@@ -321,10 +331,43 @@ class MeteredModel:
         self._last_t, self._last_e, self._last_n = t_end, energy, count
         with self._buffer_lock:
             self._buffer.append(sample)
+        self._newest = sample
         if self.guard is not None and not final:
             trip = self.guard.feed(avg_power_w, inferences=inferences, at=t_end)
             if trip is not None:
                 self._on_trip(trip)
+
+    def _fold_tail(self, t_end: float, energy: float, count: int, powers: list[float]) -> bool:
+        """Extend the newest window to `t_end` instead of writing a short last one; False when there
+        is no window to extend (the tail is then written on its own)."""
+        previous = self._newest
+        if previous is None or previous["config_id"] != self.config_id:
+            return False
+        merged = dict(previous)
+        merged["t_end"] = t_end
+        merged["energy_j"] = previous["energy_j"] + max(0.0, energy - self._last_e)
+        merged["inferences"] = previous["inferences"] + count - self._last_n
+        duration_s = t_end - previous["t_start"]
+        merged["avg_power_w"] = merged["energy_j"] / duration_s if duration_s > 0 else previous["avg_power_w"]
+        # The tail's own mean power is what a counter step distorts, so only its instant reads count.
+        peaks = [p for p in (previous["peak_power_w"], merged["avg_power_w"], *powers) if p is not None]
+        merged["peak_power_w"] = max(peaks) if peaks else None
+        with self._buffer_lock:
+            buffered = bool(self._buffer) and self._buffer[-1] is previous
+            if buffered:
+                self._buffer[-1] = merged
+        if not buffered:
+            try:
+                with self._write_lock:
+                    if not amend_newest_sample(self._database(), self.deployment_id, previous["t_start"], merged):
+                        return False
+            except Exception:  # noqa: BLE001 - the store refused the amend: keep the tail as its own window
+                log.warning("deployment %r: could not extend the last window; writing the tail alone",
+                            self.name, exc_info=True)
+                return False
+        self._newest = merged
+        self._last_t, self._last_e, self._last_n = t_end, energy, count
+        return True
 
     def _on_trip(self, trip: Any) -> None:
         self.flush()  # the evidence is in the store before the violation that cites it

@@ -152,7 +152,7 @@ def data_uri(png: bytes) -> str:
 
 
 def report_plots(report: Mapping[str, Any]) -> dict[str, str]:
-    """The three plots of a report, as data URIs ready for <img src=...>."""
+    """The three plots of a report, as data URIs, ready for an image tag's src attribute."""
     samples = report["samples"]
     source = report["totals"]["energy_source"]
     env = report["envelope"]

@@ -26,10 +26,11 @@ SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json",
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write to this file instead of stdout.")
-@click.option("--grid-gco2-per-kwh", type=float, envvar=GRID_ENV, show_envvar=True,
-              help="Grid carbon intensity (gCO2/kWh) for a CO2 figure; none without it.")
+@click.option("--grid-gco2-per-kwh", metavar="G",
+              help=f"Grid carbon intensity in grams CO2 per kWh (a finite number >= 0) for a CO2 figure; "
+                   f"default ${GRID_ENV}, else no CO2 figure.")
 def report_command(db: str | None, name: str | None, all_deployments: bool, since: str | None, fmt: str | None,
-                   as_json: bool, output: str | None, grid_gco2_per_kwh: float | None) -> None:
+                   as_json: bool, output: str | None, grid_gco2_per_kwh: str | None) -> None:
     """Energy report of a deployment metered by joulepilot.compile(..., deployment=NAME).
 
     \b

@@ -1,0 +1,112 @@
+"""Reports as CSV: tidy (long) rows for one deployment, one row per deployment for the summary.
+
+Text that a spreadsheet would run as a formula (a cell starting with =, +, -, @, a tab or a carriage
+return) is written with a leading apostrophe, so a deployment or policy named `=HYPERLINK(...)` stays
+text. Numbers are written as numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from .report_model import DeploymentReport, Summary, iso
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+SAMPLE_METRICS = (("energy_j", "J"), ("inferences", "calls"), ("j_per_inference", "J/call"),
+                  ("avg_power_w", "W"), ("peak_power_w", "W"), ("other_processes", "count"),
+                  ("share", "fraction"))
+SUMMARY_COLUMNS = ("name", "policy", "device_kind", "config", "decision_state", "start", "end", "samples",
+                   "energy_j", "energy_kwh", "inferences", "j_per_inference", "avg_power_w", "peak_power_w",
+                   "max_avg_power_w", "violations", "saving_vs_eager_fp32", "saving_vs_compile_default_fp32",
+                   "co2_g", "energy_source", "shared_windows", "serves_baseline")
+
+
+def cell(value: Any) -> Any:
+    """A value safe to put in a CSV cell: None as empty, formula-looking text defused."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def _write(rows: Iterable[Iterable[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        writer.writerow([cell(v) for v in row])
+    return out.getvalue()
+
+
+def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str, str | None]]:
+    """(section, metric, value, unit, source) for every summary figure of a report."""
+    t, e, c = report.totals, report.envelope, report.configuration
+    src = t.energy_source
+    rows: list[tuple[str, str, Any, str, str | None]] = [
+        ("totals", "energy_j", t.energy_j, "J", src),
+        ("totals", "energy_kwh", t.energy_kwh, "kWh", src),
+        ("totals", "inferences", t.inferences, "calls", None),
+        ("totals", "j_per_inference", t.j_per_inference, "J/call", src),
+        ("totals", "busy_j_per_inference", t.busy_j_per_inference, "J/call", src),
+        ("totals", "avg_power_w", t.avg_power_w, "W", src),
+        ("totals", "peak_power_w", t.peak_power_w, "W", src),
+        ("totals", "metered_s", t.metered_s, "s", None),
+        ("totals", "attributed_energy_j", t.attributed_energy_j, "J", src),
+        ("envelope", "max_avg_power_w", e.max_avg_power_w, "W", e.limits_from),
+        ("envelope", "max_peak_power_w", e.max_peak_power_w, "W", e.limits_from),
+        ("envelope", "windows_above_avg_limit", e.windows_above_avg_limit, "windows", src),
+        ("envelope", "windows_above_peak_limit", e.windows_above_peak_limit, "windows", src),
+        ("envelope", "violations", len(e.violations), "count", None),
+        ("configuration", "config", c.label or c.config_id, "", None),
+        ("configuration", "decision_state", c.decision_state, "", None),
+        ("configuration", "decision_reason", c.decision_reason, "", None),
+    ]
+    for key, b in report.baselines.items():
+        rows += [
+            (f"baseline.{key}", "j_per_inference", b.j_per_inference, "J/call", b.energy_source),
+            (f"baseline.{key}", "served_is_baseline", b.served_is_baseline, "", None),
+            (f"baseline.{key}", "saving_fraction", b.saving_fraction, "fraction", src),
+            (f"baseline.{key}", "saving_j", b.saving_j, "J", src),
+            (f"baseline.{key}", "note", b.note, "", None),
+        ]
+    if report.co2:
+        rows += [("co2", "grid_gco2_per_kwh", report.co2.grid_gco2_per_kwh, "gCO2/kWh", "configured"),
+                 ("co2", "co2_g", report.co2.co2_g, "g", src)]
+    eff = report.efficiency
+    peak = eff.device_peak
+    rows += [
+        ("efficiency", "flops_per_inference", eff.flops_per_inference, "FLOP", "torch flop counter"),
+        ("efficiency", "flops_per_j", eff.flops_per_j, "FLOP/J", src),
+        ("efficiency", "device_peak_flops_per_j", peak.peak_flops_per_j if peak else None, "FLOP/J",
+         f"{peak.source} ({peak.source_url})" if peak else None),
+        ("efficiency", "fraction_of_peak_flops_per_j", eff.fraction_of_peak_flops_per_j, "fraction", src),
+        ("sharing", "windows_shared", report.sharing.windows_shared, "windows", None),
+        ("sharing", "mean_share", report.sharing.mean_share, "fraction", "nvml process utilisation"),
+    ]
+    return rows
+
+
+def report_csv(report: DeploymentReport) -> str:
+    """One figure per row; samples carry their window in t_start/t_end."""
+    name = report.deployment.name
+    rows: list[list[Any]] = [["deployment", "section", "metric", "value", "unit", "source", "t_start", "t_end",
+                              "config_id"]]
+    rows += [[name, section, metric, value, unit, source, None, None, None]
+             for section, metric, value, unit, source in headline_figures(report)]
+    for w in report.samples:
+        for metric, unit in SAMPLE_METRICS:
+            rows.append([name, "sample", metric, w[metric], unit,
+                         w.energy_source if unit in ("J", "J/call", "W") else None,
+                         iso(w.t_start), iso(w.t_end), w.config_id])
+    return _write(rows)
+
+
+def summary_csv(summary: Summary) -> str:
+    rows: list[list[Any]] = [list(SUMMARY_COLUMNS)]
+    for row in summary.deployments:
+        values = {**row.to_dict(), "serves_baseline": "+".join(row.serves_baseline)}
+        rows.append([values[column] for column in SUMMARY_COLUMNS])
+    return _write(rows)

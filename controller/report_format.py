@@ -1,0 +1,138 @@
+"""Numbers and phrases for people, shared by every report format so they all say the same thing.
+
+Energy reads in the unit that suits its size (µJ to GJ); kWh is added only from 0.01 kWh (36 kJ)
+up, where it reads well. Numbers never come out in scientific notation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+J_PER_KWH = 3.6e6
+KWH_READABLE_FROM = 0.01
+DASH = "–"
+
+_ENERGY_UNITS = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ"), (1e-9, "nJ"))
+_SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def number(value: Any, digits: int = 4) -> str:
+    """`digits` significant digits in plain decimal notation, thousands grouped: 12965.3 -> '12,965',
+    0.00006892 -> '0.00006892', 42 -> '42'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if not isinstance(value, float):
+        return str(value)
+    if value == 0:
+        return "0"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    if decimals <= 0:
+        return f"{round(value):,}"
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def fmt(value: Any, unit: str = "", digits: int = 4) -> str:
+    """A number and its unit: fmt(387.0, 'W') -> '387 W'."""
+    text = number(value, digits)
+    return text if text == DASH else f"{text} {unit}".strip()
+
+
+def energy(joules: Any) -> str:
+    """Joules in the unit that suits the amount: 0.0353 -> '35.3 mJ', 12965 -> '12.97 kJ'."""
+    if not _finite(joules):
+        return DASH
+    if joules == 0:
+        return "0 J"
+    size = abs(joules)
+    for scale, unit in _ENERGY_UNITS:
+        if size >= scale * 0.99995:  # so 999.99 J reads '1 kJ', not '1,000 J'
+            return f"{number(joules / scale)} {unit}"
+    return f"{number(joules / 1e-9)} nJ"
+
+
+def kwh(joules: Any) -> str:
+    """Joules as kWh in plain decimals, whatever the size (for tooltips and machine-minded columns)."""
+    return fmt(joules / J_PER_KWH, "kWh") if _finite(joules) else DASH
+
+
+def kwh_if_readable(joules: Any) -> str | None:
+    """'13.89 kWh' from 0.01 kWh up; None below, where kWh would read as a string of zeros."""
+    if not _finite(joules) or abs(joules) / J_PER_KWH < KWH_READABLE_FROM:
+        return None
+    return kwh(joules)
+
+
+def energy_with_kwh(joules: Any) -> str:
+    """'12.97 kJ', or '50 MJ (13.89 kWh)' once kWh reads well."""
+    readable = kwh_if_readable(joules)
+    return f"{energy(joules)} ({readable})" if readable else energy(joules)
+
+
+def si(value: Any, unit: str) -> str:
+    """131457512 FLOP/J -> '131.5 MFLOP/J'."""
+    if not _finite(value):
+        return DASH
+    for scale, prefix in _SI_PREFIXES:
+        if abs(value) >= scale:
+            return f"{number(value / scale)} {prefix}{unit}"
+    return f"{number(float(value))} {unit}"
+
+
+def percent(fraction: Any) -> str:
+    """0.214 -> '21.4%' (no sign)."""
+    return DASH if not _finite(fraction) else f"{fraction:.1%}"
+
+
+def human_time(iso_text: str | None) -> str:
+    """'2024-05-01T12:00:00+00:00' -> '2024-05-01 12:00:00 UTC'."""
+    if not iso_text:
+        return DASH
+    return iso_text.replace("T", " ").replace("+00:00", " UTC")
+
+
+def source_label(source: str | None) -> str:
+    if not source:
+        return DASH
+    return f"{source} (ESTIMATE, not measured)" if "estimate" in source else f"{source} (measured)"
+
+
+# -- baselines ------------------------------------------------------------------------------------
+BASELINE_ITSELF = "this deployment is the baseline"
+
+
+def versus(saving_fraction: Any, *, is_baseline: bool = False, itself: str = BASELINE_ITSELF) -> str:
+    """Energy per inference against a baseline: '21.4% less', '3.0% more', or `itself` when the
+    deployment serves the baseline's own configuration (a percentage would compare it with itself)."""
+    if is_baseline:
+        return itself
+    if not _finite(saving_fraction):
+        return DASH
+    return f"{saving_fraction:.1%} less" if saving_fraction >= 0 else f"{-saving_fraction:.1%} more"
+
+
+def versus_baseline(baseline: Mapping[str, Any]) -> str:
+    """The headline against one baseline of a report."""
+    if not baseline["measured"]:
+        return "no baseline"
+    return versus(baseline["saving_fraction"], is_baseline=baseline["served_is_baseline"])
+
+
+def energy_saved(baseline: Mapping[str, Any]) -> str:
+    """'12.3 kJ saved' or '208.7 J more than the baseline' over the period; a dash when no saving applies."""
+    saving_j = baseline["saving_j"]
+    if not baseline["measured"] or baseline["served_is_baseline"] or not _finite(saving_j):
+        return DASH
+    if saving_j >= 0:
+        return f"{energy(saving_j)} saved"
+    return f"{energy(-saving_j)} more than the baseline"

@@ -1,0 +1,47 @@
+"""Reports as one self-contained HTML page: `report_template.html` (Jinja2, autoescaped) with the plots
+inline as base64 PNG."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+import jinja2
+
+from . import report_format as f
+from .report_model import DeploymentReport, Summary, SummaryRow, iso
+
+TEMPLATE = "report_template.html"
+
+
+def _load(name: str) -> str:
+    return files("joulepilot.controller").joinpath(name).read_text(encoding="utf-8")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(_load), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(
+        energy=f.energy, kwh=f.kwh, kwh_if_readable=f.kwh_if_readable, fmt=f.fmt, number=f.number, si=f.si,
+        percent=f.percent, human_time=f.human_time, iso=iso, versus=f.versus_baseline, saved=f.energy_saved)
+    return env
+
+
+def _summary_versus(row: SummaryRow, key: str) -> str:
+    return f.versus(row[f"saving_vs_{key}"], is_baseline=key in row.serves_baseline, itself="is the baseline")
+
+
+def render_html(report: DeploymentReport | Summary) -> str:
+    from joulepilot.compiler.provenance import package_version
+
+    common = {"version": package_version("joulepilot") or "unknown", "generated_at": report.generated_at}
+    template = environment().get_template(TEMPLATE)
+    if isinstance(report, Summary):
+        return template.render(
+            summary=report, title="joulepilot: energy of every deployment", summary_versus=_summary_versus,
+            any_estimate=any("estimate" in (r.energy_source or "") for r in report.deployments), **common)
+    from .report_plots import report_plots
+
+    return template.render(summary=None, report=report, plots=report_plots(report),
+                           title=f"joulepilot energy report: {report.deployment.name}", **common)

@@ -1,0 +1,122 @@
+"""Reports as Markdown. Every name and free text from the store goes through `md()`, so a deployment
+called `a|b` or `*prod*` cannot break a table or turn into emphasis."""
+
+from __future__ import annotations
+
+import re
+
+from . import report_format as f
+from .report_model import DeploymentReport, Summary, iso
+
+_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
+
+
+def md(value: object) -> str:
+    """Text as literal Markdown: punctuation that means something is backslash-escaped, line breaks
+    become spaces. None reads as a dash."""
+    if value is None or value == "":
+        return f.DASH
+    return _SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines()))
+
+
+def _limit(value: float | None) -> str:
+    return f"limit {f.fmt(value, 'W')}" if value is not None else "no limit in the policy"
+
+
+def report_md(r: DeploymentReport) -> str:
+    d, t, e, c, p = r.deployment, r.totals, r.envelope, r.configuration, r.period
+    lines = [f"# Energy report: deployment {md(d.name)}", ""]
+    if t.is_estimate:
+        lines += ["> **ESTIMATE** — no energy counter was readable on this host. Energy here is CPU time × "
+                  "watts per core, not a measurement.", ""]
+    lines += [
+        f"- Policy: {md(d.policy)} · device {md(d.device)} ({md(d.device_kind)}) · host {md(d.hostname)}",
+        f"- Workload: {md(d.workload)}" + (f" (batch {d.batch_size})" if d.batch_size else ""),
+        f"- Period: {p.start or f.DASH} → {p.end or f.DASH} ({p.samples} windows, "
+        f"{f.fmt(t.metered_s, 's')} metered)" + (f", since {p.since}" if p.since else ""),
+        f"- Energy source: {md(f.source_label(t.energy_source))}",
+        "",
+        "## Headline",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| total energy | {f.energy_with_kwh(t.energy_j)} |",
+        f"| inferences (forward calls) | {f.number(t.inferences)} |",
+        f"| energy per inference | {f.energy(t.j_per_inference)} |",
+        f"| average power | {f.fmt(t.avg_power_w, 'W')} ({_limit(e.max_avg_power_w)}) |",
+        f"| peak power | {f.fmt(t.peak_power_w, 'W')} ({_limit(e.max_peak_power_w)}) |",
+    ]
+    for b in r.baselines.values():
+        lines.append(f"| vs {md(b.label)} | {f.versus_baseline(b)} |")
+    if r.co2:
+        lines.append(f"| CO2 | {f.fmt(r.co2.co2_g, 'g')} at {f.fmt(r.co2.grid_gco2_per_kwh, 'g/kWh')} |")
+    lines += ["", "## Configuration", "",
+              f"- In use: {md(c.label or c.config_id or 'unknown')}",
+              f"- Decision: {md(c.decision_state)}" + (f" ({c.decided_at})" if c.decided_at else ""),
+              f"- Why: {md(c.decision_reason)}", ""]
+    if len(c.history) > 1:
+        lines += ["Configurations served in this period:", ""]
+        lines += [f"- {md(h.label or h.config_id)}: {h.samples} windows, {f.energy(h.energy_j)}, "
+                  f"{f.number(h.inferences)} inferences" for h in c.history]
+        lines.append("")
+    lines += ["## Savings against baselines measured on the same device kind", "",
+              "| baseline | J/inference | source | this deployment per inference | energy saved | note |",
+              "|---|---|---|---|---|---|"]
+    for b in r.baselines.values():
+        if b.measured:
+            lines.append(f"| {md(b.label)} | {f.energy(b.j_per_inference)} | {md(b.energy_source)} | "
+                         f"{f.versus_baseline(b)} | {f.energy_saved(b)} | {md(b.note) if b.note else ''} |")
+        else:
+            lines.append(f"| {md(b.label)} | – | – | – | – | {md(b.note)} |")
+    lines += ["", "## Envelope", "",
+              f"- Limits from: {md(e.limits_from or 'no envelope known')}",
+              f"- Windows above the average-power limit: {e.windows_above_avg_limit}",
+              f"- Windows above the peak-power limit: {e.windows_above_peak_limit}",
+              f"- Violations: {len(e.violations)}"]
+    lines += [f"  - {v.at_iso}: {md(v.limit_name)} {f.fmt(v.limit_value, 'W')} exceeded, measured "
+              f"{f.fmt(v.measured_value, 'W')} (configuration {md(v.config_label or v.config_id)})"
+              for v in e.violations]
+    eff = r.efficiency
+    peak = eff.device_peak
+    lines += ["", "## Efficiency", "",
+              f"- Workload FLOPs per inference: {f.si(eff.flops_per_inference, 'FLOP')}",
+              f"- Achieved: {f.si(eff.flops_per_j, 'FLOP/J')} ({md(f.source_label(eff.energy_source))})",
+              "- Device peak: " + (f"{f.si(peak.peak_flops_per_j, 'FLOP/J')} ({md(peak.device)}, "
+                                   f"{peak.precision_basis}, {f.si(peak.peak_flops_per_s, 'FLOP/s')} / "
+                                   f"{f.number(peak.tdp_w)} W; [{md(peak.source)}]({peak.source_url}))"
+                                   if peak else md(eff.note or "unknown")),
+              f"- Fraction of peak: {f.percent(eff.fraction_of_peak_flops_per_j)}"]
+    if r.notes:
+        lines += ["", "## Notes", ""] + [f"- {md(n)}" for n in r.notes]
+    lines += ["", "## Windows", "", "| end (UTC) | s | J | inferences | J/inference | avg W | peak W | shared |",
+              "|---|---|---|---|---|---|---|---|"]
+    for w in r.samples:
+        shared = f"{w.other_processes} other(s)" if w.other_processes else "no"
+        lines.append(f"| {iso(w.t_end)} | {f.number(w.duration_s, 3)} | {f.number(w.energy_j)} | "
+                     f"{w.inferences} | {f.number(w.j_per_inference)} | {f.number(w.avg_power_w)} | "
+                     f"{f.number(w.peak_power_w)} | {shared} |")
+    return "\n".join(lines) + "\n"
+
+
+def _versus(saving: float | None, key: str, serves_baseline: list[str]) -> str:
+    return f.versus(saving, is_baseline=key in serves_baseline, itself="is the baseline")
+
+
+def summary_md(summary: Summary) -> str:
+    lines = ["# Energy of every deployment", ""]
+    if summary.since:
+        lines += [f"Since {summary.since}.", ""]
+    lines += ["| deployment | policy | device | config | energy | inferences | J/inference | avg W "
+              "| peak W | limit W | violations | vs eager fp32 | vs compile fp32 | source |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary.deployments:
+        lines.append(
+            f"| {md(r.name)} | {md(r.policy)} | {md(r.device_kind)} | {md(r.config)} | "
+            f"{f.energy_with_kwh(r.energy_j)} | {f.number(r.inferences)} | {f.energy(r.j_per_inference)} | "
+            f"{f.number(r.avg_power_w)} | {f.number(r.peak_power_w)} | {f.number(r.max_avg_power_w)} | "
+            f"{r.violations} | {_versus(r.saving_vs_eager_fp32, 'eager_fp32', r.serves_baseline)} | "
+            f"{_versus(r.saving_vs_compile_default_fp32, 'compile_default_fp32', r.serves_baseline)} | "
+            f"{md(f.source_label(r.energy_source))} |")
+    if not summary.deployments:
+        lines.append("| (no deployments recorded) |" + " |" * 13)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,598 @@
+"""What an energy report says: typed sections, built from the store's read functions only.
+
+`build_report(db, name)` gathers one deployment's figures into a `DeploymentReport`;
+`build_summary(db)` one row per deployment. Renderers (`report_render`) turn either into HTML,
+Markdown, JSON or CSV; `to_dict()` is the JSON. Sections also read like the JSON they become
+(`report["totals"]["energy_j"]` is `report.totals.energy_j`), so code written against the JSON
+output works on the model unchanged.
+
+Where figures come from:
+- energy, inferences and power: the deployment's samples (each carries its energy source);
+- the envelope: the policy file found by name (`policies.find_policy`), else the limits recorded by
+  `attach`, else the newest decision's details, else the limit cited by recorded violations;
+- the configuration and why: the newest decision of the policy for the configuration served;
+- baselines: `runs` of the same workload (same id, hence same batch and shapes) on the same device
+  kind, for eager fp32 and stock `torch.compile` (mode default, fp32);
+- peak efficiency: the datasheet rows of `gpu_datasheets.toml`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlite_utils
+from joulepilot.store import get_deployment, list_deployments, list_violations, read_samples
+from joulepilot.store import reports as store_reports
+
+from .features import device_kind as features_device_kind
+from .gpu_datasheets import find_datasheet
+from .report_format import J_PER_KWH, energy
+
+GRID_ENV = "JOULEPILOT_GRID_GCO2_PER_KWH"
+GRID_OPTION = "--grid-gco2-per-kwh"
+REPORT_KIND = "joulepilot.deployment_report"
+SUMMARY_KIND = "joulepilot.deployments_summary"
+BASELINE_LABELS = {"eager_fp32": "eager fp32", "compile_default_fp32": "torch.compile default fp32"}
+LIMIT_NAMES = ("max_avg_power_w", "max_peak_power_w")
+
+
+class Section:
+    """A report section: a dataclass that also reads like the dict it serialises to."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass
+class DevicePeak(Section):
+    device: str
+    precision_basis: str
+    peak_flops_per_s: float
+    tdp_w: float
+    peak_flops_per_j: float
+    source: str
+    source_url: str
+
+
+@dataclass
+class DeploymentInfo(Section):
+    name: str
+    policy: str | None
+    device: str | None
+    device_kind: str
+    host_id: str | None
+    hostname: str | None
+    workload_id: str | None
+    workload: str | None
+    batch_size: int | None
+    created_at: str | None
+
+
+@dataclass
+class Period(Section):
+    since: str | None
+    start: str | None
+    end: str | None
+    start_t: float | None
+    end_t: float | None
+    samples: int
+
+
+@dataclass
+class Window(Section):
+    """One metering window as the report shows it."""
+
+    t_start: float
+    t_end: float
+    duration_s: float
+    energy_j: float
+    cumulative_energy_j: float
+    inferences: int
+    j_per_inference: float | None
+    avg_power_w: float | None
+    peak_power_w: float | None
+    energy_source: str
+    config_id: str | None
+    other_processes: int
+    share: float | None
+
+
+@dataclass
+class Totals(Section):
+    energy_j: float
+    energy_kwh: float
+    inferences: int
+    j_per_inference: float | None
+    busy_j_per_inference: float | None
+    avg_power_w: float | None
+    peak_power_w: float | None
+    metered_s: float
+    energy_source: str | None
+    is_estimate: bool
+    attributed_energy_j: float | None
+
+
+@dataclass
+class Violation(Section):
+    id: int | None
+    at: float
+    at_iso: str | None
+    policy: str | None
+    deployment: str | None
+    limit_name: str
+    limit_value: float
+    measured_value: float
+    config_id: str | None
+    config_label: str | None
+    decision_id: int | None
+
+
+@dataclass
+class Envelope(Section):
+    max_avg_power_w: float | None
+    max_peak_power_w: float | None
+    limits_from: str | None
+    windows_above_avg_limit: int
+    windows_above_peak_limit: int
+    violations: list[Violation]
+
+    @property
+    def has_limits(self) -> bool:
+        return self.max_avg_power_w is not None or self.max_peak_power_w is not None
+
+
+@dataclass
+class ConfigShare(Section):
+    config_id: str
+    label: str | None
+    samples: int
+    energy_j: float
+    inferences: int
+
+
+@dataclass
+class Configuration(Section):
+    config_id: str | None
+    label: str | None
+    precision: str | None
+    decision_state: str | None
+    decision_reason: str | None
+    decided_at: str | None
+    served_config_ids: list[str]
+    history: list[ConfigShare]
+
+
+@dataclass
+class Baseline(Section):
+    """A benchmarked baseline and what the deployment saved against it.
+
+    When the deployment serves the baseline's own configuration there is no saving to speak of:
+    `served_is_baseline` is set and the saving figures are None."""
+
+    label: str
+    measured: bool = False
+    j_per_inference: float | None = None
+    runs: int = 0
+    run_ids: list[int] = field(default_factory=list)
+    energy_source: str | None = None
+    saving_fraction: float | None = None
+    saving_j: float | None = None
+    note: str | None = None
+    served_is_baseline: bool = False
+
+
+@dataclass
+class Co2(Section):
+    grid_gco2_per_kwh: float
+    co2_g: float
+    energy_source: str | None
+
+
+@dataclass
+class Efficiency(Section):
+    flops_per_inference: float | None
+    flops_per_j: float | None
+    energy_source: str | None
+    device_peak: DevicePeak | None
+    fraction_of_peak_flops_per_j: float | None
+    note: str | None
+
+
+@dataclass
+class Sharing(Section):
+    windows: int
+    windows_shared: int
+    max_other_processes: int
+    mean_share: float | None
+    attributed_energy_j: float | None
+
+
+@dataclass
+class DeploymentReport(Section):
+    kind: str
+    version: int
+    generated_at: str | None
+    deployment: DeploymentInfo
+    period: Period
+    totals: Totals
+    envelope: Envelope
+    configuration: Configuration
+    baselines: dict[str, Baseline]
+    co2: Co2 | None
+    efficiency: Efficiency
+    sharing: Sharing
+    notes: list[str]
+    samples: list[Window]
+
+
+@dataclass
+class SummaryRow(Section):
+    name: str
+    policy: str | None
+    device_kind: str
+    config: str | None
+    decision_state: str | None
+    start: str | None
+    end: str | None
+    samples: int
+    energy_j: float
+    energy_kwh: float
+    inferences: int
+    j_per_inference: float | None
+    avg_power_w: float | None
+    peak_power_w: float | None
+    max_avg_power_w: float | None
+    violations: int
+    saving_vs_eager_fp32: float | None
+    saving_vs_compile_default_fp32: float | None
+    serves_baseline: list[str]
+    co2_g: float | None
+    energy_source: str | None
+    shared_windows: int
+
+
+@dataclass
+class Summary(Section):
+    kind: str
+    version: int
+    generated_at: str | None
+    since: str | None
+    deployments: list[SummaryRow]
+
+
+# -- arguments ------------------------------------------------------------------------------------
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str | float | None, *, now: float | None = None) -> float | None:
+    """Epoch seconds from an ISO time ('2024-05-01', '2024-05-01T12:00:00+00:00') or a duration
+    back from now ('90s', '30m', '24h', '7d', '2w'). Naive ISO times are local time."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, int | float):
+        return float(text)
+    match = _DURATION.match(text)
+    if match:
+        return (now if now is not None else time.time()) - float(match.group(1)) * _UNIT_S[match.group(2)]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ValueError(f"--since {text!r}: expected an ISO time such as 2024-05-01T12:00 or a duration "
+                         "such as 30m, 24h, 7d") from None
+
+
+def _intensity(raw: Any, origin: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{origin}: {raw!r} is not a grid carbon intensity; give grams CO2 per kWh as a "
+                         "finite number >= 0 (for example 300)")
+    return value
+
+
+def grid_intensity(value: float | str | None) -> float | None:
+    """The grid's gCO2/kWh: the argument (the --grid-gco2-per-kwh option), else
+    $JOULEPILOT_GRID_GCO2_PER_KWH, else None. Negative, non-finite or non-numeric figures raise
+    ValueError naming where they came from."""
+    if value is not None:
+        return _intensity(value, GRID_OPTION)
+    raw = os.environ.get(GRID_ENV, "").strip()
+    return _intensity(raw, GRID_ENV) if raw else None
+
+
+def iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+
+# -- gathering ------------------------------------------------------------------------------------
+def device_peak(device_name: str | None, precision: str | None) -> DevicePeak | None:
+    """Datasheet peak FLOP/s, board power and peak FLOPs per joule for a GPU name, or None when unknown."""
+    sheet = find_datasheet(device_name)
+    if sheet is None:
+        return None
+    tensor = precision in ("bf16", "fp16")
+    flops = (sheet.dense_bf16_tflops if tensor else sheet.fp32_tflops) * 1e12
+    return DevicePeak(device=sheet.name, precision_basis="dense BF16/FP16 tensor" if tensor else "FP32 (non-tensor)",
+                      peak_flops_per_s=flops, tdp_w=sheet.tdp_w, peak_flops_per_j=flops / sheet.tdp_w,
+                      source=sheet.source, source_url=sheet.source_url)
+
+
+def _details(dep: Mapping[str, Any]) -> Mapping[str, Any]:
+    details = dep.get("details")
+    return details if isinstance(details, Mapping) else {}
+
+
+def _device_kind(db: sqlite_utils.Database, dep: Mapping[str, Any]) -> str:
+    if _details(dep).get("device_kind"):
+        return str(_details(dep)["device_kind"])
+    device = str(dep.get("device") or "")
+    meter_device = "gpu:" + device.split(":", 1)[1] if device.startswith("cuda:") else "cpu:0"
+    name = store_reports.device_name(db, dep.get("host_id"), meter_device)
+    return features_device_kind({"device": dep.get("device"), "device_name": name})
+
+
+def _limits(dep: Mapping[str, Any], decision: Mapping[str, Any] | None,
+            violations: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], str | None]:
+    if dep.get("policy"):
+        try:
+            from joulepilot.policies.load import find_policy, load_policy
+
+            policy = load_policy(find_policy(dep["policy"]))
+            found = {k: getattr(policy.limits, k) for k in LIMIT_NAMES if getattr(policy.limits, k) is not None}
+            return found, f"policy file {policy.path}"
+        except Exception:  # noqa: BLE001 - a missing or broken policy file only costs the envelope lines
+            pass
+    recorded = _details(dep).get("limits")
+    if isinstance(recorded, Mapping) and recorded:
+        return {k: recorded[k] for k in LIMIT_NAMES if recorded.get(k) is not None}, "limits recorded at attach"
+    decided = (decision or {}).get("details")
+    if isinstance(decided, Mapping) and isinstance(decided.get("limits"), Mapping):
+        return {k: decided["limits"][k] for k in LIMIT_NAMES if decided["limits"].get(k) is not None}, \
+            "decision details"
+    cited = {v["limit_name"]: v["limit_value"] for v in violations if v["limit_name"] in LIMIT_NAMES}
+    if cited:
+        return cited, "recorded violations"
+    return {}, None
+
+
+def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind: str,
+              deployment_j: float | None, inferences: int, source: str, served: set[str]) -> Baseline:
+    out = Baseline(label=BASELINE_LABELS[key])
+    if not workload_id:
+        out.note = "no baseline measured: the deployment's workload is unknown"
+        return out
+    runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if features_device_kind(r) == kind]
+    if not runs:
+        out.note = f"no baseline measured for this workload on {kind}"
+        return out
+    sources = sorted({r["energy_source"] for r in runs if r["energy_source"]})
+    out.measured = True
+    out.j_per_inference = statistics.median(r["energy_j_per_inference"] for r in runs)
+    out.runs = len(runs)
+    out.run_ids = [r["id"] for r in runs]
+    out.energy_source = "+".join(sources) or None
+    out.served_is_baseline = bool(served) and served <= {r["config_id"] for r in runs}
+    notes = []
+    if out.served_is_baseline:
+        notes.append("this deployment serves the baseline's own configuration, so there is no saving to "
+                     "report; any difference from the benchmark is live serving (load, idle time, "
+                     "contention), not the policy")
+    elif deployment_j is not None and out.j_per_inference:
+        out.saving_fraction = 1.0 - deployment_j / out.j_per_inference
+        out.saving_j = (out.j_per_inference - deployment_j) * inferences
+    if sources and sources != [source]:
+        notes.append(f"baseline measured with {'+'.join(sources)}, deployment with {source}: not like for like")
+    out.note = "; ".join(notes) or None
+    return out
+
+
+def _windows(samples: Sequence[Mapping[str, Any]]) -> list[Window]:
+    rows, cumulative = [], 0.0
+    for s in samples:
+        cumulative += s["energy_j"]
+        rows.append(Window(
+            t_start=s["t_start"], t_end=s["t_end"], duration_s=s["t_end"] - s["t_start"], energy_j=s["energy_j"],
+            cumulative_energy_j=cumulative, inferences=s["inferences"],
+            j_per_inference=s["energy_j"] / s["inferences"] if s["inferences"] else None,
+            avg_power_w=s["avg_power_w"], peak_power_w=s["peak_power_w"], energy_source=s["energy_source"],
+            config_id=s.get("config_id"), other_processes=s.get("other_processes") or 0, share=s.get("share"),
+        ))
+    return rows
+
+
+def _totals(windows: Sequence[Window]) -> Totals:
+    energy_j = sum(w.energy_j for w in windows)
+    inferences = sum(w.inferences for w in windows)
+    metered_s = sum(w.duration_s for w in windows)
+    sources = sorted({w.energy_source for w in windows})
+    busy_j = sum(w.energy_j for w in windows if w.inferences)
+    peaks = [w.peak_power_w for w in windows if w.peak_power_w is not None]
+    shared = any(w.other_processes for w in windows)
+    return Totals(
+        energy_j=energy_j, energy_kwh=energy_j / J_PER_KWH, inferences=inferences,
+        j_per_inference=energy_j / inferences if inferences else None,
+        busy_j_per_inference=busy_j / inferences if inferences else None,
+        avg_power_w=energy_j / metered_s if metered_s > 0 else None,
+        peak_power_w=max(peaks) if peaks else None, metered_s=metered_s,
+        energy_source="+".join(sources) if sources else None, is_estimate="estimate" in sources,
+        attributed_energy_j=sum(w.energy_j * (w.share if w.share is not None else 1.0) for w in windows)
+        if shared else None,
+    )
+
+
+def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: Mapping[str, Any] | None,
+                   windows: Sequence[Window], kind: str) -> Configuration:
+    served = sorted({w.config_id for w in windows if w.config_id} | ({dep["config_id"]} if dep.get("config_id") else set()))
+    labels = store_reports.config_labels(db, served)
+    config = store_reports.config_row(db, dep.get("config_id")) or {}
+    history = [ConfigShare(config_id=cid, label=labels.get(cid),
+                           samples=sum(1 for w in windows if w.config_id == cid),
+                           energy_j=sum(w.energy_j for w in windows if w.config_id == cid),
+                           inferences=sum(w.inferences for w in windows if w.config_id == cid))
+               for cid in sorted({w.config_id for w in windows if w.config_id})]
+    reason = (decision or {}).get("reason")
+    if decision is None:
+        reason = f"no decision recorded for this policy on {kind}" if dep.get("policy") else "deployed without a policy"
+    return Configuration(
+        config_id=dep.get("config_id"), label=config.get("label"), precision=config.get("precision"),
+        decision_state=(decision or {}).get("state"), decision_reason=reason,
+        decided_at=iso((decision or {}).get("decided_at")), served_config_ids=served, history=history)
+
+
+def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_from: str | None,
+              windows: Sequence[Window], violations: Sequence[Mapping[str, Any]]) -> Envelope:
+    avg_limit, peak_limit = limits.get("max_avg_power_w"), limits.get("max_peak_power_w")
+    labels = store_reports.config_labels(db, (v.get("config_id") for v in violations))
+    return Envelope(
+        max_avg_power_w=avg_limit, max_peak_power_w=peak_limit, limits_from=limits_from,
+        windows_above_avg_limit=sum(1 for w in windows if avg_limit is not None and (w.avg_power_w or 0) > avg_limit),
+        windows_above_peak_limit=sum(1 for w in windows
+                                     if peak_limit is not None and (w.peak_power_w or 0) > peak_limit),
+        violations=[Violation(id=v.get("id"), at=v["at"], at_iso=iso(v["at"]), policy=v.get("policy"),
+                              deployment=v.get("deployment"), limit_name=v["limit_name"],
+                              limit_value=v["limit_value"], measured_value=v["measured_value"],
+                              config_id=v.get("config_id"), config_label=labels.get(v.get("config_id") or ""),
+                              decision_id=v.get("decision_id")) for v in violations],
+    )
+
+
+def _efficiency(workload: Mapping[str, Any] | None, dep: Mapping[str, Any], kind: str, precision: str | None,
+                totals: Totals) -> Efficiency:
+    flops = (workload or {}).get("flops_per_inference")
+    peak = device_peak(kind if kind != "cpu" else None, precision)
+    achieved = flops / totals.j_per_inference if flops and totals.j_per_inference else None
+    note = None if peak else ("no datasheet peak for CPUs (the table covers data-centre GPUs)"
+                              if kind == "cpu" else f"device peak unknown for {kind}")
+    if not flops:
+        note = "workload FLOPs unknown" if dep.get("workload_id") else "workload unknown"
+    return Efficiency(flops_per_inference=flops, flops_per_j=achieved, energy_source=totals.energy_source,
+                      device_peak=peak,
+                      fraction_of_peak_flops_per_j=achieved / peak.peak_flops_per_j if achieved and peak else None,
+                      note=note)
+
+
+def _sharing(windows: Sequence[Window], totals: Totals) -> Sharing:
+    shared = [w for w in windows if w.other_processes]
+    shares = [w.share for w in shared if w.share is not None]
+    return Sharing(windows=len(windows), windows_shared=len(shared),
+                   max_other_processes=max((w.other_processes for w in windows), default=0),
+                   mean_share=statistics.fmean(shares) if shares else None,
+                   attributed_energy_j=totals.attributed_energy_j)
+
+
+def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], windows: Sequence[Window]) -> list[str]:
+    notes = []
+    if not windows:
+        notes.append("no samples in this period: the deployment served nothing metered yet")
+    if totals.is_estimate:
+        notes.append("ESTIMATE: no energy counter could be read on this host; energy is CPU time x watts per "
+                     "core, not a measurement")
+    if sharing.windows_shared:
+        share = sharing.mean_share
+        notes.append(
+            f"shared device: other processes used it in {sharing.windows_shared} of {sharing.windows} "
+            f"windows (up to {sharing.max_other_processes}); energy figures are the whole device's"
+            + (f"; this deployment's mean share of utilisation was {share:.0%}, about "
+               f"{energy(sharing.attributed_energy_j)} attributed to it" if share is not None else
+               "; per-process utilisation was unavailable, so no share could be attributed"))
+    if any(b.measured for b in baselines.values()) and totals.busy_j_per_inference is not None \
+            and totals.j_per_inference and totals.busy_j_per_inference < 0.9 * totals.j_per_inference:
+        notes.append("idle windows raise this deployment's J/inference above the benchmark's, which measures "
+                     "back-to-back calls; J/inference over windows that served calls is "
+                     f"{energy(totals.busy_j_per_inference)}")
+    return notes
+
+
+def build_report(db: sqlite_utils.Database, deployment: str, since: float | str | None = None, *,
+                 grid_gco2_per_kwh: float | str | None = None) -> DeploymentReport:
+    """Every figure of one deployment's report (see the module docstring)."""
+    dep = get_deployment(db, deployment)
+    if dep is None:
+        known = [d["name"] for d in list_deployments(db)]
+        raise LookupError(f"no deployment named {deployment!r} in the store"
+                          + (f"; known: {', '.join(known)}" if known else "; none recorded yet"))
+    intensity = grid_intensity(grid_gco2_per_kwh)
+    since_t = parse_since(since)
+    windows = _windows(read_samples(db, dep["id"], since=since_t))
+    violations = list_violations(db, deployment=deployment, since=since_t)
+    kind = _device_kind(db, dep)
+    decision = store_reports.newest_decision(db, dep["policy"], kind, dep.get("config_id")) \
+        if dep.get("policy") else None
+    limits, limits_from = _limits(dep, decision, violations)
+    workload = store_reports.workload_row(db, dep.get("workload_id"))
+
+    totals = _totals(windows)
+    configuration = _configuration(db, dep, decision, windows, kind)
+    served = {w.config_id for w in windows if w.config_id} or ({dep["config_id"]} if dep.get("config_id") else set())
+    baselines = {key: _baseline(db, key, dep.get("workload_id"), kind, totals.j_per_inference, totals.inferences,
+                                totals.energy_source or "", served) for key in BASELINE_LABELS}
+    sharing = _sharing(windows, totals)
+    return DeploymentReport(
+        kind=REPORT_KIND, version=1, generated_at=iso(time.time()),
+        deployment=DeploymentInfo(
+            name=dep["name"], policy=dep.get("policy"), device=dep.get("device"), device_kind=kind,
+            host_id=dep.get("host_id"), hostname=store_reports.hostname(db, dep.get("host_id")),
+            workload_id=dep.get("workload_id"), workload=(workload or {}).get("spec"),
+            batch_size=(workload or {}).get("batch_size"), created_at=iso(dep.get("created_at"))),
+        period=Period(since=iso(since_t), start=iso(windows[0].t_start) if windows else None,
+                      end=iso(windows[-1].t_end) if windows else None,
+                      start_t=windows[0].t_start if windows else None, end_t=windows[-1].t_end if windows else None,
+                      samples=len(windows)),
+        totals=totals,
+        envelope=_envelope(db, limits, limits_from, windows, violations),
+        configuration=configuration,
+        baselines=baselines,
+        co2=None if intensity is None else Co2(grid_gco2_per_kwh=intensity,
+                                               co2_g=totals.energy_j / J_PER_KWH * intensity,
+                                               energy_source=totals.energy_source),
+        efficiency=_efficiency(workload, dep, kind, configuration.precision, totals),
+        sharing=sharing,
+        notes=_notes(totals, sharing, baselines, windows),
+        samples=windows,
+    )
+
+
+def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *,
+                  grid_gco2_per_kwh: float | str | None = None) -> Summary:
+    """One row per deployment with its headline figures (the same figures as its full report)."""
+    grid_intensity(grid_gco2_per_kwh)  # a bad figure is refused even when there is no deployment yet
+    rows = []
+    for dep in list_deployments(db):
+        r = build_report(db, dep["name"], since, grid_gco2_per_kwh=grid_gco2_per_kwh)
+        t, c = r.totals, r.configuration
+        eager, stock = r.baselines["eager_fp32"], r.baselines["compile_default_fp32"]
+        rows.append(SummaryRow(
+            name=dep["name"], policy=dep.get("policy"), device_kind=r.deployment.device_kind,
+            config=c.label or c.config_id, decision_state=c.decision_state, start=r.period.start,
+            end=r.period.end, samples=r.period.samples, energy_j=t.energy_j, energy_kwh=t.energy_kwh,
+            inferences=t.inferences, j_per_inference=t.j_per_inference, avg_power_w=t.avg_power_w,
+            peak_power_w=t.peak_power_w, max_avg_power_w=r.envelope.max_avg_power_w,
+            violations=len(r.envelope.violations), saving_vs_eager_fp32=eager.saving_fraction,
+            saving_vs_compile_default_fp32=stock.saving_fraction,
+            serves_baseline=[k for k, b in r.baselines.items() if b.served_is_baseline],
+            co2_g=r.co2.co2_g if r.co2 else None, energy_source=t.energy_source,
+            shared_windows=r.sharing.windows_shared))
+    return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
+                   deployments=rows)
