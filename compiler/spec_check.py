@@ -41,6 +41,7 @@ def check_spec_statically(spec: str) -> None:
     kind, name = split_spec(spec)
     if kind == "builtin":
         return
+    importlib.invalidate_caches()  # a module written a moment ago (or since the last pass) is seen
     if kind == "factory":
         _check_factory(spec)
         return
@@ -52,7 +53,11 @@ def check_spec_statically(spec: str) -> None:
 def _search_roots() -> list[str]:
     """Where the worker will look for a top-level module: the current directory, PYTHONPATH, sys.path
     (the runner passes the parent's import roots to the worker on PYTHONPATH)."""
-    roots = [os.getcwd(), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p), *sys.path]
+    try:
+        cwd = [os.getcwd()]
+    except OSError:  # the current directory was removed
+        cwd = []
+    roots = [*cwd, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p), *sys.path]
     return list(dict.fromkeys(roots))
 
 

@@ -301,7 +301,7 @@ def test_daemon_skips_policies_whose_workload_cannot_exist(tmp_path):
     (b'name = "caf\xe9"\nworkload = "mlp"\nbatch_size = 8\n', "byte 0xe9 at line 1 that is not UTF-8"),
     (("a = " + "[" * 5000 + "]" * 5000 + "\n").encode(), "nested at most 16 deep"),
     (("a = " + "[" * 40 + "]" * 40 + "\n").encode(), "nested at most 16 deep"),
-])
+], ids=["utf16", "invalid-utf8", "nested-5000", "nested-40"])
 def test_unreadable_policy_files_get_one_clean_line_everywhere(tmp_path, content, message):
     path = tmp_path / "p.toml"
     path.write_bytes(content)
