@@ -16,6 +16,7 @@ ever downloaded: all weights are random, built from a fixed seed.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from joulepilot.store import stable_id
+from joulepilot.store.safeio import shorten
 
 from .builtin_models import BUILTIN
 
@@ -33,7 +35,22 @@ DEFAULT_SEED = 1234
 
 
 class WorkloadError(ValueError):
-    """A workload spec that cannot be resolved or built; the message names the spec and the cause."""
+    """A workload spec that cannot be resolved or built; the message names the spec and the cause,
+    `hint` the fix or the closest valid name (also appended to the message)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+
+class LibraryMissing(WorkloadError):
+    """An adapter spec whose library is not installed in this Python (it may be on the host that runs it)."""
+
+
+def quote_spec(spec: str) -> str:
+    """The spec as quoted in messages: a spec can be any string a policy file holds, so it is shortened."""
+    return repr(shorten(spec, 120))
 
 
 def workload_id(spec: str, batch_size: int, seq_len: int | None = None, image_size: int | None = None) -> str:
@@ -73,12 +90,14 @@ def split_spec(spec: str) -> tuple[str, str]:
         return "builtin", spec
     prefix, sep, rest = spec.partition(":")
     if not sep:
+        guess = difflib.get_close_matches(spec, list(BUILTIN), n=1, cutoff=0.5)
         raise WorkloadError(
-            f"workload {spec!r} is not a built-in ({', '.join(BUILTIN)}) and has no ':'; "
-            f"write torchvision:<name>, timm:<name>, transformers:<ConfigClass> or package.module:factory"
+            f"workload {quote_spec(spec)} is not a built-in ({', '.join(BUILTIN)}) and has no ':'",
+            f"did you mean {guess[0]!r}?" if guess else
+            "write torchvision:<name>, timm:<name>, transformers:<ConfigClass> or package.module:factory",
         )
     if not rest:
-        raise WorkloadError(f"workload {spec!r} names nothing after ':'")
+        raise WorkloadError(f"workload {quote_spec(spec)} names nothing after ':'")
     if prefix in ADAPTERS:
         return prefix, rest
     return "factory", spec
@@ -88,7 +107,7 @@ def _import_library(name: str, spec: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise WorkloadError(f"workload {spec!r} needs the {name!r} package, which is not importable here "
+        raise WorkloadError(f"workload {quote_spec(spec)} needs the {name!r} package, which is not importable here "
                             f"({exc}); pip install {name}") from exc
 
 
@@ -96,21 +115,21 @@ def _import_module(module_name: str, spec: str) -> Any:
     if module_name.endswith(".py"):
         path = Path(module_name).expanduser()
         if not path.is_file():
-            raise WorkloadError(f"workload {spec!r}: file {path} does not exist")
+            raise WorkloadError(f"workload {quote_spec(spec)}: file {path} does not exist")
         mod_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
         try:
             mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except Exception as exc:
-            raise WorkloadError(f"workload {spec!r}: importing {path} raised {type(exc).__name__}: {exc}") from exc
+            raise WorkloadError(f"workload {quote_spec(spec)}: importing {path} raised {type(exc).__name__}: {exc}") from exc
         return module
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise WorkloadError(f"workload {spec!r}: module {module_name!r} is not importable ({exc}); "
+        raise WorkloadError(f"workload {quote_spec(spec)}: module {module_name!r} is not importable ({exc}); "
                             f"check the name and that its folder is on PYTHONPATH") from exc
     except Exception as exc:
-        raise WorkloadError(f"workload {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") \
+        raise WorkloadError(f"workload {quote_spec(spec)}: importing {module_name!r} raised {type(exc).__name__}: {exc}") \
             from exc
 
 
@@ -121,38 +140,39 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     for part in attr.split("."):
         if not hasattr(target, part):
             public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-            raise WorkloadError(f"workload {spec!r}: module {module_name!r} has no attribute {attr!r} "
+            raise WorkloadError(f"workload {quote_spec(spec)}: module {module_name!r} has no attribute {attr!r} "
                                 f"(callables there: {', '.join(public[:12]) or 'none'})")
         target = getattr(target, part)
     if not callable(target):
-        raise WorkloadError(f"workload {spec!r}: {attr!r} in {module_name!r} is not callable")
+        raise WorkloadError(f"workload {quote_spec(spec)}: {attr!r} in {module_name!r} is not callable")
     return target
 
 
 def check_spec(spec: str) -> None:
-    """Fail fast (WorkloadError) on a spec that cannot be built, without building the model."""
-    kind, name = split_spec(spec)
-    if kind == "builtin":
-        return
-    if kind == "factory":
-        resolve_factory(name)
-        return
-    library = _import_library(kind, spec)
+    """Fail fast (WorkloadError) on a spec that cannot be built, without building the model and without
+    executing any code the spec names (see `spec_check`): safe in the CLI's and the daemon's process."""
+    from .spec_check import check_spec_statically
+
+    check_spec_statically(spec)
+
+
+def _check_adapter_name(kind: str, name: str, spec: str, library: Any) -> None:
+    """Whether the imported adapter library knows `name` (in the worker, which may import libraries)."""
     if kind == "torchvision":
         available = library.models.list_models()
         if name not in available:
             from .options import closest
 
             guess = closest(name, available)
-            raise WorkloadError(f"workload {spec!r}: torchvision has no model {name!r}"
-                                + (f"; did you mean {guess!r}?" if guess else ""))
+            raise WorkloadError(f"workload {quote_spec(spec)}: torchvision has no model {name!r}",
+                                f"did you mean {guess!r}?" if guess else "see torchvision.models.list_models()")
     elif kind == "timm":
         if not library.is_model(name):
-            raise WorkloadError(f"workload {spec!r}: timm has no model {name!r} (see timm.list_models())")
+            raise WorkloadError(f"workload {quote_spec(spec)}: timm has no model {name!r}", "see timm.list_models()")
     elif kind == "transformers":
         if not hasattr(library, name):
-            raise WorkloadError(f"workload {spec!r}: transformers has no class {name!r} "
-                                f"(use a config class such as BertConfig, GPT2Config, ViTConfig)")
+            raise WorkloadError(f"workload {quote_spec(spec)}: transformers has no class {name!r}",
+                                "use a config class such as BertConfig, GPT2Config, ViTConfig")
 
 
 # --- builders --------------------------------------------------------------------------------------
@@ -166,18 +186,18 @@ def _call_factory(factory: Callable[..., Any], spec: str, **available: Any) -> t
     try:
         produced = factory(**kwargs)
     except Exception as exc:
-        raise WorkloadError(f"workload {spec!r}: the factory raised {type(exc).__name__}: {exc}") from exc
+        raise WorkloadError(f"workload {quote_spec(spec)}: the factory raised {type(exc).__name__}: {exc}") from exc
     if isinstance(produced, tuple) and len(produced) == 2:
         model, inputs = produced
     else:
         model = produced
         make_inputs = getattr(model, "example_inputs", None)
         if not callable(make_inputs):
-            raise WorkloadError(f"workload {spec!r}: the factory returned a {type(model).__name__}; return "
+            raise WorkloadError(f"workload {quote_spec(spec)}: the factory returned a {type(model).__name__}; return "
                                 f"(model, example_inputs) or give the model an example_inputs(batch_size) method")
         inputs = make_inputs(available["batch_size"])
     if not callable(model):
-        raise WorkloadError(f"workload {spec!r}: the factory's model ({type(model).__name__}) is not callable")
+        raise WorkloadError(f"workload {quote_spec(spec)}: the factory's model ({type(model).__name__}) is not callable")
     return model, inputs
 
 
@@ -189,14 +209,14 @@ def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | No
     transformers = _import_library("transformers", spec)
     config_class = getattr(transformers, name, None)
     if config_class is None:
-        raise WorkloadError(f"workload {spec!r}: transformers has no class {name!r}")
+        raise WorkloadError(f"workload {quote_spec(spec)}: transformers has no class {name!r}")
     config = config_class()
     if hasattr(config, "use_cache"):
         config.use_cache = False  # outputs must be one tensor, without a KV cache
     try:
         hf_model = transformers.AutoModel.from_config(config)
     except Exception as exc:
-        raise WorkloadError(f"workload {spec!r}: AutoModel.from_config({name}()) raised "
+        raise WorkloadError(f"workload {quote_spec(spec)}: AutoModel.from_config({name}()) raised "
                             f"{type(exc).__name__}: {exc}") from exc
     input_name = getattr(hf_model, "main_input_name", "input_ids")
 
@@ -222,7 +242,7 @@ def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | No
         length = seq_len or 128
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         if limit and length > limit:
-            raise WorkloadError(f"workload {spec!r}: seq_len {length} exceeds the config's {limit} positions")
+            raise WorkloadError(f"workload {quote_spec(spec)}: seq_len {length} exceeds the config's {limit} positions")
         vocab = getattr(config, "vocab_size", 1000)
         inputs = (torch.randint(0, vocab, (batch_size, length), generator=generator),)
         notes["seq_len"] = length
@@ -254,18 +274,19 @@ def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_le
         model, inputs = BUILTIN[name](batch_size, generator, seq_len=seq_len, image_size=image_size)
         return model, inputs, {}
     if kind == "torchvision":
-        check_spec(spec)
         tv = _import_library("torchvision", spec)
+        _check_adapter_name(kind, name, spec, tv)
         size = image_size or 224
         model = tv.models.get_model(name, weights=None)
         notes = {"image_size": size, **_reinit_zero_weights(model, generator)}
         return model, (torch.randn(batch_size, 3, size, size, generator=generator),), notes
     if kind == "timm":
         timm = _import_library("timm", spec)
+        _check_adapter_name(kind, name, spec, timm)
         try:
             model = timm.create_model(name, pretrained=False)
         except Exception as exc:
-            raise WorkloadError(f"workload {spec!r}: timm.create_model raised {type(exc).__name__}: {exc}") from exc
+            raise WorkloadError(f"workload {quote_spec(spec)}: timm.create_model raised {type(exc).__name__}: {exc}") from exc
         _, height, width = model.default_cfg.get("input_size", (3, 224, 224))
         size = image_size or height
         return model, (torch.randn(batch_size, 3, size, image_size or width, generator=generator),), \
@@ -296,7 +317,7 @@ def load_workload(spec: str, batch_size: int = 1, device: str = "cpu", seq_len: 
     import torch
 
     if batch_size < 1:
-        raise WorkloadError(f"workload {spec!r}: batch_size must be at least 1, got {batch_size}")
+        raise WorkloadError(f"workload {quote_spec(spec)}: batch_size must be at least 1, got {batch_size}")
     kind, name = split_spec(spec)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)

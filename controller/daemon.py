@@ -57,7 +57,7 @@ from .redecide import (
     decide_policy,
     fit_or_none,
     load_policy_folders,
-    policy_from_request,
+    refused_request,
     request_policy_name,
 )
 
@@ -66,6 +66,10 @@ __all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult"
 log = logging.getLogger("joulepilot.daemon")
 
 HEARTBEAT_EVERY_S = 30.0
+# A heartbeat is written every few seconds and kept a thousand times over: what it repeats of the last
+# pass is bounded, however many bad policy files or requests the pass met.
+HEARTBEAT_LIST_ITEMS = 10
+HEARTBEAT_ERROR_CHARS = 300
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -93,6 +97,8 @@ class Daemon:
         self._trackers: dict[str, IdleTracker] = {}
         self._paused = False
         self._exporter: Any = None
+        self._logged_policy_errors: dict[str, str] = {}
+        self._logged_refusals: set[Any] = set()
 
     @classmethod
     def from_cli(cls, *, config_path: str | None, db: str | None, policies: Sequence[str]) -> Daemon:
@@ -149,8 +155,8 @@ class Daemon:
     # --- heartbeats ---------------------------------------------------------------------------------
     def heartbeat(self, state: str, doing: str, **extra: Any) -> None:
         detail = {"doing": doing, "hostname": self.host, "interval_s": self.cfg.interval_s,
-                  "job": self.current_job, "last_pass": self.last_pass, "config": str(self.config_path or ""),
-                  **extra}
+                  "job": self.current_job, "last_pass": bounded_pass(self.last_pass),
+                  "config": str(self.config_path or ""), **extra}
         try:
             write_heartbeat(self.db, state, detail)
         except Exception as exc:  # a locked or full disk must not kill the loop; the next beat retries
@@ -290,12 +296,11 @@ class Daemon:
         summary: dict[str, Any] = {"started_at": started, "finished_at": None, "policies": 0, "policy_errors": [],
                                    "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
-                                   "lock_files": [], "unknown_requests": []}
+                                   "lock_files": [], "unknown_requests": [], "refused_requests": []}
         self.last_pass = {**summary, "in_progress": True}
         policies, errors = load_policy_folders(self.cfg.policies)
         summary["policies"], summary["policy_errors"] = len(policies), errors
-        for err in errors:
-            log.error("policy skipped: %s: %s", err["file"], err["error"])
+        self._log_policy_errors(errors)
         by_name = {p.name: p for p in policies}
 
         devices = allowed_devices(self.cfg.devices)
@@ -303,7 +308,9 @@ class Daemon:
         summary["device"], summary["device_kind"] = devices[0], probe.device_kind
         summary["provenance_key"] = probe.provenance_key
 
-        # 1. requests and stale decisions
+        # 1. requests and stale decisions. Only the daemon's own policies are served: a request naming
+        # any other (a file elsewhere, which a hook points at) is refused, as its workload is code the
+        # daemon would run. Refused requests stay pending, and are served once such a policy appears.
         host_id = host_identity()["id"]
         requests = [r for r in unhandled_requests(self.db) if r.get("host_id") in (None, host_id)]
         summary["requests"] = len(requests)
@@ -311,18 +318,15 @@ class Daemon:
         for req in requests:
             name = request_policy_name(req["policy"], by_name)
             if name is None:
-                # A hook may use a policy file outside the daemon's folders; its request says where.
-                extra = policy_from_request(req)
-                if extra is not None and extra.name not in by_name:
-                    by_name[extra.name] = extra
-                    policies.append(extra)
-                    name = extra.name
-            if name is None:
-                summary["unknown_requests"].append(req["policy"])
+                refusal = refused_request(req, self.cfg.policies)
+                summary["unknown_requests"].append(refusal["policy"])
+                summary["refused_requests"].append(refusal)
+                if req["id"] not in self._logged_refusals:
+                    self._logged_refusals.add(req["id"])
+                    log.warning("request %s for policy %r refused: %s", req["id"], refusal["policy"],
+                                refusal["reason"])
                 continue
             requested.setdefault(name, []).append(req["id"])
-        if summary["unknown_requests"]:
-            log.warning("requests for policies not in the policy folders: %s", ", ".join(summary["unknown_requests"]))
 
         stale: dict[str, str] = {}
         for policy in policies:
@@ -380,6 +384,19 @@ class Daemon:
             self.heartbeat("paused" if summary["paused"] else "idle",
                            "paused: production load" if summary["paused"] else "pass finished")
         return summary
+
+    def _log_policy_errors(self, errors: list[dict[str, str]]) -> None:
+        """Each skipped file's error is logged when it first appears or changes, not every pass."""
+        current = {e["file"]: e["error"] for e in errors}
+        repeated = 0
+        for file, error in current.items():
+            if self._logged_policy_errors.get(file) == error:
+                repeated += 1
+            else:
+                log.error("policy skipped: %s: %s", file, error)
+        if repeated:
+            log.info("%d policy file(s) still skipped as logged before (`joulepilot status` lists them)", repeated)
+        self._logged_policy_errors = current
 
     def _has_open_jobs(self, policy: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
@@ -495,6 +512,27 @@ class Daemon:
                 summary["lock_files"].append(str(lock_file))
             log.info("policy %s decided: %s (%s)", name, decision.label, decision.state)
             mark_requests_handled(self.db, requested.get(name, []))
+
+
+def bounded_pass(summary: dict[str, Any]) -> dict[str, Any]:
+    """The pass summary as a heartbeat keeps it: lists cut to a few entries (with their full count under
+    `<key>_total`) and error texts shortened, so a folder of huge or numerous bad files cannot bloat
+    every heartbeat."""
+    from joulepilot.store.safeio import shorten
+
+    bounded = dict(summary)
+    for key, value in summary.items():
+        if not isinstance(value, list):
+            continue
+        kept = value[:HEARTBEAT_LIST_ITEMS]
+        if key == "policy_errors":
+            kept = [{"file": shorten(str(e.get("file")), HEARTBEAT_ERROR_CHARS),
+                     "error": shorten(str(e.get("error")), HEARTBEAT_ERROR_CHARS)} if isinstance(e, dict) else e
+                    for e in kept]
+        bounded[key] = kept
+        if len(value) > len(kept):
+            bounded[f"{key}_total"] = len(value)
+    return bounded
 
 
 def _end_leftover_child(db: Any) -> None:

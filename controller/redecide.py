@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,12 @@ log = logging.getLogger("joulepilot.daemon")
 def load_policy_folders(folders: Sequence[Path]) -> tuple[list[Any], list[dict[str, str]]]:
     """Every `*.toml` policy in the folders; invalid files come back as errors, never raised.
 
-    Two files with the same policy name: the first folder wins and the other is reported.
+    Only regular files are opened (a FIFO would block the daemon for good). A policy whose workload
+    does not resolve is an error too, found without running any of its code. Two files with the same
+    policy name: the first folder wins and the other is reported.
     """
     from joulepilot.policies import PolicyError, load_policy
+    from joulepilot.store.safeio import file_kind, shorten
 
     policies: dict[str, Any] = {}
     errors: list[dict[str, str]] = []
@@ -32,16 +36,26 @@ def load_policy_folders(folders: Sequence[Path]) -> tuple[list[Any], list[dict[s
             continue
         for path in sorted(folder.glob("*.toml")):
             try:
-                policy = load_policy(path)
+                mode = path.stat().st_mode
+            except OSError as exc:
+                errors.append({"file": str(path), "error": f"skipped: cannot stat it ({exc.strerror or exc})"})
+                continue
+            if not stat.S_ISREG(mode):
+                errors.append({"file": str(path), "error": f"skipped: not a regular file ({file_kind(mode)}); "
+                                                           "a policy must be a regular file"})
+                continue
+            try:
+                policy = load_policy(path, check_workload=True)
             except PolicyError as exc:
                 errors.append({"file": str(path), "error": str(exc)})
                 continue
             except Exception as exc:  # a policy naming an unknown knob, etc.: report, keep going
-                errors.append({"file": str(path), "error": f"{type(exc).__name__}: {exc}"})
+                errors.append({"file": str(path), "error": shorten(f"{type(exc).__name__}: {exc}", 500)})
                 continue
             if policy.name in policies:
-                errors.append({"file": str(path), "error": f"policy name {policy.name!r} is already defined by "
-                                                           f"{policies[policy.name].path}; names must be unique"})
+                errors.append({"file": str(path), "error": f"policy name {shorten(policy.name)!r} is already "
+                                                           f"defined by {policies[policy.name].path}; names must "
+                                                           "be unique"})
                 continue
             policies[policy.name] = policy
     return list(policies.values()), errors
@@ -80,31 +94,27 @@ def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, viola
 
 
 def request_policy_name(requested: str, by_name: dict[str, Any]) -> str | None:
-    """The loaded policy a hook's request names (by name, file stem or path), or None."""
-    if requested in by_name:
-        return requested
-    path = Path(requested).expanduser()
-    for name, policy in by_name.items():
-        if policy.path and (Path(policy.path) == path.resolve() if path.suffix == ".toml" else Path(policy.path).stem
-                            == requested):
-            return name
-    return None
+    """The daemon's own policy a hook's request names, or None. Matched by policy name only: a request
+    can never bring in a policy file from elsewhere (its workload is code the daemon would run)."""
+    return requested if requested in by_name else None
 
 
-def policy_from_request(request: dict[str, Any]) -> Any | None:
-    """The policy file a hook's request points at (`note.policy_path`), when it loads cleanly."""
-    from joulepilot.policies import load_policy
+def refused_request(request: dict[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
+    """Why a hook's request is not served, for the log and the pass summary (quoted values shortened:
+    anything that can write the database wrote them)."""
+    from joulepilot.store.safeio import shorten
 
     try:
         note = json.loads(request.get("note") or "{}")
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        note = {}
     path = note.get("policy_path") if isinstance(note, dict) else None
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        policy = load_policy(path)
-    except Exception as exc:  # PolicyError or an import failure: reported, never fatal to the pass
-        log.warning("request %s: policy file %s does not load: %s", request.get("id"), path, exc)
-        return None
-    return policy if policy.name == request.get("policy") else None
+    name = shorten(str(request.get("policy")), 120)
+    where = ", ".join(str(f) for f in folders) or "(none configured)"
+    if isinstance(path, str) and path:
+        reason = (f"its policy file {shorten(path, 200)} is not in the daemon's policy folders ({where}); the "
+                  f"daemon runs only its own policies: copy the file into one of them to have it measured")
+    else:
+        reason = f"no policy named {name!r} in the daemon's policy folders ({where})"
+    return {"id": request.get("id"), "policy": name, "policy_path": shorten(path, 200) if isinstance(path, str)
+            else None, "reason": reason}

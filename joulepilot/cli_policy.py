@@ -108,14 +108,23 @@ def _load(path: str) -> Any:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @json_option
 def check_command(files: tuple[str, ...], as_json: bool) -> None:
-    """Validate policy FILES; exits 1 if any is invalid."""
+    """Validate policy FILES and check that each workload resolves (without building it or running its
+    code); exits 1 if any is invalid. A workload library not installed here is a warning."""
+    from joulepilot.policies.load import workload_problem
+
     results = []
     for file in files:
         try:
             policy = load_policy(file)
-            results.append({"file": file, "ok": True, "policy": policy.name, "hash": policy.hash, "problems": []})
         except PolicyError as exc:
-            results.append({"file": file, "ok": False, "problems": [p.to_dict() for p in exc.problems]})
+            results.append({"file": file, "ok": False, "problems": [p.to_dict() for p in exc.problems],
+                            "warnings": []})
+            continue
+        found = workload_problem(policy.workload, file)
+        problems = [found.to_dict()] if found is not None and found.severity == "error" else []
+        warnings = [found.to_dict()] if found is not None and found.severity == "warning" else []
+        results.append({"file": file, "ok": not problems, "policy": policy.name, "hash": policy.hash,
+                        "problems": problems, "warnings": warnings})
     if as_json:
         echo_json(results)
     else:
@@ -124,9 +133,13 @@ def check_command(files: tuple[str, ...], as_json: bool) -> None:
                 click.echo(f"{r['file']}: ok (policy {r['policy']}, hash {r['hash']})")
             else:
                 click.echo(f"{r['file']}: {len(r['problems'])} problem(s)")
-                for p in r["problems"]:
-                    hint = f" ({p['hint']})" if p["hint"] else ""
-                    click.echo(f"  {p['key']}: expected {p['expected']}, found {p['found']}{hint}")
+            for p in r["problems"]:
+                hint = f" ({p['hint']})" if p["hint"] else ""
+                click.echo(f"  {p['key']}: expected {p['expected']}, found {p['found']}{hint}")
+            for p in r["warnings"]:
+                hint = f" ({p['hint']})" if p["hint"] else ""
+                click.echo(f"  warning: {p['key']}: {p['found']}{hint}; the daemon will skip this policy "
+                           f"on a host without it")
     if not all(r["ok"] for r in results):
         raise SystemExit(1)
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hashlib
 import json
 import os
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from joulepilot.store.safeio import FileRefused, file_kind, read_regular_file
+
 from .schema import Policy, PolicyError, Problem, validate
 
 POLICIES_ENV = "JOULEPILOT_POLICIES"
+MAX_POLICY_BYTES = 1 << 20  # a policy file is a few hundred bytes; anything near a megabyte is a mistake
+MAX_NESTING = 16
 
 
 def policy_hash(raw: Mapping[str, Any]) -> str:
@@ -23,23 +29,91 @@ def policy_hash(raw: Mapping[str, Any]) -> str:
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """The parsed TOML document of a policy file; PolicyError (naming the file and the fix) for a file
+    that is missing, not a regular file, too large, not UTF-8, not TOML, or nested too deeply."""
     file = str(path)
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        data = read_regular_file(path, max_bytes=MAX_POLICY_BYTES)
     except FileNotFoundError:
         raise PolicyError([Problem(file, "(file)", "an existing policy file", "no such file")]) from None
+    except FileRefused as exc:
+        raise PolicyError([Problem(file, "(file)", f"a regular file of at most {MAX_POLICY_BYTES:,} bytes",
+                                   exc.reason, "a policy file is a short text file; point at the real file")]) \
+            from None
     except OSError as exc:
-        raise PolicyError([Problem(file, "(file)", "a readable file", str(exc))]) from None
+        raise PolicyError([Problem(file, "(file)", "a readable file", exc.strerror or str(exc))]) from None
+    text = _decode(file, data)
+    try:
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError([Problem(file, "(syntax)", "valid TOML", str(exc))]) from None
+    except RecursionError:
+        raise _too_deep(file) from None
+    if _depth(document) > MAX_NESTING:
+        raise _too_deep(file)
+    return document
 
 
-def load_policy(path: str | os.PathLike) -> Policy:
-    """Parse and validate one policy file; raises PolicyError naming the file and every bad key."""
+def _decode(file: str, data: bytes) -> str:
+    """TOML is UTF-8 (a UTF-8 byte-order mark is tolerated); anything else gets the fix spelled out."""
+    fix = "save it as UTF-8 (in most editors: Save with Encoding -> UTF-8)"
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        encoding = "UTF-32" if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)) else "UTF-16"
+        raise PolicyError([Problem(file, "(encoding)", "UTF-8 text", f"{encoding} text (byte-order mark)", fix)])
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PolicyError([Problem(file, "(encoding)", "UTF-8 text",
+                                   f"byte 0x{data[exc.start]:02x} at line {line} that is not UTF-8", fix)]) from None
+
+
+def _depth(document: Any) -> int:
+    """How deeply tables and arrays nest (iteratively: the document may be pathological)."""
+    deepest = 0
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_NESTING:
+                stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def _too_deep(file: str) -> PolicyError:
+    return PolicyError([Problem(file, "(syntax)", f"tables and arrays nested at most {MAX_NESTING} deep",
+                                "deeper nesting", "a policy file uses a few flat tables; see the README")])
+
+
+def load_policy(path: str | os.PathLike, *, check_workload: bool = False) -> Policy:
+    """Parse and validate one policy file; raises PolicyError naming the file and every bad key.
+
+    `check_workload` also checks that the workload spec resolves here (a built-in name, an installed
+    library, a module file that defines the factory) without importing the user's code; a missing
+    library is then an error too, as for the daemon, which must run the workload.
+    """
     raw = read_toml(path)
     policy = validate(raw, str(path))
+    if check_workload:
+        problem = workload_problem(policy.workload, str(path))
+        if problem is not None:
+            raise PolicyError([problem])
     return dataclasses.replace(policy, path=str(Path(path).resolve()), hash=policy_hash(raw))
+
+
+def workload_problem(spec: str, file: str) -> Problem | None:
+    """The problem with a policy's `workload`, or None when it resolves here. Executes no user code.
+    A library that is not installed here is a problem of severity `warning`."""
+    from joulepilot.compiler.workloads import LibraryMissing, WorkloadError, check_spec
+
+    try:
+        check_spec(spec)
+    except WorkloadError as exc:
+        return Problem(file, "workload", "a workload that exists here (mlp, convnet, transformer, "
+                       "torchvision:<name>, timm:<name>, transformers:<ConfigClass> or module:factory)",
+                       exc.message, exc.hint, "warning" if isinstance(exc, LibraryMissing) else "error")
+    return None
 
 
 def policy_dirs() -> list[Path]:
@@ -55,18 +129,33 @@ def policy_dirs() -> list[Path]:
 
 def find_policy(name_or_path: str | os.PathLike, dirs: Sequence[str | os.PathLike] | None = None) -> Path:
     """A policy file given as a path, or as a name looked up as `<name>.toml` in `dirs`
-    (default: `policy_dirs()`)."""
+    (default: `policy_dirs()`). Only regular files count: a FIFO or a folder of that name is an error."""
     candidate = Path(name_or_path).expanduser()
+    text = str(name_or_path)
+    looks_like_path = text.endswith(".toml") or os.sep in text
+    if looks_like_path:
+        _refuse_non_regular(candidate)
     if candidate.is_file():
         return candidate
-    text = str(name_or_path)
-    if text.endswith(".toml") or os.sep in text:
+    if looks_like_path:
         raise PolicyError([Problem(text, "(file)", "an existing policy file", "no such file")])
     searched = [Path(d) for d in (dirs if dirs is not None else policy_dirs())]
     for folder in searched:
         path = folder / f"{text}.toml"
+        _refuse_non_regular(path)
         if path.is_file():
             return path
     where = ", ".join(str(d) for d in searched)
     raise PolicyError([Problem(text, "(file)", f"a policy file {text}.toml in one of: {where}",
                                "no such file", f"pass a path, or set {POLICIES_ENV}")])
+
+
+def _refuse_non_regular(path: Path) -> None:
+    """PolicyError for a path that exists but is not a regular file (stat only: never opens it)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(mode):
+        raise PolicyError([Problem(str(path), "(file)", "a regular policy file",
+                                   f"{file_kind(mode)}", "point at the policy file itself")])

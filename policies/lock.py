@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from joulepilot.store.safeio import FileRefused, read_regular_file
+
 from .resolve import Decision
 
 LOCK_FORMAT = 1
@@ -34,12 +36,18 @@ def read_lock_file(policy_path: str | os.PathLike) -> dict[str, Any]:
     """The whole lock document ({} when there is none); a corrupt file raises ValueError naming it."""
     path = lock_path(policy_path)
     try:
-        text = path.read_text()
+        text = read_regular_file(path).decode("utf-8")
     except FileNotFoundError:
         return {}
+    except FileRefused as exc:  # a FIFO would block open() for good; never wait on one
+        raise ValueError(f"{path}: {exc.reason}; remove it and run `joulepilot policy lock {policy_path}` "
+                         f"again") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; delete it and run `joulepilot policy lock {policy_path}` "
+                         f"again") from None
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); delete it and run `joulepilot policy lock "
                          f"{policy_path}` again") from exc
     if not isinstance(data, dict) or not isinstance(data.get("entries", {}), dict):

@@ -14,20 +14,35 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from joulepilot.store.safeio import shorten
+
 OBJECTIVES = ("energy", "latency", "edp")
 GUARD_ACTIONS = ("warn", "fallback")
 DEFAULT_EXPECTED_INFERENCES = 1_000_000
+# What a problem may quote: a policy file is written by someone else and may hold a megabyte in one
+# value, which must not be echoed whole into every error, log line and heartbeat.
+QUOTED_VALUE_CHARS = 200
+QUOTED_TEXT_CHARS = 500
+MAX_PROBLEMS = 20
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a policy file."""
+    """One thing wrong with a policy file. A `warning` (a workload's library missing on this host) does
+    not make the file invalid; the daemon, which must run the workload, treats it as an error."""
 
     file: str
     key: str
     expected: str
     found: str
     hint: str = ""
+    severity: str = "error"
+
+    def __post_init__(self) -> None:
+        for name, limit in (("file", QUOTED_TEXT_CHARS), ("key", QUOTED_VALUE_CHARS),
+                            ("expected", QUOTED_TEXT_CHARS), ("found", QUOTED_TEXT_CHARS),
+                            ("hint", QUOTED_TEXT_CHARS)):
+            object.__setattr__(self, name, shorten(getattr(self, name), limit))
 
     def __str__(self) -> str:
         text = f"{self.file}: {self.key}: expected {self.expected}, found {self.found}"
@@ -41,9 +56,14 @@ class PolicyError(ValueError):
     """A policy file cannot be read or is invalid; `problems` lists every issue found."""
 
     def __init__(self, problems: list[Problem]) -> None:
+        total = len(problems)
+        if total > MAX_PROBLEMS:  # a file of ten thousand bad keys gets a readable error, not a megabyte
+            problems = [*problems[:MAX_PROBLEMS],
+                        Problem(problems[0].file, "(file)", f"at most {MAX_PROBLEMS} problems listed",
+                                f"{total - MAX_PROBLEMS} more", "fix these first, then check again")]
         self.problems = problems
         lines = [str(p) for p in problems]
-        super().__init__("\n".join(lines) if len(lines) == 1 else f"{len(lines)} problems:\n  " + "\n  ".join(lines))
+        super().__init__("\n".join(lines) if total == 1 else f"{total} problems:\n  " + "\n  ".join(lines))
 
 
 @dataclass(frozen=True)
@@ -120,7 +140,7 @@ Check = Callable[[Any], tuple[Any, tuple[str, str, str] | None]]
 
 def _found(value: Any) -> str:
     kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
-    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+    return f"{kind.get(type(value), type(value).__name__)} {shorten(repr(value), QUOTED_VALUE_CHARS)}"
 
 
 def _string(value: Any):

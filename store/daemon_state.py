@@ -15,9 +15,12 @@ from typing import Any
 import sqlite_utils
 
 from .db import transaction
+from .safeio import bounded_json_text
 
 JOB_STATES = ("queued", "running", "done", "failed")
 HEARTBEAT_STATES = ("starting", "idle", "sweeping", "paused", "fitting", "stopped")
+# A heartbeat's detail is rewritten every few seconds and a thousand are kept: each is bounded.
+HEARTBEAT_DETAIL_BYTES = 32_000
 
 
 # --- jobs -----------------------------------------------------------------------------------------
@@ -155,14 +158,18 @@ def write_heartbeat(
     db: sqlite_utils.Database, state: str, detail: Mapping[str, Any] | None = None, *,
     pid: int | None = None, host_id: str | None = None, keep: int = 1000,
 ) -> int:
-    """Record what the daemon is doing now; old heartbeats beyond `keep` are pruned."""
+    """Record what the daemon is doing now; old heartbeats beyond `keep` are pruned.
+
+    The detail is bounded (strings shortened, lists cut, at most HEARTBEAT_DETAIL_BYTES of JSON, its
+    largest parts replaced by a note of their size), whatever the caller passes."""
     if state not in HEARTBEAT_STATES:
         raise ValueError(f"heartbeat state {state!r} is not one of {HEARTBEAT_STATES}")
     with transaction(db):
         cur = db.execute(
             "INSERT INTO heartbeats (pid, host_id, at, state, detail) VALUES (?, ?, ?, ?, ?)",
             [pid if pid is not None else os.getpid(), host_id, time.time(), state,
-             json.dumps(dict(detail or {}), sort_keys=True, default=str)],
+             bounded_json_text(dict(detail or {}), max_bytes=HEARTBEAT_DETAIL_BYTES, max_str=1000,
+                               max_items=50)],
         )
         hb_id = cur.lastrowid
         if keep:

@@ -74,20 +74,23 @@ def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path):
     assert len(query(db, "SELECT id FROM runs")) == 1
     assert read_lock(policy_file, "cpu", torch_minor())["policy_hash"] == decisions[1]["policy_hash"]
 
-    # Pass 4: hooks' requests -> re-decided, requests marked handled. One names a policy file outside the
-    # daemon's folders (the hook's note says where); its configuration is already measured, so no new run.
+    # Pass 4: hooks' requests -> the daemon's own policy is re-decided and its request handled. One names a
+    # policy file outside the daemon's folders (the hook's note says where): refused, since its workload is
+    # code the daemon would run; it stays pending, like the request for a policy that exists nowhere.
     app_policy = write_policy(tmp_path / "app", "app-mlp", modes=("default",))
     database = open_db(db)
     add_request(database, "mlp", workload="mlp")
     add_request(database, "app-mlp", workload="mlp", note=json.dumps({"policy_path": str(app_policy)}))
     add_request(database, "nowhere", workload="mlp")
     database.close()
-    summary, _ = once(config)
-    assert summary["requests"] == 3 and summary["unknown_requests"] == ["nowhere"]
-    assert {(s["policy"], s["reason"]) for s in summary["stale"]} == {("mlp", "a hook requested it"),
-                                                                      ("app-mlp", "no decision yet")}
-    assert sorted(d["policy"] for d in summary["decided"]) == ["app-mlp", "mlp"]
+    summary, stderr = once(config)
+    assert summary["requests"] == 3 and summary["unknown_requests"] == ["app-mlp", "nowhere"]
+    refused = {r["policy"]: r for r in summary["refused_requests"]}
+    assert str(app_policy) in refused["app-mlp"]["reason"] and "no policy named 'nowhere'" in refused["nowhere"]["reason"]
+    assert "for policy 'app-mlp' refused" in stderr
+    assert summary["stale"] == [{"policy": "mlp", "reason": "a hook requested it"}]
+    assert [d["policy"] for d in summary["decided"]] == ["mlp"]
     handled = {r["policy"]: r["handled_at"] for r in query(db, "SELECT * FROM requests")}
-    assert handled["mlp"] and handled["app-mlp"] and handled["nowhere"] is None
-    assert read_lock(app_policy, "cpu", torch_minor()) is not None
+    assert handled["mlp"] and handled["app-mlp"] is None and handled["nowhere"] is None
+    assert read_lock(app_policy, "cpu", torch_minor()) is None
     assert len(query(db, "SELECT id FROM runs")) == 1
