@@ -21,17 +21,16 @@ import csv
 import io
 import json
 import math
-import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
 import sqlite_utils
 from joulepilot.store.deployments import get_deployment, list_deployments, list_violations, read_samples
-from joulepilot.store.jsonvalues import json_safe
+from joulepilot.store.jsonvalues import json_output
+from joulepilot.store.timevalues import iso_utc, parse_since
 
 from .features import device_kind as features_device_kind
 
@@ -86,30 +85,8 @@ def device_peak(device_name: str | None, precision: str | None) -> dict[str, Any
     return None
 
 
-# -- time arguments -------------------------------------------------------------------------------
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_since(text: str | float | None, *, now: float | None = None) -> float | None:
-    """Epoch seconds from an ISO time ('2024-05-01', '2024-05-01T12:00:00+00:00') or a duration
-    back from now ('90s', '30m', '24h', '7d', '2w'). Naive ISO times are local time."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, int | float):
-        return float(text)
-    match = _DURATION.match(text)
-    if match:
-        return (now if now is not None else time.time()) - float(match.group(1)) * _UNIT_S[match.group(2)]
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        raise ValueError(f"--since {text!r}: expected an ISO time such as 2024-05-01T12:00 or a duration "
-                         "such as 30m, 24h, 7d") from None
-
-
-def iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+# -- time arguments: one parser for every command's --since (joulepilot.store.timevalues) ------------
+iso = iso_utc
 
 
 def grid_intensity(value: float | None) -> float | None:
@@ -480,7 +457,7 @@ def render(report: Mapping[str, Any], format: str = "md") -> str | bytes:
     if format not in FORMATS:
         raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
     if format == "json":
-        return json.dumps(json_safe(report), indent=2, sort_keys=False, default=str) + "\n"
+        return json.dumps(json_output(report), indent=2, sort_keys=False, default=str) + "\n"
     summary = report.get("kind") == SUMMARY_KIND
     if format == "csv":
         return _summary_csv(report) if summary else _report_csv(report)
