@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlite_utils
 from joulepilot.store import get_deployment, list_deployments, list_violations, read_samples
 from joulepilot.store import reports as store_reports
+from joulepilot.store.timevalues import iso_utc, parse_since
 
 from .features import device_kind as features_device_kind
 from .gpu_datasheets import find_datasheet
@@ -280,27 +279,6 @@ class Summary(Section):
 
 
 # -- arguments ------------------------------------------------------------------------------------
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_since(text: str | float | None, *, now: float | None = None) -> float | None:
-    """Epoch seconds from an ISO time ('2024-05-01', '2024-05-01T12:00:00+00:00') or a duration
-    back from now ('90s', '30m', '24h', '7d', '2w'). Naive ISO times are local time."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, int | float):
-        return float(text)
-    match = _DURATION.match(text)
-    if match:
-        return (now if now is not None else time.time()) - float(match.group(1)) * _UNIT_S[match.group(2)]
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        raise ValueError(f"--since {text!r}: expected an ISO time such as 2024-05-01T12:00 or a duration "
-                         "such as 30m, 24h, 7d") from None
-
-
 def _intensity(raw: Any, origin: str) -> float:
     try:
         value = float(raw)
@@ -322,8 +300,7 @@ def grid_intensity(value: float | str | None) -> float | None:
     return _intensity(raw, GRID_ENV) if raw else None
 
 
-def iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+iso = iso_utc
 
 
 # -- gathering ------------------------------------------------------------------------------------

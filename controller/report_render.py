@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from joulepilot.store.jsonvalues import json_safe
+from joulepilot.store.jsonvalues import json_output
 
 from .report_csv import report_csv, summary_csv
 from .report_markdown import report_md, summary_md
@@ -19,7 +19,7 @@ def render(report: DeploymentReport | Summary, format: str = "md") -> str:
         raise ValueError(f"unknown report format {format!r}; choose one of {', '.join(FORMATS)}")
     summary = isinstance(report, Summary)
     if format == "json":
-        return json.dumps(json_safe(report.to_dict()), indent=2, default=str) + "\n"
+        return json.dumps(json_output(report.to_dict()), indent=2, default=str) + "\n"
     if format == "csv":
         return summary_csv(report) if summary else report_csv(report)
     if format == "md":

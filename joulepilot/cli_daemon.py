@@ -7,7 +7,7 @@ import time
 
 import click
 
-from .clikit import db_option, echo_json, echo_table
+from .clikit import db_option, echo_json, echo_table, reading_store
 
 
 @click.command("daemon")
@@ -66,14 +66,11 @@ def _short(text: str | None, limit: int = 80) -> str | None:
 def status_command(db: str | None, as_json: bool) -> None:
     """Is the daemon alive, what is it doing, the queue, and each policy's decision."""
     from joulepilot.controller.status import daemon_status
-    from joulepilot.store import default_db_path, open_db
+    from joulepilot.store import default_db_path
 
     path = db or str(default_db_path())
-    database = open_db(path)
-    try:
+    with reading_store(path) as database:
         status = daemon_status(database, path)
-    finally:
-        database.close()
     if as_json:
         echo_json(status)
         return

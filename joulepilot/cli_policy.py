@@ -9,9 +9,9 @@ import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
 from joulepilot.policies import PolicyError, load_policy, record_decision, resolve, write_lock
-from joulepilot.store import open_db
+from joulepilot.store import open_db, open_for_reading
 
-from .clikit import db_option, echo_json, echo_table
+from .clikit import db_option, echo_json, echo_table, reading_store
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 device_name_option = click.option(
@@ -33,16 +33,17 @@ def _device_kind(device_name: str | None) -> str:
 @json_option
 def fit_command(db: str | None, as_json: bool) -> None:
     """Fit the trade-off model and print its cross-validated error per target (whole workloads held out)."""
-    database = open_db(db)
-    try:
-        model = fit(database)
-    except TradeoffError as exc:
-        raise click.ClickException(str(exc)) from exc
-    try:
-        scores = cross_validate(database)
-    except TradeoffError as exc:
-        click.echo(f"fitted on {max(model.n_samples.values())} ok runs of {', '.join(model.workloads)}", err=True)
-        raise click.ClickException(str(exc)) from exc
+    with reading_store(db) as database:
+        try:
+            model = fit(database)
+        except TradeoffError as exc:
+            raise click.ClickException(str(exc)) from exc
+        try:
+            scores = cross_validate(database)
+        except TradeoffError as exc:
+            click.echo(f"fitted on {max(model.n_samples.values())} ok runs of {', '.join(model.workloads)}",
+                       err=True)
+            raise click.ClickException(str(exc)) from exc
     if as_json:
         echo_json({"model": model.summary(), "cross_validation": scores})
         return
@@ -71,8 +72,9 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
     """The latency/energy Pareto frontier of WORKLOAD: measured points, and predicted unmeasured ones."""
     search = _load(policy_file).search if policy_file else None
     try:
-        result = frontier(open_db(db), workload, device_name=device_name, batch_size=batch_size, search=search,
-                          predict=not no_predict)
+        with reading_store(db) as database:
+            result = frontier(database, workload, device_name=device_name, batch_size=batch_size, search=search,
+                              predict=not no_predict)
     except TradeoffError as exc:
         raise click.ClickException(str(exc)) from exc
     if plot_path:
@@ -144,9 +146,14 @@ def check_command(files: tuple[str, ...], as_json: bool) -> None:
         raise SystemExit(1)
 
 
-def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None) -> tuple:
+def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None, *,
+            write: bool) -> tuple:
+    """Resolve FILE's policy against the runs in `db`, which must exist (a typo must not decide on nothing).
+
+    Only a command that stores the decision opens the database for writing.
+    """
     policy = _load(file)
-    database = open_db(db)
+    database = open_db(db, must_exist=True) if write else open_for_reading(db)
     try:
         model = fit(database)
     except TradeoffError:
@@ -199,9 +206,12 @@ def _echo_decision(decision: Any) -> None:
 def explain_command(file: str, db: str | None, device_name: str | None, torch_version: str | None, record: bool,
                     as_json: bool) -> None:
     """Resolve FILE's policy now and show the decision and every candidate with why it was kept or rejected."""
-    _, database, decision = _decide(file, db, device_name, torch_version)
-    if record:
-        record_decision(database, decision)
+    _, database, decision = _decide(file, db, device_name, torch_version, write=record)
+    try:
+        if record:
+            record_decision(database, decision)
+    finally:
+        database.close()
     if as_json:
         echo_json(decision.to_dict())
     else:
@@ -217,8 +227,11 @@ def explain_command(file: str, db: str | None, device_name: str | None, torch_ve
 def lock_command(file: str, db: str | None, device_name: str | None, torch_version: str | None,
                  as_json: bool) -> None:
     """Resolve FILE's policy, store the decision and write it to <stem>.lock.json beside the policy."""
-    _, database, decision = _decide(file, db, device_name, torch_version)
-    record_decision(database, decision)
+    _, database, decision = _decide(file, db, device_name, torch_version, write=True)
+    try:
+        record_decision(database, decision)
+    finally:
+        database.close()
     path = write_lock(Path(file), decision)
     if as_json:
         echo_json({"lock_file": str(path), "device_kind": decision.device_kind,

@@ -7,9 +7,8 @@ from pathlib import Path
 import click
 
 from joulepilot.controller.report import FORMATS, GRID_ENV, build_report, build_summary, render
-from joulepilot.store import open_db
 
-from .clikit import db_option
+from .clikit import db_option, reading_store, since_option
 
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json", ".csv": "csv"}
 
@@ -18,9 +17,7 @@ SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json",
 @db_option
 @click.option("--deployment", "-d", "name", metavar="NAME", help="The deployment to report on.")
 @click.option("--all", "all_deployments", is_flag=True, help="Summarise every deployment instead.")
-@click.option("--since", metavar="WHEN",
-              help="Only windows ending after WHEN: an ISO time (2024-05-01T12:00) or a duration back from "
-                   "now (90s, 30m, 24h, 7d).")
+@since_option("windows ending")
 @click.option("--format", "-f", "fmt", type=click.Choice(FORMATS),
               help="Output format (default: from -o's suffix, else md).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
@@ -29,7 +26,7 @@ SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json",
 @click.option("--grid-gco2-per-kwh", metavar="G",
               help=f"Grid carbon intensity in grams CO2 per kWh (a finite number >= 0) for a CO2 figure; "
                    f"default ${GRID_ENV}, else no CO2 figure.")
-def report_command(db: str | None, name: str | None, all_deployments: bool, since: str | None, fmt: str | None,
+def report_command(db: str | None, name: str | None, all_deployments: bool, since: float | None, fmt: str | None,
                    as_json: bool, output: str | None, grid_gco2_per_kwh: str | None) -> None:
     """Energy report of a deployment metered by joulepilot.compile(..., deployment=NAME).
 
@@ -46,19 +43,17 @@ def report_command(db: str | None, name: str | None, all_deployments: bool, sinc
         fmt = "json"
     if fmt is None:
         fmt = SUFFIX_FORMATS.get(Path(output).suffix.lower(), "md") if output else "md"
-    store = open_db(db)
     try:
-        if all_deployments:
-            data = build_summary(store, since, grid_gco2_per_kwh=grid_gco2_per_kwh)
-        else:
-            data = build_report(store, name, since, grid_gco2_per_kwh=grid_gco2_per_kwh)
+        with reading_store(db) as store:
+            if all_deployments:
+                data = build_summary(store, since, grid_gco2_per_kwh=grid_gco2_per_kwh)
+            else:
+                data = build_report(store, name, since, grid_gco2_per_kwh=grid_gco2_per_kwh)
     except LookupError as exc:
         raise click.ClickException(f"{exc} (database {db or 'default'}; list them with "
                                    "`joulepilot report --all`)") from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    finally:
-        store.close()
     text = render(data, fmt)
     if output:
         Path(output).write_text(text, encoding="utf-8")

@@ -15,7 +15,16 @@ from .daemon_state import (
     unhandled_requests,
     write_heartbeat,
 )
-from .db import database_error, default_db_path, default_home, migrate, open_db, schema_version, transaction
+from .db import (
+    database_error,
+    default_db_path,
+    default_home,
+    migrate,
+    open_db,
+    open_for_reading,
+    schema_version,
+    transaction,
+)
 from .decisions import latest_decision, list_decisions, write_decision
 from .deployments import (
     get_deployment,
@@ -27,9 +36,9 @@ from .deployments import (
     register_deployment,
     violated_config_ids,
 )
-from .errors import DatabaseCorrupt, DatabaseMissing, SchemaTooNew, StoreError
-from .exchange import export_runs, import_runs, read_export, write_export
-from .jsonvalues import json_column, json_safe
+from .errors import DatabaseCorrupt, DatabaseMissing, ExportFormatError, SchemaTooNew, StoreError
+from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
+from .jsonvalues import json_column, json_output, json_safe, row_from_json
 from .records import (
     host_identity,
     insert_run,
@@ -42,10 +51,19 @@ from .records import (
     upsert_workload,
 )
 from .schema import SCHEMA_VERSION
+from .timevalues import iso_utc, parse_since
 
 __all__ = [
     "json_column",
     "json_safe",
+    "json_output",
+    "row_from_json",
+    "iso_utc",
+    "parse_since",
+    "open_for_reading",
+    "ExportFormatError",
+    "export_text",
+    "parse_export",
     "add_request",
     "claim_job",
     "enqueue_job",

@@ -92,7 +92,7 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
     target = Path(path).expanduser() if path else default_db_path()
     if (must_exist or read_only) and not target.is_file():
         raise DatabaseMissing(f"database {target} does not exist; check --db / JOULEPILOT_DB (a new database "
-                              f"is created by `joulepilot bench` or the daemon)")
+                              f"is created by `joulepilot bench`, `joulepilot runs import` or the daemon)")
     try:
         if not read_only:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +128,28 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
     return db
 
 
+def open_for_reading(path: str | os.PathLike | None = None) -> sqlite_utils.Database:
+    """Open the database for a command that only reads.
+
+    A missing file is refused (DatabaseMissing), and the file is opened read-only, so a database that
+    this user may only read (file or folder) works and nothing is written. A database from an older
+    joulepilot is brought to this schema first when it can be written; otherwise the error says so.
+    """
+    target = Path(path).expanduser() if path else default_db_path()
+    db = open_db(target, read_only=True)
+    version = schema_version(db)
+    if version >= SCHEMA_VERSION:
+        return db
+    db.close()
+    try:
+        return open_db(target, must_exist=True)
+    except StoreError as exc:
+        raise StoreError(f"database {target} has schema version {version}, older than this joulepilot's "
+                         f"({SCHEMA_VERSION}), and cannot be upgraded here ({exc.__cause__ or exc}); run one "
+                         f"joulepilot command as a user who may write it, or read it with the joulepilot "
+                         f"that wrote it") from exc
+
+
 def _has_table(db: sqlite_utils.Database, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [name]).fetchone() is not None
 
@@ -142,6 +164,9 @@ def database_error(target: str | os.PathLike, exc: sqlite3.Error) -> StoreError:
     if "readonly" in lowered or "read-only" in lowered:
         return StoreError(f"database {target} is read-only ({text}); this command needs to write: fix its "
                           f"permissions or pass --db with a writable file")
+    if "unable to open" in lowered:
+        return StoreError(f"cannot open database {target} ({text}); the file and its folder must exist and be "
+                          f"writable for this command (SQLite keeps -wal and -shm files beside the database)")
     if "disk is full" in lowered or "disk i/o" in lowered:
         return StoreError(f"database {target}: {text}; free space on its disk and retry")
     if "locked" in lowered or "busy" in lowered:

@@ -15,3 +15,7 @@ class DatabaseCorrupt(StoreError):
 
 class SchemaTooNew(StoreError):
     """The database was written by a newer joulepilot."""
+
+
+class ExportFormatError(StoreError):
+    """A runs export file that cannot be read or imported; the message names the file, record and field."""

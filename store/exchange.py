@@ -1,43 +1,109 @@
 """Export runs with their workload, configuration and host rows, and import them elsewhere.
 
-The format is a list of records `{"run": {...}, "workload": {...}, "config": {...}, "host": {...}}`
-whose dicts are rows of the matching tables. Importing keeps workload, config and host ids, gives runs
-new ids, and skips a run already present (same workload, config, host, start time and device).
+An export is a JSON list of records `{"run": {...}, "workload": {...}, "config": {...}, "host": {...}}`
+whose dicts are rows of the matching tables, written in the shape of every joulepilot JSON output
+(`jsonvalues.json_output`: objects, booleans, ISO 8601 times with `<name>_epoch` beside). Files with rows
+exactly as stored (epoch floats, JSON text, 0/1) read the same. Importing keeps workload, config and host
+ids, gives runs new ids, and skips a run already present (same workload, config, host, start time and
+device), so importing a file twice, or a file that overlaps, adds each run once.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
 from .db import transaction
+from .errors import ExportFormatError
+from .jsonvalues import json_output, row_from_json
+
+PARTS = ("run", "workload", "config", "host")
+_TABLES = {"run": "runs", "workload": "workloads", "config": "configs", "host": "hosts"}
+# Which column of the run each other part must match.
+_LINKS = {"workload": "workload_id", "config": "config_id", "host": "host_id"}
+HOW_TO_EXPORT = "write one with `joulepilot runs export FILE`"
 
 
-def export_runs(db: sqlite_utils.Database, where: str | None = None, params: Iterable[Any] = ()) -> list[dict]:
-    sql = "SELECT * FROM runs" + (f" WHERE {where}" if where else "") + " ORDER BY id"
-    records = []
-    for run in db.query(sql, list(params)):
-        workload = db["workloads"].get(run["workload_id"])
-        config = db["configs"].get(run["config_id"])
-        host = db["hosts"].get(run["host_id"])
-        records.append({"run": run, "workload": workload, "config": config, "host": host})
-    return records
+def export_runs(db: sqlite_utils.Database, where: str | None = None, params: Iterable[Any] = (), *,
+                workload: str | None = None, since: float | None = None) -> list[dict]:
+    """Runs with their workload, config and host rows, oldest first, as stored.
+
+    `workload` keeps runs of that workload spec, `since` (epoch seconds) runs started at or after it.
+    """
+    clauses, args = [], list(params)
+    if where:
+        clauses.append(f"({where})")
+    if workload is not None:
+        clauses.append("workload_id IN (SELECT id FROM workloads WHERE spec = ?)")
+        args.append(workload)
+    if since is not None:
+        clauses.append("started_at >= ?")
+        args.append(float(since))
+    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
+    cache: dict[tuple[str, Any], Any] = {}
+
+    def row(table: str, key: Any) -> Any:
+        if (table, key) not in cache:
+            cache[(table, key)] = db[table].get(key)
+        return cache[(table, key)]
+
+    return [{"run": run, "workload": row("workloads", run["workload_id"]), "config": row("configs", run["config_id"]),
+             "host": row("hosts", run["host_id"])}
+            for run in db.query(sql, args)]
 
 
-def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]]) -> list[int]:
-    """Insert exported records in one transaction; returns the new run ids (skipped ones omitted)."""
+def _required(db: sqlite_utils.Database, table: str) -> list[str]:
+    return [c.name for c in db[table].columns if c.notnull and c.default_value is None and not
+            (table == "runs" and c.name == "id")]
+
+
+def _normalised(db: sqlite_utils.Database, rec: Any, index: int, source: str) -> dict[str, dict[str, Any]]:
+    where = f"{source}: record {index}"
+    if not isinstance(rec, Mapping):
+        raise ExportFormatError(f"{where} is a {type(rec).__name__}, not an object with {', '.join(PARTS)}; "
+                                f"{HOW_TO_EXPORT}")
+    out: dict[str, dict[str, Any]] = {}
+    for part in PARTS:
+        table = _TABLES[part]
+        value = rec.get(part)
+        if not isinstance(value, Mapping):
+            raise ExportFormatError(f"{where}: '{part}' is missing or not an object; {HOW_TO_EXPORT}")
+        try:
+            row = row_from_json(value, db[table].columns_dict)
+        except ValueError as exc:
+            raise ExportFormatError(f"{where}: {part}.{exc}") from None
+        missing = [c for c in _required(db, table) if row.get(c) is None]
+        if missing:
+            raise ExportFormatError(f"{where}: {part}.{missing[0]} is missing (a {table} row needs "
+                                    f"{', '.join(_required(db, table))}); {HOW_TO_EXPORT}")
+        out[part] = row
+    for part, column in _LINKS.items():
+        if out["run"][column] != out[part]["id"]:
+            raise ExportFormatError(f"{where}: run.{column} is {out['run'][column]!r} but {part}.id is "
+                                    f"{out[part]['id']!r}; the record is inconsistent, export it again")
+    return out
+
+
+def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]], *,
+                source: str = "import") -> list[int]:
+    """Insert exported records in one transaction; returns the new run ids (skipped ones omitted).
+
+    Every record is checked before anything is written; a bad one raises ExportFormatError naming
+    `source`, the record's index and the field, and nothing is imported.
+    """
+    normalised = [_normalised(db, rec, i, source) for i, rec in enumerate(records)]
     new_ids: list[int] = []
-    run_columns = set(db["runs"].columns_dict)
     with transaction(db):
-        for rec in records:
-            db["hosts"].insert(dict(rec["host"]), pk="id", ignore=True)
-            db["workloads"].insert(dict(rec["workload"]), pk="id", ignore=True)
-            db["configs"].insert(dict(rec["config"]), pk="id", ignore=True)
-            run = {k: v for k, v in dict(rec["run"]).items() if k in run_columns and k != "id"}
+        for rec in normalised:
+            db["hosts"].insert(rec["host"], pk="id", ignore=True)
+            db["workloads"].insert(rec["workload"], pk="id", ignore=True)
+            db["configs"].insert(rec["config"], pk="id", ignore=True)
+            run = {k: v for k, v in rec["run"].items() if k != "id"}
             exists = db.execute(
                 "SELECT 1 FROM runs WHERE workload_id = ? AND config_id = ? AND host_id = ? AND started_at = ?"
                 " AND device = ?",
@@ -52,9 +118,72 @@ def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]])
     return new_ids
 
 
-def write_export(path: str | Path, records: list[dict]) -> None:
-    Path(path).write_text(json.dumps(records, indent=1, sort_keys=True, default=str) + "\n")
+def export_text(records: Sequence[Mapping[str, Any]]) -> str:
+    """The export file's text for `records` (rows as stored, or already shaped)."""
+    return json.dumps(json_output(list(records)), indent=1, sort_keys=True, default=str) + "\n"
 
 
-def read_export(path: str | Path) -> list[dict]:
-    return json.loads(Path(path).read_text())
+def write_export(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> None:
+    """Write an export file whole or not at all: a temporary file beside it, renamed over `path`.
+
+    A path that exists and is not a regular file (a pipe, a device) is written through instead, never
+    replaced; a symbolic link is followed, so the file it points to gets the export.
+    """
+    target = Path(path)
+    text = export_text(records)
+    if target.is_symlink():
+        target = target.resolve()
+    if target.exists() and not target.is_file():
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename in (None, str(tmp)):  # name the file the user asked for, not our temporary one
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def parse_export(text: str, source: str) -> list[dict]:
+    """The records of an export file's text, rows as stored; ExportFormatError names `source`."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ExportFormatError(f"{source} is not a joulepilot runs export: not JSON ({exc}); "
+                                f"{HOW_TO_EXPORT}") from None
+    if not isinstance(data, list):
+        raise ExportFormatError(f"{source} is not a joulepilot runs export: expected a JSON list of records, "
+                                f"found {type(data).__name__}; {HOW_TO_EXPORT}")
+    records = []
+    for index, rec in enumerate(data):
+        if not isinstance(rec, Mapping) or not all(isinstance(rec.get(p), Mapping) for p in PARTS):
+            missing = [p for p in PARTS if not isinstance(rec, Mapping) or not isinstance(rec.get(p), Mapping)]
+            raise ExportFormatError(f"{source}: record {index} lacks {', '.join(missing)} (each record has "
+                                    f"{', '.join(PARTS)} objects); {HOW_TO_EXPORT}")
+        record = {}
+        for part in PARTS:
+            try:
+                record[part] = row_from_json(rec[part], None)
+            except ValueError as exc:
+                raise ExportFormatError(f"{source}: record {index}: {part}.{exc}") from None
+        records.append(record)
+    return records
+
+
+def read_export(path: str | os.PathLike) -> list[dict]:
+    """The records of an export file, rows as stored (either file shape)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ExportFormatError(f"{path} is not a joulepilot runs export: not UTF-8 text; {HOW_TO_EXPORT}") from None
+    return parse_export(text, str(path))

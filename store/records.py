@@ -146,16 +146,23 @@ def list_runs(
     workload: str | None = None,
     status: str | None = None,
     limit: int | None = None,
+    since: float | None = None,
     where: str | None = None,
     params: Sequence[Any] = (),
 ) -> list[dict[str, Any]]:
-    """Runs joined with their workload spec and configuration, newest first."""
+    """Runs joined with their workload spec and configuration, newest first.
+
+    `since` (epoch seconds) keeps runs started at or after it.
+    """
     clauses, args = [], list(params)
     if where:
         clauses.append(f"({where})")
     if workload is not None:
         clauses.append("workloads.spec = ?")
         args.append(workload)
+    if since is not None:
+        clauses.append("runs.started_at >= ?")
+        args.append(float(since))
     if status is not None:
         clauses.append("runs.status = ?")
         args.append(status)

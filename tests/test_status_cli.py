@@ -18,11 +18,20 @@ from joulepilot.cli import main
 
 def test_status_of_a_database_no_daemon_ever_used(tmp_path):
     db = tmp_path / "j.db"
+    open_db(db).close()
     result = CliRunner().invoke(main, ["status", "--db", str(db)])
     assert result.exit_code == 0, result.output
     assert "daemon: never ran on this database" in result.output
     data = json.loads(CliRunner().invoke(main, ["status", "--db", str(db), "--json"]).output)
     assert data["daemon"]["alive"] is False and data["decisions"] == [] and data["queue"]["next"] == []
+
+
+def test_status_refuses_a_database_that_does_not_exist(tmp_path):
+    typo = tmp_path / "jp.dbb"
+    result = CliRunner().invoke(main, ["status", "--db", str(typo)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert f"database {typo} does not exist" in result.output
+    assert not typo.exists()  # nothing created
 
 
 def test_status_shows_daemon_queue_and_decisions(tmp_path):
