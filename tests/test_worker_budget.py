@@ -67,3 +67,20 @@ def test_everything_else_shares_the_allowance_derived_from_min_seconds():
     assert reason is not None and reason.startswith(f"run exceeded its total budget of {short.total_s:g} s")
     assert reason.endswith("during warmup")
     assert kill_reason(phases, started=0.0, now=short.total_s + 0.1, budget=long) is None
+
+
+def test_the_docs_state_the_model_the_code_computes(request):
+    """README (bench and daemon sections), deploy/daemon.toml and the --budget-s help describe one model."""
+    import re
+
+    from joulepilot.compiler import budget as model
+
+    root = Path(request.config.rootpath)
+    texts = {"README.md": (root / "README.md").read_text(), "daemon.toml": (root / "deploy/daemon.toml").read_text()}
+    for name, text in texts.items():
+        stated = re.findall(r"(\d+) s \+ (\d+) x (?:bench\.)?min_seconds", text)
+        assert stated, f"{name} does not state the allowance"
+        assert {(float(a), float(b)) for a, b in stated} == {
+            (model.SETUP_ALLOWANCE_S, model.MEASURE_ALLOWANCE_FACTOR)}, name
+    grace = re.search(r"A kill lands within (\d+) s of its limit", texts["README.md"])
+    assert grace and float(grace.group(1)) == model.KILL_GRACE_S
