@@ -500,10 +500,8 @@ class Daemon:
             log.error("job %d: the run could not be stored (%s); it is kept in %s and imported at the next "
                       "pass or start", job["id"], stored.error, stored.pending_path)
             return
-        if measured.status != "ok":
-            log.error("job %d failed: %s (run %d)", job["id"], (measured.reason or "").splitlines()[0] if
-                      measured.reason else "unknown reason", stored.run_id)
-        log.info("job %d: %s, run %d (%.1fs)", job["id"], measured.status, stored.run_id, outcome.wall_s)
+        why = f": {measured.reason.splitlines()[0]}" if measured.status != "ok" and measured.reason else ""
+        log.info("job %d: %s, run %d (%.1fs)%s", job["id"], measured.status, stored.run_id, outcome.wall_s, why)
 
     def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
                 violated_by_policy: dict[str, set[str]], requested: dict[str, list[int]],

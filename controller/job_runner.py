@@ -29,7 +29,7 @@ OnStart = Callable[[int], None]
 
 @dataclass
 class JobOutcome:
-    kind: str  # 'measured' (result holds a run, ok or failed) | 'stopped' | 'preempted'
+    kind: str  # 'measured' (result holds a run, ok or failed) | 'stopped' | 'preempted' | 'error' (no run)
     result: Any = None
     reason: str = ""
     wall_s: float = 0.0

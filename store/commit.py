@@ -11,7 +11,7 @@ import sqlite_utils
 
 from .daemon_state import finish_job
 from .db import transaction
-from .records import insert_run
+from .records import insert_run, upsert_config, upsert_devices, upsert_workload
 
 
 def run_columns(db: sqlite_utils.Database) -> set[str]:
@@ -39,8 +39,6 @@ def find_ok_run(db: sqlite_utils.Database, *, workload_id: str, config_id: str, 
 def _write_references(db: sqlite_utils.Database, host: Mapping[str, Any] | None,
                       devices: Iterable[Mapping[str, Any]], workload: Mapping[str, Any] | None,
                       config: Mapping[str, Any] | None) -> None:
-    from .records import upsert_config, upsert_devices, upsert_workload
-
     if host:
         db.execute("INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
                    [host["id"], host["hostname"], host.get("cpu"), host.get("created_at") or time.time()])
