@@ -1,7 +1,18 @@
 """The compiler core: configuration space, workloads, the isolated benchmark worker, warm-start artifacts."""
 
 from .artifacts import artifact_key, artifact_path_for, load_artifacts, save_artifacts
-from .bench import RunResult, bench, default_device, plan_configs
+from .bench import (
+    MeasuredRun,
+    RunResult,
+    SweepContext,
+    bench,
+    check_device,
+    default_device,
+    measure_config,
+    plan_configs,
+    sweep_context,
+)
+from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
 from .describe import count_flops, describe_workload
 from .numerics import max_rel_error
@@ -14,12 +25,16 @@ __all__ = [
     "PRECISIONS",
     "CompileConfig",
     "ConfigError",
+    "MeasuredRun",
+    "SweepContext",
+    "WorkerBudget",
     "RunResult",
     "Workload",
     "WorkloadError",
     "artifact_key",
     "artifact_path_for",
     "bench",
+    "check_device",
     "check_spec",
     "count_flops",
     "default_device",
@@ -27,7 +42,10 @@ __all__ = [
     "load_artifacts",
     "load_workload",
     "max_rel_error",
+    "measure_config",
     "plan_configs",
     "save_artifacts",
+    "sweep_context",
+    "worker_budget",
     "workload_id",
 ]

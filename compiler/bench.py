@@ -1,31 +1,44 @@
-"""A sweep: one workload under many configurations, each measured in its own worker and stored at once."""
+"""A sweep: one workload under many configurations, each measured in its own worker and stored at once.
+
+`measure_config` measures one configuration without touching the database (the daemon stores its
+result with the job's end); `bench` measures a list of them and stores each run as it finishes.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 import sqlite_utils
 from joulepilot.store import (
-    insert_run,
+    commit_run_or_set_aside,
+    describe_import,
+    find_ok_run,
+    host_identity,
+    import_pending_runs,
     list_runs,
     open_db,
-    upsert_config,
-    upsert_devices,
-    upsert_host,
-    upsert_workload,
+    run_columns,
+    workload_needs_description,
 )
 
 from .artifacts import artifact_path_for
+from .budget import worker_budget
 from .config import CompileConfig
-from .options import FUSION_PRESETS, MODES
+from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
-from .runner import run_worker_job
+from .runner import CancelCheck, remove_stale_workdirs, run_worker_job
 from .workloads import check_spec, split_spec, workload_id
+
+log = logging.getLogger("joulepilot.bench")
 
 CPU_MODES = ("eager", "default")
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
@@ -65,15 +78,40 @@ class RunResult(TypedDict, total=False):
     warm_start_s: float | None
     artifacts_path: str | None
     extra: dict[str, Any]
+    skipped: bool  # True: already measured ok under this provenance, not measured again
+    pending_path: str | None  # set when the commit failed and the run waits in a side file
 
 
 ProgressFn = Callable[[int, int, CompileConfig, "dict[str, Any] | None"], None]
+NoticeFn = Callable[[str], None]
 
 
 def default_device() -> str:
     import torch
 
     return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+_DEVICE = re.compile(r"cpu|cuda:\d+")
+
+
+def check_device(device: str) -> str:
+    """The device in the form bench uses ('cpu' or 'cuda:N'); ConfigError naming the fix otherwise."""
+    text = str(device).strip().lower()
+    text = "cuda:0" if text == "cuda" else text
+    if not _DEVICE.fullmatch(text):
+        raise ConfigError(f"device {str(device)!r} cannot be benchmarked: use cpu, or cuda:N for GPU N (e.g. cuda:0)")
+    if text.startswith("cuda:"):
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ConfigError(f"device {str(device)!r} cannot be benchmarked: {why}; use --device cpu")
+        count = torch.cuda.device_count()
+        if int(text[5:]) >= count:
+            raise ConfigError(f"device {str(device)!r} does not exist: this host has {count} CUDA GPU(s), "
+                              f"cuda:0 to cuda:{count - 1}")
+    return text
 
 
 def default_modes(device: str) -> tuple[str, ...]:
@@ -86,6 +124,11 @@ def default_precisions(device: str) -> tuple[str, ...]:
 
 def default_min_seconds(device: str) -> float:
     return 5.0 if str(device).startswith("cuda") else 2.0
+
+
+def default_idle_s(device: str) -> float:
+    """Seconds of idle baseline measured before a sweep (or before each daemon job)."""
+    return 2.0 if str(device).startswith("cuda") else 0.5
 
 
 def plan_configs(modes: Iterable[str], fusions: Iterable[str] = ("default",), precisions: Iterable[str] = ("fp32",),
@@ -123,7 +166,22 @@ def _open(db: sqlite_utils.Database | str | os.PathLike | None) -> tuple[sqlite_
     return open_db(db), True
 
 
-def _sweep_context(device: str, idle_s: float) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+@dataclass(frozen=True)
+class SweepContext:
+    """What every run of a sweep shares: provenance, the metered devices and the idle baseline."""
+
+    device: str
+    origin: dict[str, Any]
+    devices: list[dict[str, Any]]
+    idle_power_w: dict[str, float]
+    idle_s: float
+
+    @property
+    def provenance_key(self) -> str:
+        return self.origin["provenance_key"]
+
+
+def sweep_context(device: str, idle_s: float) -> SweepContext:
     """Provenance, metered devices and the idle baseline, taken once per sweep in this process.
 
     On a GPU only NVML is touched here (no CUDA context in the parent)."""
@@ -140,18 +198,27 @@ def _sweep_context(device: str, idle_s: float) -> tuple[dict[str, Any], list[dic
         origin = provenance(device, name=gpu.get("name") or None, driver=gpu.get("driver") or None)
     else:
         origin = provenance(device, name=cpu_name())
-    return origin, devices, idle
+    return SweepContext(device, origin, devices, dict(idle), float(idle_s))
 
 
-def _ensure_workload(db: sqlite_utils.Database, spec: str, batch_size: int, seq_len: int | None,
-                     image_size: int | None) -> tuple[str, bool]:
-    """The workload's id, and whether it still needs describing (a row without params)."""
-    wid = workload_id(spec, batch_size, seq_len, image_size)
-    row = db.execute("SELECT params, flops_per_inference FROM workloads WHERE id = ?", [wid]).fetchone()
-    if row is None:
-        upsert_workload(db, {"id": wid, "spec": spec, "batch_size": batch_size})
-        return wid, True
-    return wid, row[0] is None and row[1] is None
+@dataclass
+class MeasuredRun:
+    """One configuration measured (or stopped): the runs-table row, its power samples, and the rows it
+    references, ready for `joulepilot.store.commit_run`."""
+
+    config: CompileConfig
+    workload_id: str
+    status: str  # 'ok' | 'failed' | 'cancelled' (stopped from outside: nothing to store)
+    reason: str | None
+    row: dict[str, Any] = field(default_factory=dict)
+    samples: list[tuple[float, str, float]] = field(default_factory=list)
+    workload: dict[str, Any] | None = None
+    devices: list[dict[str, Any]] = field(default_factory=list)
+
+    def references(self) -> dict[str, Any]:
+        """Keyword arguments of `commit_run` for the rows this run points at."""
+        return {"host": host_identity(), "devices": self.devices, "workload": self.workload,
+                "config": self.config.to_row()}
 
 
 def _run_row(result: dict[str, Any], *, wid: str, config: CompileConfig, device: str, origin: dict[str, Any],
@@ -183,9 +250,90 @@ def _constant(flag: bool) -> Callable[[CompileConfig], bool]:
     return lambda _config: bool(flag)
 
 
-def _warm_start(job: dict[str, Any], artifacts: str, budget_s: float, total_budget_s: float) -> dict[str, Any]:
-    warm_job = dict(job, kind="warm_start", artifacts_path=artifacts, describe=False)
-    return run_worker_job(warm_job, compile_budget_s=budget_s, total_budget_s=total_budget_s)
+def measure_config(
+    spec: str,
+    config: CompileConfig,
+    *,
+    context: SweepContext,
+    columns: set[str],
+    min_seconds: float,
+    budget_s: float,
+    seq_len: int | None = None,
+    image_size: int | None = None,
+    describe: bool = False,
+    save_artifacts: bool = True,
+    warm_start: bool = False,
+    sample_hz: float = 10.0,
+    cancel: CancelCheck | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> MeasuredRun:
+    """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
+    worker loading the saved artifacts). Nothing is written to the database.
+
+    The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
+    returns a reason to stop, which ends the measurement with status 'cancelled'. `columns` are the runs
+    table's columns (other result keys go into `extra`)."""
+    device = context.device
+    origin = context.origin
+    wid = workload_id(spec, config.batch_size, seq_len, image_size)
+    budget = worker_budget(budget_s, min_seconds)
+    artifacts = None
+    if config.compiles and save_artifacts:
+        artifacts = str(artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
+                                          origin["triton_version"] or ""))
+    job = {
+        "kind": "bench", "spec": spec, "device": device, "config": config.to_row(),
+        "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
+        "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
+        "artifacts_path": artifacts, "provenance": origin,
+    }
+    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start)
+    if result.get("status") == "cancelled":
+        return MeasuredRun(config, wid, "cancelled", result.get("reason"))
+    if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
+        warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
+        warm = run_worker_job(warm_job, budget=budget, cancel=cancel)
+        extra = result.setdefault("extra", {})
+        if warm.get("status") == "ok":
+            result["warm_start_s"] = warm["warm_start_s"]
+            extra["artifacts_load_s"] = warm.get("artifacts_load_s")
+            extra["warm_start_caches"] = warm.get("caches")
+        else:
+            extra["warm_start_error"] = warm.get("reason")
+    described = result.get("workload")
+    workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
+    row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
+    row["extra"]["idle_s"] = context.idle_s
+    row["extra"]["budget"] = budget.to_dict()
+    return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices)
+
+
+def _stored_run(database: sqlite_utils.Database, run_id: int) -> dict[str, Any]:
+    stored = list_runs(database, where="runs.id = ?", params=[run_id])[0]
+    stored["run_id"] = run_id
+    stored["extra"] = json.loads(stored["extra"]) if stored.get("extra") else {}
+    return stored
+
+
+def _set_aside_view(spec: str, measured: MeasuredRun, pending: Path, error: str) -> dict[str, Any]:
+    """A run that waits in a side file, shaped like a stored one (no id yet)."""
+    config = measured.config
+    view: dict[str, Any] = {**measured.row, "id": None, "run_id": None, "workload": spec,
+                            "config_label": config.label, "mode": config.mode, "fusion": config.fusion,
+                            "precision": config.precision, "batch_size": config.batch_size,
+                            "pending_path": str(pending), "store_error": error}
+    return view
+
+
+def _lost_run_text(measured: MeasuredRun) -> str:
+    row = measured.row
+    figures = {k: row.get(k) for k in ("status", "reason", "compile_s", "latency_ms_p50", "energy_j_per_inference",
+                                       "avg_power_w", "energy_source") if row.get(k) is not None}
+    return f"lost run of {measured.config.label}: {json.dumps(figures, default=str)}"
+
+
+def _default_notice(text: str) -> None:
+    log.warning("%s", text)
 
 
 def bench(
@@ -195,7 +343,6 @@ def bench(
     device: str | None = None,
     min_seconds: float | None = None,
     budget_s: float = 600.0,
-    total_budget_s: float | None = None,
     db: sqlite_utils.Database | str | os.PathLike | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
@@ -204,75 +351,84 @@ def bench(
     warm_start: bool | Callable[[CompileConfig], bool] | None = None,
     save_artifacts: bool = True,
     sample_hz: float = 10.0,
+    force: bool = False,
     progress: ProgressFn | None = None,
+    notice: NoticeFn | None = None,
     stop_before: Callable[[CompileConfig], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure `spec` under each configuration, one worker process per configuration.
 
     Each finished run (ok or failed) is written to the database before the next starts, so an
-    interrupted sweep keeps everything it finished. `batch_size`, when given, overrides the configs'
-    own. `budget_s` bounds each cold compile; `total_budget_s` each whole worker (default: budget plus
-    room for loading and measuring). `warm_start` (default: on for GPUs; or a predicate on the config)
-    times a second fresh process that loads the saved compile artifacts. `stop_before(config)` returning
-    True ends the sweep before that configuration (a wall-clock deadline, say). Returns the stored runs
-    (see RunResult), in plan order.
-    Raises WorkloadError for a spec that cannot be resolved, ConfigError for a bad configuration, and
-    the telemetry's MeterUnavailable when the device cannot be metered.
+    interrupted sweep keeps everything it finished; a configuration already measured ok for this
+    workload on this device under the same provenance is not measured again (its stored run is
+    returned with `skipped: True`) unless `force`. `batch_size`, when given, overrides the configs'
+    own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
+    the rest of the worker gets an allowance derived from `min_seconds` (see
+    `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
+    times a second fresh process that loads the saved compile artifacts. `stop_before(config)`
+    returning True ends the sweep before that configuration (a wall-clock deadline, say).
+
+    A run whose commit fails (disk full) is kept in a side file beside the database and imported at
+    the next start; it is returned with `pending_path` set and no `run_id`. `notice` receives one line
+    per such event (default: a logged warning). Returns the runs (see RunResult), in plan order.
+    Raises WorkloadError for a spec that cannot be resolved, ConfigError for a bad configuration or
+    device, the telemetry's MeterUnavailable when the device cannot be metered, and the store's
+    RunNotStored when a run can be neither committed nor set aside.
     """
-    device = device or default_device()
-    on_gpu = str(device).startswith("cuda")
+    notice = notice or _default_notice
+    for folder in remove_stale_workdirs():
+        notice(f"removed {folder}, left by a worker whose bench or daemon was killed")
+    device = check_device(device or default_device())
+    on_gpu = device.startswith("cuda")
     split_spec(spec)
     check_spec(spec)
     if configs is None:
         configs = plan_configs(default_modes(device), precisions=default_precisions(device), batch_size=batch_size or 1)
     configs = [c.replace(batch_size=batch_size) if batch_size and c.batch_size != batch_size else c for c in configs]
     min_seconds = default_min_seconds(device) if min_seconds is None else float(min_seconds)
-    idle_s = (2.0 if on_gpu else 0.5) if idle_s is None else float(idle_s)
+    idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
-    total_budget_s = total_budget_s or (budget_s + 300.0 + 6.0 * min_seconds)
 
     database, owned = _open(db)
     try:
-        origin, devices, idle = _sweep_context(device, idle_s)
-        upsert_host(database)
-        upsert_devices(database, origin["host_id"], devices)
-        columns = set(database["runs"].columns_dict)
+        for item in import_pending_runs(database):
+            notice(describe_import(item))
+        context = sweep_context(device, idle_s)
+        columns = run_columns(database)
         runs: list[dict[str, Any]] = []
         for index, config in enumerate(configs):
             if stop_before is not None and stop_before(config):
                 break
+            wid = workload_id(spec, config.batch_size, seq_len, image_size)
+            done = None if force else find_ok_run(database, workload_id=wid, config_id=config.id,
+                                                  provenance_key=context.provenance_key, device=device)
+            if done is not None:
+                stored = _stored_run(database, done)
+                stored["skipped"] = True
+                runs.append(stored)
+                if progress:
+                    progress(index + 1, len(configs), config, stored)
+                continue
             if progress:
                 progress(index, len(configs), config, None)
-            upsert_config(database, config.to_row())
-            wid, needs_describe = _ensure_workload(database, spec, config.batch_size, seq_len, image_size)
-            artifacts = None
-            if config.compiles and save_artifacts:
-                artifacts = str(artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
-                                                  origin["triton_version"] or ""))
-            job = {
-                "kind": "bench", "spec": spec, "device": device, "config": config.to_row(),
-                "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
-                "idle_power_w": idle, "sample_hz": sample_hz, "describe": needs_describe,
-                "artifacts_path": artifacts, "provenance": origin,
-            }
-            result = run_worker_job(job, compile_budget_s=budget_s, total_budget_s=total_budget_s)
-            if result.get("status") == "ok" and result.get("artifacts_path") and wants_warm_start(config):
-                warm = _warm_start(job, result["artifacts_path"], budget_s, total_budget_s)
-                extra = result.setdefault("extra", {})
-                if warm.get("status") == "ok":
-                    result["warm_start_s"] = warm["warm_start_s"]
-                    extra["artifacts_load_s"] = warm.get("artifacts_load_s")
-                    extra["warm_start_caches"] = warm.get("caches")
-                else:
-                    extra["warm_start_error"] = warm.get("reason")
-            if result.get("workload"):
-                upsert_workload(database, result["workload"])
-            row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
-            row["extra"]["idle_s"] = idle_s
-            run_id = insert_run(database, row, samples)
-            stored = list_runs(database, where="runs.id = ?", params=[run_id])[0]
-            stored["run_id"] = run_id
-            stored["extra"] = json.loads(stored["extra"]) if stored.get("extra") else {}
+            measured = measure_config(
+                spec, config, context=context, columns=columns, min_seconds=min_seconds, budget_s=budget_s,
+                seq_len=seq_len, image_size=image_size, describe=workload_needs_description(database, wid),
+                save_artifacts=save_artifacts, warm_start=wants_warm_start(config), sample_hz=sample_hz,
+            )
+            try:
+                outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())
+            except Exception:
+                notice(_lost_run_text(measured))
+                raise
+            if outcome.run_id is not None:
+                stored = _stored_run(database, outcome.run_id)
+            else:
+                assert outcome.pending_path is not None
+                notice(f"{config.label}: the run could not be stored in the database ({outcome.error}); it is "
+                       f"kept in {outcome.pending_path} and imported the next time bench or the daemon opens "
+                       "this database")
+                stored = _set_aside_view(spec, measured, outcome.pending_path, outcome.error)
             runs.append(stored)
             if progress:
                 progress(index + 1, len(configs), config, stored)

@@ -1,27 +1,42 @@
 """The parent side of the worker: one subprocess per job, fresh compile caches, budgets, failure reasons.
 
 Every job runs in a new session (its own process group) with fresh TORCHINDUCTOR_CACHE_DIR and
-TRITON_CACHE_DIR folders under a temporary directory that is removed afterwards. The parent watches the
-phase file the worker appends to: a job still compiling `compile_budget_s` after its compile began, or
-alive `total_budget_s` after it started, has its whole process group killed (Inductor's compile workers
-included). Whatever happens, the parent returns a result dict with `status` 'ok' or 'failed' and a
-`reason` a person can act on.
+TRITON_CACHE_DIR folders under a scratch folder named `joulepilot-run-<parent pid>-*` in the temporary
+directory, removed afterwards. The parent watches the phase file the worker appends to and enforces
+the budget model of `budget.py`: a job whose first forward calls (eager reference + cold compile) have
+taken `budget.first_call_s`, or that is still alive `budget.total_s` after it started, has its whole
+process tree killed (Inductor's compile workers included). The worker dies with its parent
+(PR_SET_PDEATHSIG), and a scratch folder whose parent died is removed by the next `bench` or daemon
+start (`remove_stale_workdirs`). Whatever happens, the parent returns a result dict with `status` 'ok',
+'failed' or 'cancelled' and a `reason` a person can act on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from .budget import FIRST_CALL_PHASES, WorkerBudget
+
 POLL_S = 0.2
 STDERR_TAIL_LINES = 12
+WORKER_MODULE = "joulepilot.compiler.worker"
+WORKDIR_PREFIX = "joulepilot-run-"
+_WORKDIR_NAME = re.compile(rf"^{WORKDIR_PREFIX}(\d+)-[A-Za-z0-9_]+$")
+
+CancelCheck = Callable[[], "str | None"]
 
 
 def _child_pythonpath() -> str:
@@ -44,18 +59,44 @@ def _child_pythonpath() -> str:
     return os.pathsep.join(seen)
 
 
-def _last_phase(path: Path) -> tuple[str, float | None]:
+def read_phases(path: Path) -> list[tuple[str, float]]:
+    """The worker's phase file as (phase, time entered) pairs, oldest first."""
     try:
         lines = path.read_text().strip().splitlines()
     except OSError:
-        return "start", None
-    if not lines:
-        return "start", None
-    name, _, at = lines[-1].partition("\t")
-    try:
-        return name, float(at)
-    except ValueError:
-        return name, None
+        return []
+    phases: list[tuple[str, float]] = []
+    for line in lines:
+        name, _, at = line.partition("\t")
+        try:
+            phases.append((name, float(at)))
+        except ValueError:
+            continue  # a line still being written
+    return phases
+
+
+def first_call_seconds(phases: list[tuple[str, float]], now: float) -> float:
+    """Seconds spent so far in first-call phases (the current one counted up to `now`)."""
+    total = 0.0
+    for i, (name, at) in enumerate(phases):
+        if name in FIRST_CALL_PHASES:
+            end = phases[i + 1][1] if i + 1 < len(phases) else now
+            total += max(0.0, end - at)
+    return total
+
+
+def kill_reason(phases: list[tuple[str, float]], *, started: float, now: float, budget: WorkerBudget) -> str | None:
+    """Why a worker must be killed now under `budget`, or None while it is within it."""
+    phase = phases[-1][0] if phases else "start"
+    if first_call_seconds(phases, now) > budget.first_call_s:
+        if phase == "reference":
+            return (f"the first forward call (eager reference) exceeded the compile budget of "
+                    f"{budget.first_call_s:g} s")
+        return f"compile exceeded budget of {budget.first_call_s:g} s"
+    if now - started > budget.total_s:
+        return (f"run exceeded its total budget of {budget.total_s:g} s (compile budget {budget.first_call_s:g} s "
+                f"+ {budget.allowance_s:g} s for loading and measuring) during {phase}")
+    return None
 
 
 def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
@@ -66,15 +107,26 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_worker_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the worker's process group and every descendant (one that started its own session too)."""
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    psutil.wait_procs(descendants, timeout=5)
 
 
 def _signal_name(code: int) -> str:
@@ -84,14 +136,71 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
-def run_worker_job(job: dict[str, Any], *, compile_budget_s: float, total_budget_s: float,
-                   keep_dir: bool = False) -> dict[str, Any]:
+def new_workdir() -> Path:
+    """A scratch folder whose name carries this process's pid, so a later start can tell it is stale."""
+    return Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
+
+
+def _owner_alive(pid: int, folder: Path) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
+    except psutil.Error:
+        return False
+    try:
+        # The folder changed while its owner lived; a process started after that only reuses the pid.
+        return created <= folder.stat().st_mtime + 1.0
+    except OSError:
+        return False
+
+
+def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove scratch folders left by a `bench` or daemon that died (SIGKILL, power loss); returns them.
+
+    Only folders named `joulepilot-run-<pid>-*` whose owner process is gone are touched."""
+    base = Path(root) if root is not None else Path(tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _WORKDIR_NAME.match(entry.name)
+        if not match or not entry.is_dir() or entry.is_symlink():
+            continue
+        if _owner_alive(int(match.group(1)), entry):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            removed.append(entry)
+    return removed
+
+
+def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
+                   on_start: Callable[[int], None] | None = None, keep_dir: bool = False) -> dict[str, Any]:
     """Run one worker job in a fresh subprocess; always returns a result dict (never raises for the
-    worker's failures)."""
-    workdir = Path(tempfile.mkdtemp(prefix="joulepilot-run-"))
+    worker's failures).
+
+    `cancel`, polled every POLL_S, returns a reason to stop the worker now (the result then has status
+    'cancelled'); `on_start` receives the worker's pid. An exception or signal in this process (Ctrl-C,
+    SystemExit) kills the worker and removes the scratch folder before it propagates."""
+    workdir = new_workdir()
+    try:
+        return _run_in(workdir, job, budget, cancel, on_start, keep_dir)
+    finally:
+        if not keep_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: CancelCheck | None,
+            on_start: Callable[[int], None] | None, keep_dir: bool) -> dict[str, Any]:
     job = dict(job)
     job["result_path"] = str(workdir / "result.json")
     job["phase_path"] = str(workdir / "phases.tsv")
+    job["parent_pid"] = os.getpid()
+    job["budget"] = budget.to_dict()
     (workdir / "job.json").write_text(json.dumps(job, default=str))
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor-cache")
@@ -99,43 +208,48 @@ def run_worker_job(job: dict[str, Any], *, compile_budget_s: float, total_budget
     env["PYTHONPATH"] = _child_pythonpath()
     env.setdefault("PYTHONUNBUFFERED", "1")
     stderr_path = workdir / "stderr.txt"
+    phase_path = Path(job["phase_path"])
     started = time.time()
     killed_reason: str | None = None
+    cancelled: str | None = None
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "joulepilot.compiler.worker", str(workdir / "job.json")],
+            [sys.executable, "-m", WORKER_MODULE, str(workdir / "job.json")],
             stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
         try:
+            if on_start is not None:
+                on_start(proc.pid)
             while proc.poll() is None:
                 time.sleep(POLL_S)
-                now = time.time()
-                phase, phase_at = _last_phase(Path(job["phase_path"]))
-                if phase == "compile" and phase_at is not None and now - phase_at > compile_budget_s:
-                    killed_reason = f"compile exceeded budget of {compile_budget_s:g} s"
-                elif now - started > total_budget_s:
-                    killed_reason = f"run exceeded total budget of {total_budget_s:g} s (during {phase})"
-                if killed_reason:
-                    _kill_group(proc)
+                if proc.poll() is not None:
+                    break
+                cancelled = cancel() if cancel is not None else None
+                if not cancelled:
+                    killed_reason = kill_reason(read_phases(phase_path), started=started, now=time.time(),
+                                                budget=budget)
+                if cancelled or killed_reason:
+                    kill_worker_tree(proc)
                     break
         except BaseException:
-            _kill_group(proc)  # Ctrl-C or a parent error must not leave a compile running
+            kill_worker_tree(proc)  # Ctrl-C, SIGTERM or a parent error must not leave a compile running
             raise
-    result = _collect(proc, job, workdir, stderr_path, killed_reason)
+    phases = read_phases(phase_path)
+    phase = phases[-1][0] if phases else "start"
+    if cancelled:
+        result: dict[str, Any] = {"status": "cancelled", "reason": cancelled, "phase": phase}
+    elif killed_reason:
+        result = {"status": "failed", "reason": killed_reason, "phase": phase}
+    else:
+        result = _collect(proc, job, phase, stderr_path)
     result.setdefault("started_at", started)
     result.setdefault("finished_at", time.time())
     if keep_dir:
         result["workdir"] = str(workdir)
-    else:
-        _remove_tree(workdir)
     return result
 
 
-def _collect(proc: subprocess.Popen, job: dict[str, Any], workdir: Path, stderr_path: Path,
-             killed_reason: str | None) -> dict[str, Any]:
-    phase, _ = _last_phase(Path(job["phase_path"]))
-    if killed_reason:
-        return {"status": "failed", "reason": killed_reason, "phase": phase}
+def _collect(proc: subprocess.Popen, job: dict[str, Any], phase: str, stderr_path: Path) -> dict[str, Any]:
     result_path = Path(job["result_path"])
     if result_path.is_file():
         try:
@@ -152,9 +266,3 @@ def _collect(proc: subprocess.Popen, job: dict[str, Any], workdir: Path, stderr_
         what = f"worker exited with code {code} during {phase} without a result"
     reason = what + (f"; last output:\n{tail}" if tail else "")
     return {"status": "failed", "reason": reason[:4000], "phase": phase}
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

@@ -10,14 +10,17 @@ tell a compile that overran its budget from a slow measurement. Kinds of job:
 - "warm_start": load saved artifacts into this (fresh) process's cache, then time the first call.
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
-call's time is a cold compile.
+call's time is a cold compile. The worker dies with its parent (`bench` or the daemon): a SIGKILL of
+the parent leaves no measurement running on.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -25,6 +28,21 @@ from pathlib import Path
 from typing import Any
 
 OOM_REASON = "out of memory"
+PR_SET_PDEATHSIG = 1
+PARENT_GONE_EXIT = 125
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux), then make sure the parent
+    did not die before the request took effect. Inductor's compile workers watch their own parent."""
+    if not parent_pid:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != int(parent_pid):
+        os._exit(PARENT_GONE_EXIT)
 
 
 class Phases:
@@ -312,6 +330,7 @@ def write_result(result: dict[str, Any], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(args[0]).read_text() if args and args[0] != "-" else sys.stdin.read())
+    die_with_parent(job.get("parent_pid"))
     result = run_job(job)
     if job.get("result_path"):
         write_result(result, job["result_path"])

@@ -12,15 +12,18 @@ Each pass:
  6. writes a heartbeat with the pass summary.
 
 Safety: one daemon per database (flock); SIGTERM/SIGINT stop within seconds (the running job is
-killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config; a run is stored in
-the same transaction that marks its job done, and jobs left `running` by a dead daemon are re-queued
-at start.
+killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config. Two process levels:
+the daemon starts the compiler's benchmark worker itself (which dies with the daemon), and stores
+the worker's run in the same transaction that marks its job done; a run whose commit fails waits in
+a side file that the next pass or start imports, and jobs left `running` by a dead daemon are
+re-queued at start.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -31,7 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import schedule
-from joulepilot.store import host_identity, open_db, transaction
+from joulepilot.store import (
+    RunNotStored,
+    commit_run_or_set_aside,
+    describe_import,
+    host_identity,
+    import_pending_runs,
+    open_db,
+    run_columns,
+    transaction,
+    workload_needs_description,
+)
 from joulepilot.store.daemon_state import (
     claim_job,
     drop_queued_jobs,
@@ -51,7 +64,6 @@ from .device_probe import DeviceProbe, allowed_devices, probe_device
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome, JobRunner
-from .job_store import store_job_result
 from .planner import latest_decision_row, plan_policy, stale_reason
 from .redecide import (
     decide_policy,
@@ -89,7 +101,7 @@ class Daemon:
         self.stop_event = threading.Event()
         self.stop_reason = ""
         self._reload = threading.Event()
-        self.runner = JobRunner(self.work_dir)
+        self.runner = JobRunner()
         self.db: Any = None
         self.host = socket.gethostname()
         self.current_job: dict[str, Any] | None = None
@@ -104,11 +116,6 @@ class Daemon:
     def from_cli(cls, *, config_path: str | None, db: str | None, policies: Sequence[str]) -> Daemon:
         cfg = load_daemon_config(config_path).with_overrides(db=db, policies=list(policies))
         return cls(cfg, config_path=config_path, cli_db=db, cli_policies=policies)
-
-    @property
-    def work_dir(self) -> Path:
-        """Scratch space for job children, beside the database (cleared at start: we hold the lock)."""
-        return Path(str(self.cfg.db) + ".daemon-work")
 
     # --- signals ------------------------------------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -171,11 +178,12 @@ class Daemon:
         exit_code = 0
         try:
             self.db = open_db(self.cfg.db)
-            _end_leftover_child(self.db)
+            _end_leftover_worker(self.db)
+            _remove_stale_scratch(self.cfg.db)
+            self._import_pending()  # before recovery: a set-aside run finishes its job
             requeued = recover_orphaned_jobs(self.db)
             if requeued:
                 log.info("recovered after an unclean stop: job(s) %s re-queued", ", ".join(map(str, requeued)))
-            _clear_dir(self.work_dir)
             log.info("daemon pid %d: database %s, policies %s, devices %s, every %gs",
                      os.getpid(), self.cfg.db, ", ".join(map(str, self.cfg.policies)), ",".join(self.cfg.devices),
                      self.cfg.interval_s)
@@ -298,6 +306,7 @@ class Daemon:
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
                                    "lock_files": [], "unknown_requests": [], "refused_requests": []}
         self.last_pass = {**summary, "in_progress": True}
+        self._import_pending()
         policies, errors = load_policy_folders(self.cfg.policies)
         summary["policies"], summary["policy_errors"] = len(policies), errors
         self._log_policy_errors(errors)
@@ -398,6 +407,11 @@ class Daemon:
             log.info("%d policy file(s) still skipped as logged before (`joulepilot status` lists them)", repeated)
         self._logged_policy_errors = current
 
+    def _import_pending(self) -> None:
+        """Runs whose commit failed earlier (disk full) wait in side files; store them now."""
+        for item in import_pending_runs(self.db):
+            (log.info if item.run_id is not None else log.warning)("%s", describe_import(item))
+
     def _has_open_jobs(self, policy: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
                                [policy]).fetchone() is not None
@@ -424,7 +438,7 @@ class Daemon:
             outcome = self._run_job(job, policy, device)
             if outcome.kind == "measured":
                 summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
-            elif outcome.kind in ("crashed", "timeout"):
+            elif outcome.kind == "error":
                 summary["runs_failed"] += 1
             else:
                 summary["requeued"] += 1
@@ -433,60 +447,79 @@ class Daemon:
                     return
 
     def _run_job(self, job: dict[str, Any], policy: Any, device: str) -> JobOutcome:
-        from joulepilot.compiler import CompileConfig
+        """Measure one job in a compiler worker started here, then store its run and the job's end in
+        one transaction. Stopped or pre-empted jobs go back to the queue."""
+        from joulepilot.compiler import CompileConfig, measure_config, sweep_context
+        from joulepilot.compiler.bench import default_idle_s
 
         if not claim_job(self.db, job["id"]):
             return JobOutcome("stopped", reason="job was taken by someone else")
         row = self.db["configs"].get(job["config_id"])
         cfg = CompileConfig.from_row(row)
+        if policy.batch_size and cfg.batch_size != policy.batch_size:
+            cfg = cfg.replace(batch_size=policy.batch_size)
         self.current_job = {"id": job["id"], "policy": policy.name, "workload": policy.workload,
                             "config": cfg.label, "device": device, "started_at": time.time()}
         log.info("job %d: %s %s on %s", job["id"], policy.workload, cfg.label, device)
-        request = {
-            "job_id": job["id"], "policy": policy.name, "spec": policy.workload, "batch_size": policy.batch_size,
-            "shape_args": policy.shape_args(), "config": row, "device": device,
-            "min_seconds": self.cfg.bench.min_seconds, "budget_s": self.cfg.bench.budget_s,
-            "provenance_key": job["provenance_key"], "workload_id": job["workload_id"],
-            "workload_row": self.db["workloads"].get(job["workload_id"])
-            if self.db["workloads"].count_where("id = ?", [job["workload_id"]]) else None,
-        }
-        # A fresh name per attempt: nothing left by an earlier attempt can mix into this one.
-        scratch = self.work_dir / f"job-{job['id']}-{os.getpid()}-{time.time_ns()}.db"
-        request["scratch_db"] = str(scratch)
-        request["daemon_pid"] = os.getpid()
         tracker = self._tracker(device)
         needs_check = tracker.needs_quiet_period
+        shape = policy.shape_args()
 
         def production_returned() -> str | None:
             if needs_check and tracker.busy_now(own_process_tree()):
                 return tracker.last.reason if tracker.last else "production load returned"
             return None
 
-        def started(child_pid: int) -> None:
-            self.current_job = {**(self.current_job or {}), "child_pid": child_pid}
+        def started(worker_pid: int) -> None:
+            self.current_job = {**(self.current_job or {}), "worker_pid": worker_pid}
             self.heartbeat("sweeping", f"measuring {policy.name}: {cfg.label} on {device}")
 
-        outcome = self.runner.run(request, hard_timeout_s=self.cfg.bench.budget_s + 120,
-                                  preempt_check=production_returned, preempt_every_s=self.cfg.idle.poll_s,
-                                  on_start=started)
+        def measure(stop_check: Any, on_start: Any) -> Any:
+            context = sweep_context(device, default_idle_s(device))
+            wid = job["workload_id"]
+            return measure_config(
+                policy.workload, cfg, context=context, columns=run_columns(self.db),
+                min_seconds=self.cfg.bench.min_seconds, budget_s=self.cfg.bench.budget_s,
+                seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
+                describe=workload_needs_description(self.db, wid), cancel=stop_check, on_start=on_start,
+            )
+
         try:
-            if outcome.kind == "measured":
-                run_id = store_job_result(self.db, job, scratch)
-                status = self.db.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()[0]
-                outcome.extra["status"] = status
-                log.info("job %d: %s, run %d (%.1fs)", job["id"], status, run_id, outcome.wall_s)
-            elif outcome.kind in ("crashed", "timeout"):
-                tail = outcome.stderr_tail.strip().splitlines()[-5:]
-                log.error("job %d %s: %s%s", job["id"], outcome.kind, outcome.reason,
-                          ("\n  " + "\n  ".join(tail)) if tail else "")
+            try:
+                outcome = self.runner.run(measure, preempt_check=production_returned,
+                                          preempt_every_s=self.cfg.idle.poll_s, on_start=started)
+            except Exception as exc:  # the device could not be metered, the workload not resolved ...
+                log.error("job %d could not be measured: %s: %s", job["id"], type(exc).__name__, exc)
                 finish_job(self.db, job["id"], state="failed", run_id=None)
+                return JobOutcome("error", reason=f"{type(exc).__name__}: {exc}")
+            if outcome.kind == "measured":
+                self._store_measured(job, policy, outcome)
             else:
                 requeue_job(self.db, job["id"])
                 log.info("job %d re-queued: %s", job["id"], outcome.reason)
         finally:
             self.current_job = None
-            _remove_db_files(scratch)
         return outcome
+
+    def _store_measured(self, job: dict[str, Any], policy: Any, outcome: JobOutcome) -> None:
+        measured = outcome.result
+        measured.row["extra"].update({"job_id": job["id"], "daemon_pid": os.getpid(), "policy": policy.name,
+                                      "job_provenance_key": job["provenance_key"]})
+        outcome.extra["status"] = measured.status
+        try:
+            stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),
+                                             job_id=job["id"])
+        except RunNotStored as exc:
+            log.error("job %d: %s; the job is measured again after a restart. Lost: %s", job["id"], exc,
+                      {k: measured.row.get(k) for k in ("status", "reason", "energy_j_per_inference",
+                                                          "latency_ms_p50", "energy_source")})
+            return
+        if stored.run_id is None:
+            log.error("job %d: the run could not be stored (%s); it is kept in %s and imported at the next "
+                      "pass or start", job["id"], stored.error, stored.pending_path)
+            return
+        why = f": {measured.reason.splitlines()[0]}" if measured.status != "ok" and measured.reason else ""
+        log.info("job %d: %s, run %d (%.1fs)%s", job["id"], measured.status, stored.run_id, outcome.wall_s, why)
 
     def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
                 violated_by_policy: dict[str, set[str]], requested: dict[str, list[int]],
@@ -535,37 +568,50 @@ def bounded_pass(summary: dict[str, Any]) -> dict[str, Any]:
     return bounded
 
 
-def _end_leftover_child(db: Any) -> None:
-    """A job child of a daemon that died (SIGKILL) normally dies with it; make sure of it."""
+def _end_leftover_worker(db: Any) -> None:
+    """A worker of a daemon that died (SIGKILL) dies with it (PR_SET_PDEATHSIG); make sure of it."""
     import psutil
     from joulepilot.store.daemon_state import list_heartbeats
 
     from .job_runner import kill_tree_of_pid
 
     for hb in list_heartbeats(db, limit=5):
-        pid = ((hb.get("detail") or {}).get("job") or {}).get("child_pid")
+        job = (hb.get("detail") or {}).get("job") or {}
+        pid = job.get("worker_pid") or job.get("child_pid")
         if not pid:
             continue
         try:
             proc = psutil.Process(int(pid))
-            if any("joulepilot.controller.job_child" in part for part in proc.cmdline()):
-                log.warning("ending job child %d left by a previous daemon", proc.pid)
-                kill_tree_of_pid(proc.pid)
+            cmdline = proc.cmdline()
+            if not any(name in part for part in cmdline
+                       for name in ("joulepilot.compiler.worker", "joulepilot.controller.job_child")):
+                continue
+            # A reused pid may belong to a live bench's worker: only an orphan (its parent gone) is ended.
+            if _original_parent(cmdline) == proc.ppid():
+                continue
+            log.warning("ending benchmark worker %d left by a previous daemon", proc.pid)
+            kill_tree_of_pid(proc.pid)
         except psutil.Error:
             pass
 
 
-def _remove_db_files(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
+def _original_parent(cmdline: list[str]) -> int | None:
+    """The parent pid a worker was started by, from its job file (the last argument)."""
+    import json
+
+    try:
+        return int(json.loads(Path(cmdline[-1]).read_text()).get("parent_pid") or 0) or None
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
-def _clear_dir(path: Path) -> None:
-    if path.is_dir():
-        for child in path.iterdir():
-            if child.is_file():
-                child.unlink(missing_ok=True)
-    path.mkdir(parents=True, exist_ok=True)
+def _remove_stale_scratch(db_path: Path) -> None:
+    """Scratch folders of workers whose daemon or bench died, and the job-child folder of older versions."""
+    from joulepilot.compiler.runner import remove_stale_workdirs
+
+    for folder in remove_stale_workdirs():
+        log.info("removed %s, left by a worker whose bench or daemon was killed", folder)
+    shutil.rmtree(Path(str(db_path) + ".daemon-work"), ignore_errors=True)
 
 
 def _configure_logging(level: str) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -32,6 +35,10 @@ def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | No
     if run is None:
         click.echo(f"[{index + 1}/{total}] {config.label}: compiling and measuring ...", err=True)
         return
+    if run.get("skipped"):
+        click.echo(f"[{index}/{total}] {config.label}: skipped, already measured ok as run {run['run_id']} under "
+                   "the same provenance (--force measures it again)", err=True)
+        return
     if run["status"] == "ok":
         click.echo(f"[{index}/{total}] {config.label}: ok, compile {run['compile_s']:.2f} s, "
                    f"p50 {run['latency_ms_p50']:.3f} ms, {run['energy_j_per_inference']:.4g} J/inference "
@@ -42,6 +49,28 @@ def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | No
     else:
         first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
         click.echo(f"[{index}/{total}] {config.label}: FAILED, {first_line}", err=True)
+
+
+def _notice(text: str) -> None:
+    click.echo(f"bench: {text}", err=True)
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C does: the running worker is killed and its scratch folder removed."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command("bench")
@@ -64,8 +93,12 @@ def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | No
 @click.option("--min-seconds", type=click.FloatRange(min=0.05),
               help="Length of each energy window (default 5 on a GPU, 2 on CPU).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
-              help="Cold-compile budget per configuration; an overrun is recorded as a failed run.")
+              help="Budget of each configuration's first forward calls (eager reference + cold compile); the "
+                   "worker's other phases get an allowance derived from --min-seconds (README: budget model). "
+                   "An overrun is recorded as a failed run.")
 @click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
+@click.option("--force", is_flag=True,
+              help="Measure every configuration again, even those already measured ok under the same provenance.")
 @click.option("--warm-start/--no-warm-start", default=None,
               help="Also time a fresh process that loads the saved compile artifacts (default: on for GPUs).")
 @db_option
@@ -73,29 +106,37 @@ def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | No
 def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, seq_len: int | None,
                   image_size: int | None, min_seconds: float | None, budget_s: float, device: str | None,
-                  warm_start: bool | None, db: str | None, as_json: bool) -> None:
+                  force: bool, warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
     package.module:factory.
     """
-    from joulepilot.compiler import ConfigError, WorkloadError, bench, default_device, plan_configs
+    from joulepilot.compiler import (
+        ConfigError,
+        WorkloadError,
+        bench,
+        check_device,
+        default_device,
+        plan_configs,
+    )
     from joulepilot.compiler.bench import default_modes, default_precisions
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
-    device = device or default_device()
     try:
+        device = check_device(device or default_device())
         configs = plan_configs(
             _split_values(modes) or default_modes(device),
             _split_values(fusions) or ["default"],
             _split_values(precisions) or default_precisions(device),
             batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
         )
-        runs = bench(spec, configs, device=device, min_seconds=min_seconds, budget_s=budget_s, db=db,
-                     batch_size=batch_size, seq_len=seq_len, image_size=image_size, warm_start=warm_start,
-                     progress=_progress_line)
+        with _sigterm_as_exit():
+            runs = bench(spec, configs, device=device, min_seconds=min_seconds, budget_s=budget_s, db=db,
+                         batch_size=batch_size, seq_len=seq_len, image_size=image_size, warm_start=warm_start,
+                         force=force, progress=_progress_line, notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:
@@ -108,6 +149,13 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         failed = [r for r in runs if r["status"] != "ok"]
         for run in failed:
             click.echo(f"run {run['run_id']} ({run['config_label']}) failed: {run.get('reason')}")
+        skipped = [r for r in runs if r.get("skipped")]
+        if skipped:
+            click.echo(f"{len(skipped)} configuration(s) already measured ok under the same provenance were not "
+                       "measured again (runs " + ", ".join(str(r["run_id"]) for r in skipped) + "); --force redoes them")
+        for run in runs:
+            if run.get("pending_path"):
+                click.echo(f"{run['config_label']}: not in the database yet, kept in {run['pending_path']}")
         if any(r.get("energy_source") == "estimate" for r in runs):
             click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
     if runs and all(r["status"] != "ok" for r in runs):

@@ -15,7 +15,11 @@ from joulepilot.telemetry import (
     parse_device,
 )
 
-from .clikit import db_option, echo_json, echo_table
+from .clikit import echo_json, echo_table
+
+# What a shell exits with when it cannot run a command: not found, found but not executable.
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
 
 
 def _device_rows() -> list[dict]:
@@ -61,24 +65,34 @@ def _exit_status(code: int) -> int:
 @click.option("--idle-s", type=float, default=0.0, show_default=True,
               help="Seconds of idle baseline to measure first, for energy above idle.")
 @click.option("--sample-hz", type=float, default=10.0, show_default=True, help="Power sampler rate (<= 10).")
-@db_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def measure_cli(as_json: bool, device: str | None, idle_s: float, sample_hz: float, db: str | None,
-                cmd: tuple[str, ...]) -> None:
-    """Run CMD and report the energy it used per device; exits with CMD's exit code.
+def measure_cli(as_json: bool, device: str | None, idle_s: float, sample_hz: float, cmd: tuple[str, ...]) -> None:
+    """Run CMD and report the energy it used per device; exits with CMD's exit code (127 when CMD is
+    not found, 126 when it cannot be executed, as a shell does). Nothing is stored: use --json to keep
+    the report.
 
     Example: joulepilot measure --json -- python train.py --epochs 1
     """
-    del db  # accepted for symmetry with other commands; measurements are not stored
-    try:
-        if device is not None:
+    if cmd[0].startswith("-"):
+        # An option measure does not have lands here (unknown options are passed through to CMD).
+        raise click.UsageError(f"measure has no option {cmd[0]!r} (its options are --json, --device, --idle-s, "
+                               "--sample-hz; measurements are not stored); put the command after `--`")
+    if device is not None:
+        try:
             parse_device(device)
+        except ValueError:
+            raise click.UsageError(f"--device {device!r} is not a device: use cpu or cuda:N (e.g. cuda:0), or leave "
+                                   "--device out to measure every device") from None
+    try:
         result = measure_command(list(cmd), device=device, idle_s=idle_s, sample_hz=sample_hz,
                                  stdout=2 if as_json else None)  # fd 2: stderr
     except FileNotFoundError as exc:
-        raise click.ClickException(f"command not found: {cmd[0]!r} ({exc.strerror}); check the name and PATH") from exc
-    except PermissionError as exc:
-        raise click.ClickException(f"command not executable: {cmd[0]!r}; chmod +x it or run it through its interpreter") from exc
+        click.echo(f"Error: command not found: {cmd[0]!r} ({exc.strerror}); check the name and PATH", err=True)
+        sys.exit(EXIT_NOT_FOUND)
+    except PermissionError:
+        click.echo(f"Error: command not executable: {cmd[0]!r}; chmod +x it or run it through its interpreter",
+                   err=True)
+        sys.exit(EXIT_NOT_EXECUTABLE)
     except (TelemetryError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

@@ -1,5 +1,6 @@
 """SQLite store: schema, migrations, typed reads and writes."""
 
+from .commit import commit_run, find_ok_run, run_columns, workload_needs_description
 from .daemon_state import (
     add_request,
     claim_job,
@@ -39,6 +40,15 @@ from .deployments import (
 from .errors import DatabaseCorrupt, DatabaseMissing, ExportFormatError, SchemaTooNew, StoreError
 from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
 from .jsonvalues import json_column, json_output, json_safe, row_from_json
+from .pending import (
+    PendingImport,
+    RunNotStored,
+    StoreOutcome,
+    commit_run_or_set_aside,
+    describe_import,
+    import_pending_runs,
+    pending_dir,
+)
 from .records import (
     host_identity,
     insert_run,
@@ -54,6 +64,17 @@ from .schema import SCHEMA_VERSION
 from .timevalues import iso_utc, parse_since
 
 __all__ = [
+    "commit_run",
+    "commit_run_or_set_aside",
+    "describe_import",
+    "find_ok_run",
+    "import_pending_runs",
+    "pending_dir",
+    "PendingImport",
+    "RunNotStored",
+    "StoreOutcome",
+    "run_columns",
+    "workload_needs_description",
     "json_column",
     "json_safe",
     "json_output",

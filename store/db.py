@@ -186,7 +186,9 @@ def transaction(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
     try:
         yield db
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR); keep the original error.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     else:
         conn.execute("COMMIT")

@@ -124,6 +124,18 @@ def test_summary_table_and_a_second_sweep_into_the_same_db(sweep):
     assert header.split()[:3] == ["run", "config", "status"] and "J/inference" in header
     assert "eager/fp32/b4" in row and " ok " in row
     assert "source 'estimate'" in result.stdout
+    # measured ok under the same provenance by the first sweep: not measured again
+    eager_id = next(r["run_id"] for r in sweep["runs"] if r["mode"] == "eager")
+    assert f"not measured again (runs {eager_id}); --force redoes them" in result.stdout
+    db = open_db(sweep["db_path"])
+    assert len(list_runs(db)) == 2
+    db.close()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JOULEPILOT_HOME", str(sweep["home"]))
+        forced = CliRunner().invoke(main, ["bench", "mlp", "--modes", "eager", "--device", "cpu", "--batch-size", "4",
+                                           "--min-seconds", "0.2", "--db", str(sweep["db_path"]), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "[1/1] eager/fp32/b4: ok" in forced.stderr
     db = open_db(sweep["db_path"])
     assert len(list_runs(db)) == 3  # the earlier sweep's runs are kept
     assert db.execute("SELECT count(*) FROM workloads").fetchone()[0] == 1

@@ -3,12 +3,14 @@ a broken policy file beside good ones."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +25,7 @@ from daemon_factories import (
     write_daemon_config,
     write_policy,
 )
+from joulepilot.compiler import worker_budget
 
 
 def status_json(db: Path) -> dict:
@@ -44,6 +47,20 @@ def family(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _parent(proc: psutil.Process) -> int | None:
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return None
+
+
 def all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> bool:
     _, alive = psutil.wait_procs(procs, timeout=timeout_s)
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
@@ -62,14 +79,19 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path):
         wait_for(lambda: poll_query(db, "SELECT 1 FROM jobs WHERE id = 2 AND state = 'running'"), 180,
                  "the second job to start")
         assert query(db, "SELECT state FROM jobs WHERE id = 1")[0]["state"] == "done"
+        wait_for(lambda: [p for p in family(daemon.pid) if "joulepilot.compiler.worker" in _cmdline(p)], 60,
+                 "the second job's worker")
         children = family(daemon.pid)
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait(timeout=10)
     finally:
         if daemon.poll() is None:
             daemon.kill()
-    # Its job child dies with it (PR_SET_PDEATHSIG), and takes the compiler's worker along.
+    # Its benchmark worker (a direct child: two process levels) dies with it (PR_SET_PDEATHSIG).
+    assert not any("job_child" in " ".join(_cmdline(p)) for p in children)
     assert all_gone(children, 15), [p.cmdline() for p in children if p.is_running()]
+    scratch = glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{daemon.pid}-*"))
+    assert scratch  # nothing could clean up after a SIGKILL: the restart does
     assert query(db, "SELECT state FROM jobs ORDER BY id") == [{"state": "done"}, {"state": "running"}]
     assert len(query(db, "SELECT id FROM runs")) == 1  # the killed job left nothing half-written
     assert "broken.toml" in (tmp_path / "first.log").read_text()
@@ -93,7 +115,10 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path):
     for job in jobs:
         run = next(r for r in runs if r["id"] == job["run_id"])
         assert json.loads(run["extra"])["job_id"] == job["id"]
-    assert not list((tmp_path / "j.db.daemon-work").glob("*.db"))  # scratch space cleaned
+    assert not any(os.path.exists(folder) for folder in scratch)  # the killed daemon's scratch removed
+    assert f"removed {scratch[0]}" in proc.stderr
+    extra = json.loads(runs[1]["extra"])
+    assert extra["budget"] == worker_budget(300, 0.5).to_dict()  # the config's budget_s, the one model
 
     status = status_json(db)
     assert [d["policy"] for d in status["decisions"]] == ["mlp"]
@@ -125,7 +150,8 @@ def test_sigterm_during_a_compile_stops_within_seconds_and_requeues(tmp_path):
     try:
         wait_for(lambda: _worker_phase(daemon.pid) == "compile", 180, "the worker to start compiling")
         children = family(daemon.pid)
-        assert any("joulepilot.compiler.worker" in " ".join(p.cmdline()) for p in children)
+        workers = [p for p in children if "joulepilot.compiler.worker" in " ".join(_cmdline(p))]
+        assert workers and all(_parent(p) == daemon.pid for p in workers)  # daemon -> worker, nothing between
         t0 = time.monotonic()
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(timeout=30)
@@ -136,7 +162,7 @@ def test_sigterm_during_a_compile_stops_within_seconds_and_requeues(tmp_path):
     log = (tmp_path / "daemon.log").read_text()
     assert code == 0, log
     assert took < 10, f"took {took:.1f}s to stop"
-    assert all_gone(children, 5)  # the job child, the compiler's worker and Inductor's compile workers
+    assert all_gone(children, 5)  # the compiler's worker and Inductor's compile workers
     job = query(db, "SELECT * FROM jobs")[0]
     assert job["state"] == "queued" and job["attempts"] == 0  # back in the queue, the attempt not counted
     assert query(db, "SELECT COUNT(*) AS n FROM runs")[0]["n"] == 0

@@ -276,33 +276,49 @@ def test_cpu_device_is_idle_without_threshold_and_nvml_absence_is_said():
     assert not reading.busy and "cannot judge load" in reading.reason
 
 
-# --- the job runner stops a child and everything below it -------------------------------------------
+# --- the job runner stops the worker and everything below it -----------------------------------------
+
+
+def _fake_worker(tmp_path, monkeypatch, name: str, body: str) -> None:
+    """A stand-in for the compiler's worker module (the tests are about stopping it, not compiling)."""
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "main.py").write_text(textwrap.dedent(body))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setattr("joulepilot.compiler.runner.WORKER_MODULE", f"{name}.main")
+
+
+def _scratch_of_this_process() -> list[str]:
+    import glob
+    import tempfile
+
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
 
 
 def test_runner_cancel_kills_the_whole_tree(tmp_path, monkeypatch):
     import threading
 
     import psutil
+    from joulepilot.compiler import worker_budget
+    from joulepilot.compiler.runner import run_worker_job
 
-    # A stand-in child module that starts a grandchild in its own session (as the compiler's worker does).
-    pkg = tmp_path / "fakechild"
-    pkg.mkdir()
+    # The worker starts a grandchild in its own session, out of reach of a process-group kill.
     marker = tmp_path / "grandchild.pid"
-    (pkg / "__init__.py").write_text("")
-    (pkg / "main.py").write_text(textwrap.dedent(f"""
+    _fake_worker(tmp_path, monkeypatch, "fakeworker", f"""
         import subprocess, sys, time
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
         open({str(marker)!r}, "w").write(str(p.pid))
         time.sleep(120)
-    """))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runner = JobRunner(tmp_path / "work")
-    monkeypatch.setattr("joulepilot.controller.job_runner.CHILD_MODULE", "fakechild.main")
+    """)
+    runner = JobRunner()
     timer = threading.Timer(3.0, runner.cancel, args=("test stop",))
     timer.start()
     t0 = time.monotonic()
-    outcome = runner.run({"x": 1}, hard_timeout_s=60, poll_s=0.2)
+    outcome = runner.run(lambda stop, started: run_worker_job({}, budget=worker_budget(60, 1), cancel=stop,
+                                                               on_start=started))
     assert outcome.kind == "stopped" and outcome.reason == "test stop"
+    assert outcome.result["status"] == "cancelled"
     assert time.monotonic() - t0 < 10
     grandchild = int(marker.read_text())
     for _ in range(50):
@@ -310,17 +326,31 @@ def test_runner_cancel_kills_the_whole_tree(tmp_path, monkeypatch):
             break
         time.sleep(0.1)
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    assert runner.pid is None and not _scratch_of_this_process()  # scratch folder removed
+    # A stop is final: the daemon is going away, so a later job does not even start.
+    assert runner.run(lambda stop, started: pytest.fail("started after a stop")).kind == "stopped"
 
 
 def test_runner_preempts_when_production_load_returns(tmp_path, monkeypatch):
-    pkg = tmp_path / "sleeper"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "main.py").write_text("import time\ntime.sleep(120)\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setattr("joulepilot.controller.job_runner.CHILD_MODULE", "sleeper.main")
+    from joulepilot.compiler import worker_budget
+    from joulepilot.compiler.runner import run_worker_job
+
+    _fake_worker(tmp_path, monkeypatch, "sleeper", "import time\ntime.sleep(120)\n")
     checks = iter([None, None, "GPU 0 utilisation 85% >= 10%"])
-    runner = JobRunner(tmp_path / "work")
-    outcome = runner.run({}, hard_timeout_s=60, poll_s=0.1, preempt_check=lambda: next(checks), preempt_every_s=0.3)
+    runner = JobRunner()
+    pids: list[int] = []
+    outcome = runner.run(lambda stop, started: run_worker_job({}, budget=worker_budget(60, 1), cancel=stop,
+                                                               on_start=started),
+                         preempt_check=lambda: next(checks), preempt_every_s=0.3, on_start=pids.append)
     assert outcome.kind == "preempted" and "85%" in outcome.reason
-    assert runner.pid is None and not list((tmp_path / "work").iterdir())  # request files cleaned up
+    assert len(pids) == 1 and not psutil_alive(pids[0])
+    assert runner.pid is None and not _scratch_of_this_process()
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -81,9 +81,29 @@ def test_measure_covers_the_child_tree_and_prints_a_table(tmp_path, monkeypatch)
 def test_measure_rejects_unknown_commands_and_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "absent"))
     missing = CliRunner().invoke(main, ["measure", "--", "no-such-command-xyz"])
-    assert missing.exit_code == 1 and "command not found: 'no-such-command-xyz'" in missing.output
+    assert missing.exit_code == 127 and "command not found: 'no-such-command-xyz'" in missing.output  # as a shell
     bad = CliRunner().invoke(main, ["measure", "--device", "tpu:0", "--", "true"])
-    assert bad.exit_code == 1 and "tpu:0" in bad.output
+    assert bad.exit_code == 2 and "--device 'tpu:0' is not a device: use cpu or cuda:N" in bad.output
+    assert "None" not in bad.output
     monkeypatch.setitem(sys.modules, "pynvml", None)
     nogpu = CliRunner().invoke(main, ["measure", "--device", "cuda:0", "--", "true"])
     assert nogpu.exit_code == 1 and "cannot meter cuda:0" in nogpu.output
+
+
+def test_measure_exits_like_a_shell_when_the_command_cannot_run(tmp_path):
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o644)
+    for argv, code in ([["no-such-command-xyz"], 127], [[str(script)], 126], [["sh", "-c", "exit 127"], 127]):
+        proc = subprocess.run([sys.executable, "-m", "joulepilot", "measure", "--", *argv], capture_output=True,
+                              text=True, timeout=60, env=_env(JOULEPILOT_POWERCAP_ROOT=str(tmp_path / "absent")))
+        shell = subprocess.run(["sh", "-c", " ".join(argv) if argv[0] != "sh" else "exit 127"], capture_output=True)
+        assert proc.returncode == code == shell.returncode, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_measure_has_no_db_option_and_says_so(tmp_path):
+    result = CliRunner().invoke(main, ["measure", "--db", str(tmp_path / "m.db"), "--", "true"])
+    assert result.exit_code == 2
+    assert "measure has no option '--db'" in result.output and "measurements are not stored" in result.output
+    assert not (tmp_path / "m.db").exists()

@@ -2,7 +2,8 @@
 `tests.workload_factories:<name>` (the runner passes the parent's import roots on PYTHONPATH).
 
 The misbehaving models misbehave from their second call on: the first call is the worker's eager
-fp32 reference, the second is the configuration's first (timed, "compile") call.
+fp32 reference, the second is the configuration's first (timed, "compile") call. `hangs_on_first_call`
+hangs in the very first forward call (the eager reference).
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from torch import nn
 
 
 class _Misbehaving(nn.Module):
-    def __init__(self, action: str, only_under_autocast: bool = False) -> None:
+    def __init__(self, action: str, only_under_autocast: bool = False, from_call: int = 2) -> None:
         super().__init__()
         self.linear = nn.Linear(8, 4)
         self.action = action
         self.only_under_autocast = only_under_autocast
+        self.from_call = from_call
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        triggered = self.calls >= 2 and (not self.only_under_autocast or torch.is_autocast_enabled(x.device.type))
+        triggered = self.calls >= self.from_call and (not self.only_under_autocast or torch.is_autocast_enabled(x.device.type))
         if triggered:
             if self.action == "exit":
                 os._exit(3)
@@ -52,6 +54,10 @@ def segfaults(batch_size: int = 1):
 
 def hangs(batch_size: int = 1):
     return _Misbehaving("hang"), _inputs(batch_size)
+
+
+def hangs_on_first_call(batch_size: int = 1):
+    return _Misbehaving("hang", from_call=1), _inputs(batch_size)
 
 
 def runs_out_of_memory(batch_size: int = 1):

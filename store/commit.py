@@ -1,0 +1,71 @@
+"""Storing a finished measurement: the run, the rows it references and (for the daemon) its job's new
+state in one transaction; and the reads `bench` and the daemon need before measuring."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlite_utils
+
+from .daemon_state import finish_job
+from .db import transaction
+from .records import insert_run, upsert_config, upsert_devices, upsert_workload
+
+
+def run_columns(db: sqlite_utils.Database) -> set[str]:
+    """The columns of the runs table (a worker's other result keys go into `extra`)."""
+    return set(db["runs"].columns_dict)
+
+
+def workload_needs_description(db: sqlite_utils.Database, workload_id: str) -> bool:
+    """True when the workload is unknown or stored without its description (parameters, FLOPs)."""
+    row = db.execute("SELECT params, flops_per_inference FROM workloads WHERE id = ?", [workload_id]).fetchone()
+    return row is None or (row[0] is None and row[1] is None)
+
+
+def find_ok_run(db: sqlite_utils.Database, *, workload_id: str, config_id: str, provenance_key: str,
+                device: str) -> int | None:
+    """The newest ok run of this workload and configuration on `device` under `provenance_key`."""
+    row = db.execute(
+        "SELECT id FROM runs WHERE workload_id = ? AND config_id = ? AND provenance_key = ? AND device = ?"
+        " AND status = 'ok' ORDER BY id DESC LIMIT 1",
+        [workload_id, config_id, provenance_key, device],
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _write_references(db: sqlite_utils.Database, host: Mapping[str, Any] | None,
+                      devices: Iterable[Mapping[str, Any]], workload: Mapping[str, Any] | None,
+                      config: Mapping[str, Any] | None) -> None:
+    if host:
+        db.execute("INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
+                   [host["id"], host["hostname"], host.get("cpu"), host.get("created_at") or time.time()])
+        devices = list(devices)
+        if devices:
+            upsert_devices(db, host["id"], devices)
+    if workload:
+        have = db.execute("SELECT params FROM workloads WHERE id = ?", [workload["id"]]).fetchone()
+        if have is None or (have[0] is None and workload.get("params") is not None):
+            upsert_workload(db, workload)
+    if config:
+        known = db.execute("SELECT 1 FROM configs WHERE id = ?", [config["id"]]).fetchone()
+        if known is None:
+            upsert_config(db, config)
+
+
+def commit_run(db: sqlite_utils.Database, run: Mapping[str, Any], samples: Sequence[Sequence[Any]] = (), *,
+               host: Mapping[str, Any] | None = None, devices: Iterable[Mapping[str, Any]] = (),
+               workload: Mapping[str, Any] | None = None, config: Mapping[str, Any] | None = None,
+               job_id: int | None = None) -> int:
+    """Write one finished run with its power samples, the host, devices, workload and configuration
+    rows it references, and, when `job_id` is given, that job's end (`done` for an ok run, `failed`
+    otherwise), all in one transaction; returns the run id. A kill at any moment leaves all of it or
+    none of it."""
+    with transaction(db):
+        _write_references(db, host, devices, workload, config)
+        run_id = insert_run(db, run, [tuple(s) for s in samples])  # type: ignore[misc]
+        if job_id is not None:
+            finish_job(db, job_id, state="done" if run.get("status") == "ok" else "failed", run_id=run_id)
+    return run_id

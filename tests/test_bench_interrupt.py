@@ -1,0 +1,150 @@
+"""`bench` stopped and started again: its worker dies with it, scratch folders do not pile up, and a
+restarted sweep measures only what is missing."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+from daemon_factories import wait_for
+from joulepilot.compiler import CompileConfig, bench
+from joulepilot.store import list_runs
+
+from joulepilot.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch, request):
+    # the worker subprocess imports tests.workload_factories through the parent's import roots
+    monkeypatch.syspath_prepend(str(request.config.rootpath))
+
+
+def _hanging_worker(bench_pid: int) -> psutil.Process | None:
+    """bench's worker once it is inside the (hanging) first forward call."""
+    try:
+        children = psutil.Process(bench_pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for proc in children:
+        try:
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        if "joulepilot.compiler.worker" in cmd:
+            phases = Path(cmd[-1]).with_name("phases.tsv")
+            if phases.is_file() and phases.read_text().strip().splitlines()[-1].startswith("reference"):
+                return proc
+    return None
+
+
+def _gone(proc: psutil.Process, timeout_s: float) -> bool:
+    try:
+        proc.wait(timeout=timeout_s)
+    except psutil.TimeoutExpired:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
+def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig):
+    cmd = [sys.executable, "-m", "joulepilot", "bench", "tests.workload_factories:hangs_on_first_call",
+           "--device", "cpu", "--modes", "eager", "--min-seconds", "0.2", "--budget-s", "600",
+           "--db", str(tmp_path / "b.db")]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        worker = wait_for(lambda: _hanging_worker(proc.pid), 120, "the worker to hang in its first call")
+        scratch = Path(worker.cmdline()[-1]).parent
+        assert scratch.is_dir()
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _gone(worker, 10), f"worker {worker.pid} outlived bench after {sig.name}"
+    if sig == signal.SIGKILL:
+        assert scratch.is_dir()  # nothing could clean up; the next start does
+        nxt = CliRunner().invoke(main, ["bench", "tests.workload_factories:nope", "--device", "cpu",
+                                        "--db", str(tmp_path / "b.db")])
+        assert nxt.exit_code == 1 and "has no attribute 'nope'" in nxt.output
+        assert f"removed {scratch}" in nxt.stderr
+    else:
+        assert proc.returncode != 0
+    assert not scratch.exists()
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{proc.pid}-*"))
+
+
+def test_stale_scratch_of_a_live_process_is_kept(tmp_path):
+    from joulepilot.compiler.runner import remove_stale_workdirs
+
+    live = tmp_path / f"joulepilot-run-{os.getpid()}-abc123"
+    sleeper = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeper.wait()
+    dead = tmp_path / f"joulepilot-run-{sleeper.pid}-def456"
+    other = tmp_path / "joulepilot-run-legacyname"
+    for folder in (live, dead, other):
+        folder.mkdir()
+        (folder / "job.json").write_text("{}")
+    assert remove_stale_workdirs(tmp_path) == [dead]
+    assert live.is_dir() and other.is_dir() and not dead.exists()
+
+
+def test_restarted_sweep_skips_what_was_measured_ok_and_force_redoes_it(db, tmp_path, monkeypatch):
+    spec = "tests.workload_factories:exits_under_autocast"
+    configs = [CompileConfig(mode="eager", precision="bf16"), CompileConfig(mode="eager", precision="fp32")]
+    first = bench(spec, configs, device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    assert [r["status"] for r in first] == ["failed", "ok"]
+
+    # The same sweep again, through the CLI: only the failed configuration is measured again.
+    db_path = tmp_path / "test.db"
+    again = CliRunner().invoke(main, ["bench", spec, "--device", "cpu", "--modes", "eager", "--precision", "bf16,fp32",
+                                      "--min-seconds", "0.2", "--db", str(db_path), "--json"])
+    assert again.exit_code == 0, again.output
+    ok_id = first[1]["run_id"]
+    assert f"eager/fp32/b1: skipped, already measured ok as run {ok_id} under the same provenance" in again.stderr
+    assert "eager/bf16/b1: compiling and measuring" in again.stderr
+    runs = list_runs(db)
+    assert len(runs) == 3  # one new run: the failed configuration, measured again
+    assert sorted(r["status"] for r in runs) == ["failed", "failed", "ok"]
+
+    # --force measures everything again.
+    forced = bench(spec, configs, device="cpu", min_seconds=0.2, db=db, idle_s=0, force=True)
+    assert not any(r.get("skipped") for r in forced)
+    assert forced[1]["status"] == "ok" and forced[1]["run_id"] != ok_id
+    assert len(list_runs(db)) == 5
+
+
+def test_skipped_configuration_is_one_under_the_same_provenance(db):
+    """A run measured under other software (another provenance key) does not count as measured."""
+    (run,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    db.execute("UPDATE runs SET provenance_key = 'older-torch' WHERE id = ?", [run["run_id"]])
+    (again,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    assert not again.get("skipped") and again["run_id"] != run["run_id"]
+    (third,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    assert third["skipped"] and third["run_id"] == again["run_id"]
+
+
+def test_bad_devices_are_one_clean_line(tmp_path):
+    for device, message in [("tpu", "device 'tpu' cannot be benchmarked: use cpu, or cuda:N"),
+                            ("cuda:x", "device 'cuda:x' cannot be benchmarked: use cpu, or cuda:N")]:
+        result = CliRunner().invoke(main, ["bench", "mlp", "--device", device, "--db", str(tmp_path / "d.db")])
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == f"Error: {message} for GPU N (e.g. cuda:0)"
+        assert "None" not in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["bench", "mlp", "--device", "cuda:7", "--db", str(tmp_path / "d.db")])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith("Error: device 'cuda:7' ")
+    assert any(why in result.output for why in ("CPU-only build", "no CUDA GPU is visible", "does not exist"))
+    assert not (tmp_path / "d.db").exists()  # refused before anything was opened or measured
