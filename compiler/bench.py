@@ -24,7 +24,7 @@ from .artifacts import artifact_path_for
 from .config import CompileConfig
 from .options import FUSION_PRESETS, MODES
 from .provenance import cpu_name, provenance
-from .runner import run_worker_job
+from .runner import phase_text, run_worker_job
 from .workloads import check_spec, split_spec, workload_id
 
 CPU_MODES = ("eager", "default")
@@ -68,6 +68,8 @@ class RunResult(TypedDict, total=False):
 
 
 ProgressFn = Callable[[int, int, CompileConfig, "dict[str, Any] | None"], None]
+# (index, total, config, what the worker is doing now: 'compiling', 'warming up', 'measuring', ...)
+PhaseProgressFn = Callable[[int, int, CompileConfig, str], None]
 
 
 def default_device() -> str:
@@ -183,9 +185,10 @@ def _constant(flag: bool) -> Callable[[CompileConfig], bool]:
     return lambda _config: bool(flag)
 
 
-def _warm_start(job: dict[str, Any], artifacts: str, budget_s: float, total_budget_s: float) -> dict[str, Any]:
+def _warm_start(job: dict[str, Any], artifacts: str, budget_s: float, total_budget_s: float,
+                on_phase: Callable[[str, str], None] | None = None) -> dict[str, Any]:
     warm_job = dict(job, kind="warm_start", artifacts_path=artifacts, describe=False)
-    return run_worker_job(warm_job, compile_budget_s=budget_s, total_budget_s=total_budget_s)
+    return run_worker_job(warm_job, compile_budget_s=budget_s, total_budget_s=total_budget_s, on_phase=on_phase)
 
 
 def bench(
@@ -206,6 +209,7 @@ def bench(
     sample_hz: float = 10.0,
     progress: ProgressFn | None = None,
     stop_before: Callable[[CompileConfig], bool] | None = None,
+    phase_progress: PhaseProgressFn | None = None,
 ) -> list[dict[str, Any]]:
     """Measure `spec` under each configuration, one worker process per configuration.
 
@@ -214,7 +218,10 @@ def bench(
     own. `budget_s` bounds each cold compile; `total_budget_s` each whole worker (default: budget plus
     room for loading and measuring). `warm_start` (default: on for GPUs; or a predicate on the config)
     times a second fresh process that loads the saved compile artifacts. `stop_before(config)` returning
-    True ends the sweep before that configuration (a wall-clock deadline, say). Returns the stored runs
+    True ends the sweep before that configuration (a wall-clock deadline, say). `progress(index, total,
+    config, run)` is called before each configuration (run None) and after it (index + 1, the stored
+    run); `phase_progress(index, total, config, doing)` whenever its worker moves on ('compiling',
+    'warming up', 'measuring', ...). Returns the stored runs
     (see RunResult), in plan order.
     Raises WorkloadError for a spec that cannot be resolved, ConfigError for a bad configuration, and
     the telemetry's MeterUnavailable when the device cannot be metered.
@@ -255,9 +262,13 @@ def bench(
                 "idle_power_w": idle, "sample_hz": sample_hz, "describe": needs_describe,
                 "artifacts_path": artifacts, "provenance": origin,
             }
-            result = run_worker_job(job, compile_budget_s=budget_s, total_budget_s=total_budget_s)
+            on_phase = None
+            if phase_progress is not None:
+                def on_phase(kind: str, phase: str, index: int = index, config: CompileConfig = config) -> None:
+                    phase_progress(index, len(configs), config, phase_text(kind, phase))
+            result = run_worker_job(job, compile_budget_s=budget_s, total_budget_s=total_budget_s, on_phase=on_phase)
             if result.get("status") == "ok" and result.get("artifacts_path") and wants_warm_start(config):
-                warm = _warm_start(job, result["artifacts_path"], budget_s, total_budget_s)
+                warm = _warm_start(job, result["artifacts_path"], budget_s, total_budget_s, on_phase)
                 extra = result.setdefault("extra", {})
                 if warm.get("status") == "ok":
                     result["warm_start_s"] = warm["warm_start_s"]

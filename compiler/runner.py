@@ -17,11 +17,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 POLL_S = 0.2
 STDERR_TAIL_LINES = 12
+
+# What a person reads for each phase the worker writes (see worker.Phases); a warm-start job's phases
+# are told apart by PhaseFn's `kind`.
+PHASE_TEXT = {
+    "start": "starting the worker", "load": "loading the model", "reference": "computing the eager reference",
+    "idle": "measuring idle power", "compile": "compiling", "compiled": "warming up", "warmup": "warming up",
+    "latency": "measuring", "window": "measuring", "save_artifacts": "saving compile artifacts",
+    "describe": "describing the workload",
+}
+WARM_START_PHASE_TEXT = {"load_artifacts": "warm start: loading artifacts", "compile": "warm start: first call"}
+
+PhaseFn = Callable[[str, str], None]  # (job kind, worker phase), called when the worker enters a phase
+
+
+def phase_text(kind: str, phase: str) -> str:
+    """'compiling', 'warming up', 'measuring', ... for a worker phase name."""
+    if kind == "warm_start":
+        return WARM_START_PHASE_TEXT.get(phase, "warm start")
+    return PHASE_TEXT.get(phase, phase.replace("_", " "))
 
 
 def _child_pythonpath() -> str:
@@ -85,9 +105,10 @@ def _signal_name(code: int) -> str:
 
 
 def run_worker_job(job: dict[str, Any], *, compile_budget_s: float, total_budget_s: float,
-                   keep_dir: bool = False) -> dict[str, Any]:
+                   keep_dir: bool = False, on_phase: PhaseFn | None = None) -> dict[str, Any]:
     """Run one worker job in a fresh subprocess; always returns a result dict (never raises for the
-    worker's failures)."""
+    worker's failures). `on_phase(kind, phase)` hears each phase the worker enters, as the parent
+    sees it (within POLL_S)."""
     workdir = Path(tempfile.mkdtemp(prefix="joulepilot-run-"))
     job = dict(job)
     job["result_path"] = str(workdir / "result.json")
@@ -101,6 +122,10 @@ def run_worker_job(job: dict[str, Any], *, compile_budget_s: float, total_budget
     stderr_path = workdir / "stderr.txt"
     started = time.time()
     killed_reason: str | None = None
+    kind = str(job.get("kind", "bench"))
+    reported = "start"
+    if on_phase is not None:
+        on_phase(kind, reported)
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "joulepilot.compiler.worker", str(workdir / "job.json")],
@@ -111,6 +136,9 @@ def run_worker_job(job: dict[str, Any], *, compile_budget_s: float, total_budget
                 time.sleep(POLL_S)
                 now = time.time()
                 phase, phase_at = _last_phase(Path(job["phase_path"]))
+                if on_phase is not None and phase != reported:
+                    reported = phase
+                    on_phase(kind, phase)
                 if phase == "compile" and phase_at is not None and now - phase_at > compile_budget_s:
                     killed_reason = f"compile exceeded budget of {compile_budget_s:g} s"
                 elif now - started > total_budget_s:

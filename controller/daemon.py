@@ -25,7 +25,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,10 @@ class Daemon:
         self._trackers: dict[str, IdleTracker] = {}
         self._paused = False
         self._exporter: Any = None
+        # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
+        # ("jobs_planned", {"total"}), ("job_started", {"job_id", "label"}) and ("job_finished",
+        # {"job_id", "kind", "status", "run_id", "reason", "wall_s"}).
+        self.listener: Callable[[str, dict[str, Any]], None] | None = None
 
     @classmethod
     def from_cli(cls, *, config_path: str | None, db: str | None, policies: Sequence[str]) -> Daemon:
@@ -145,6 +149,14 @@ class Daemon:
                                                           new.exporter.port):
             self._stop_exporter()
             self._start_exporter()
+
+    def _notify(self, event: str, **fields: Any) -> None:
+        if self.listener is None:
+            return
+        try:
+            self.listener(event, fields)
+        except Exception:  # a display must never stop a measurement
+            log.debug("progress listener failed on %s", event, exc_info=True)
 
     # --- heartbeats ---------------------------------------------------------------------------------
     def heartbeat(self, state: str, doing: str, **extra: Any) -> None:
@@ -362,6 +374,7 @@ class Daemon:
                      f", {dropped} obsolete job(s) dropped" if dropped else "")
 
         # 3. measure while idle
+        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)))
         self._run_queue(by_name, devices, probe, summary)
 
         # 4. decide the policies whose sweep is complete
@@ -384,13 +397,17 @@ class Daemon:
         return self.db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
                                [policy]).fetchone() is not None
 
+    def _runnable_jobs(self, by_name: dict[str, Any], probe: DeviceProbe) -> list[dict[str, Any]]:
+        """Queued jobs this pass can run: of a loaded policy, measured under this host's provenance."""
+        return [j for j in queued_jobs(self.db)
+                if j["policy"] in by_name and j["provenance_key"] == probe.provenance_key]
+
     def _run_queue(self, by_name: dict[str, Any], devices: list[str], probe: DeviceProbe,
                    summary: dict[str, Any]) -> None:
         self._paused = False
         device: str | None = None
         while not self.stop_event.is_set():
-            job = next((j for j in queued_jobs(self.db)
-                        if j["policy"] in by_name and j["provenance_key"] == probe.provenance_key), None)
+            job = next(iter(self._runnable_jobs(by_name, probe)), None)
             if job is None:
                 return
             # Within a sweep the device was ours until a moment ago, so its utilisation still shows our
@@ -424,6 +441,7 @@ class Daemon:
         self.current_job = {"id": job["id"], "policy": policy.name, "workload": policy.workload,
                             "config": cfg.label, "device": device, "started_at": time.time()}
         log.info("job %d: %s %s on %s", job["id"], policy.workload, cfg.label, device)
+        self._notify("job_started", job_id=job["id"], label=f"{policy.name} {cfg.label} on {device}")
         request = {
             "job_id": job["id"], "policy": policy.name, "spec": policy.workload, "batch_size": policy.batch_size,
             "shape_args": policy.shape_args(), "config": row, "device": device,
@@ -451,6 +469,7 @@ class Daemon:
         outcome = self.runner.run(request, hard_timeout_s=self.cfg.bench.budget_s + 120,
                                   preempt_check=production_returned, preempt_every_s=self.cfg.idle.poll_s,
                                   on_start=started)
+        run_id = None
         try:
             if outcome.kind == "measured":
                 run_id = store_job_result(self.db, job, scratch)
@@ -468,6 +487,8 @@ class Daemon:
         finally:
             self.current_job = None
             _remove_db_files(scratch)
+            self._notify("job_finished", job_id=job["id"], kind=outcome.kind, status=outcome.extra.get("status"),
+                         run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
         return outcome
 
     def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
