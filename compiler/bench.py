@@ -35,7 +35,7 @@ from .budget import worker_budget
 from .config import CompileConfig
 from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
-from .runner import CancelCheck, remove_stale_workdirs, run_worker_job
+from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
 from .workloads import check_spec, split_spec, workload_id
 
 log = logging.getLogger("joulepilot.bench")
@@ -84,6 +84,8 @@ class RunResult(TypedDict, total=False):
 
 ProgressFn = Callable[[int, int, CompileConfig, "dict[str, Any] | None"], None]
 NoticeFn = Callable[[str], None]
+# (index, total, config, what the worker is doing now: 'compiling', 'warming up', 'measuring', ...)
+PhaseProgressFn = Callable[[int, int, CompileConfig, str], None]
 
 
 def default_device() -> str:
@@ -266,12 +268,14 @@ def measure_config(
     sample_hz: float = 10.0,
     cancel: CancelCheck | None = None,
     on_start: Callable[[int], None] | None = None,
+    on_phase: Callable[[str, str], None] | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database.
 
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
-    returns a reason to stop, which ends the measurement with status 'cancelled'. `columns` are the runs
+    returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
+    phase)` hears each phase its workers enter. `columns` are the runs
     table's columns (other result keys go into `extra`)."""
     device = context.device
     origin = context.origin
@@ -287,12 +291,12 @@ def measure_config(
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin,
     }
-    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start)
+    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
-        warm = run_worker_job(warm_job, budget=budget, cancel=cancel)
+        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase)
         extra = result.setdefault("extra", {})
         if warm.get("status") == "ok":
             result["warm_start_s"] = warm["warm_start_s"]
@@ -355,6 +359,7 @@ def bench(
     progress: ProgressFn | None = None,
     notice: NoticeFn | None = None,
     stop_before: Callable[[CompileConfig], bool] | None = None,
+    phase_progress: PhaseProgressFn | None = None,
 ) -> list[dict[str, Any]]:
     """Measure `spec` under each configuration, one worker process per configuration.
 
@@ -373,7 +378,10 @@ def bench(
     per such event (default: a logged warning). Returns the runs (see RunResult), in plan order.
     Raises WorkloadError for a spec that cannot be resolved, ConfigError for a bad configuration or
     device, the telemetry's MeterUnavailable when the device cannot be metered, and the store's
-    RunNotStored when a run can be neither committed nor set aside.
+    RunNotStored when a run can be neither committed nor set aside. `progress(index, total, config, run)`
+    is called before each configuration (run None) and after it (index + 1, the stored run);
+    `phase_progress(index, total, config, doing)` whenever its worker moves on ('compiling',
+    'warming up', 'measuring', ...).
     """
     notice = notice or _default_notice
     for folder in remove_stale_workdirs():
@@ -411,10 +419,15 @@ def bench(
                 continue
             if progress:
                 progress(index, len(configs), config, None)
+            on_phase = None
+            if phase_progress is not None:
+                def on_phase(kind: str, phase: str, index: int = index, config: CompileConfig = config) -> None:
+                    phase_progress(index, len(configs), config, phase_text(kind, phase))
             measured = measure_config(
                 spec, config, context=context, columns=columns, min_seconds=min_seconds, budget_s=budget_s,
                 seq_len=seq_len, image_size=image_size, describe=workload_needs_description(database, wid),
                 save_artifacts=save_artifacts, warm_start=wants_warm_start(config), sample_hz=sample_hz,
+                on_phase=on_phase,
             )
             try:
                 outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())

@@ -38,6 +38,25 @@ _WORKDIR_NAME = re.compile(rf"^{WORKDIR_PREFIX}(\d+)-[A-Za-z0-9_]+$")
 
 CancelCheck = Callable[[], "str | None"]
 
+# What a person reads for each phase the worker writes (see worker.Phases); a warm-start job's phases
+# are told apart by PhaseFn's `kind`.
+PHASE_TEXT = {
+    "start": "starting the worker", "load": "loading the model", "reference": "computing the eager reference",
+    "idle": "measuring idle power", "compile": "compiling", "compiled": "warming up", "warmup": "warming up",
+    "latency": "measuring", "window": "measuring", "save_artifacts": "saving compile artifacts",
+    "describe": "describing the workload",
+}
+WARM_START_PHASE_TEXT = {"load_artifacts": "warm start: loading artifacts", "compile": "warm start: first call"}
+
+PhaseFn = Callable[[str, str], None]  # (job kind, worker phase), called when the worker enters a phase
+
+
+def phase_text(kind: str, phase: str) -> str:
+    """'compiling', 'warming up', 'measuring', ... for a worker phase name."""
+    if kind == "warm_start":
+        return WARM_START_PHASE_TEXT.get(phase, "warm start")
+    return PHASE_TEXT.get(phase, phase.replace("_", " "))
+
 
 def _child_pythonpath() -> str:
     """The parent's import roots (cwd, PYTHONPATH, sys.path outside the interpreter's own folders), so a
@@ -179,23 +198,25 @@ def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
 
 
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
-                   on_start: Callable[[int], None] | None = None, keep_dir: bool = False) -> dict[str, Any]:
+                   on_start: Callable[[int], None] | None = None, keep_dir: bool = False,
+                   on_phase: PhaseFn | None = None) -> dict[str, Any]:
     """Run one worker job in a fresh subprocess; always returns a result dict (never raises for the
     worker's failures).
 
     `cancel`, polled every POLL_S, returns a reason to stop the worker now (the result then has status
     'cancelled'); `on_start` receives the worker's pid. An exception or signal in this process (Ctrl-C,
-    SystemExit) kills the worker and removes the scratch folder before it propagates."""
+    SystemExit) kills the worker and removes the scratch folder before it propagates. `on_phase(kind, phase)`
+    hears each phase the worker enters, as the parent sees it (within POLL_S)."""
     workdir = new_workdir()
     try:
-        return _run_in(workdir, job, budget, cancel, on_start, keep_dir)
+        return _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase)
     finally:
         if not keep_dir:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: CancelCheck | None,
-            on_start: Callable[[int], None] | None, keep_dir: bool) -> dict[str, Any]:
+            on_start: Callable[[int], None] | None, keep_dir: bool, on_phase: PhaseFn | None) -> dict[str, Any]:
     job = dict(job)
     job["result_path"] = str(workdir / "result.json")
     job["phase_path"] = str(workdir / "phases.tsv")
@@ -212,6 +233,10 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
     started = time.time()
     killed_reason: str | None = None
     cancelled: str | None = None
+    kind = str(job.get("kind", "bench"))
+    reported = "start"
+    if on_phase is not None:
+        on_phase(kind, reported)
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", WORKER_MODULE, str(workdir / "job.json")],
@@ -224,10 +249,13 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
                 time.sleep(POLL_S)
                 if proc.poll() is not None:
                     break
+                phases_seen = read_phases(phase_path)
+                if on_phase is not None and phases_seen and phases_seen[-1][0] != reported:
+                    reported = phases_seen[-1][0]
+                    on_phase(kind, reported)
                 cancelled = cancel() if cancel is not None else None
                 if not cancelled:
-                    killed_reason = kill_reason(read_phases(phase_path), started=started, now=time.time(),
-                                                budget=budget)
+                    killed_reason = kill_reason(phases_seen, started=started, now=time.time(), budget=budget)
                 if cancelled or killed_reason:
                     kill_worker_tree(proc)
                     break

@@ -68,10 +68,37 @@ def _peak_memory_bytes(device: str) -> int:
 
 
 def _dynamo_counts() -> tuple[int, int]:
-    """(graph breaks so far, frames Dynamo has compiled so far)."""
+    """(graph breaks so far, frames Dynamo has compiled so far).
+
+    Breaks are counted as `torch._dynamo.explain` counts them: the graphs Dynamo handed to the backend,
+    minus one. Dynamo's `graph_break` counter misses breaks it records elsewhere (a data-dependent
+    branch is counted as 'unimplemented'), so it undercounts."""
     from torch._dynamo.utils import counters
 
-    return sum(counters["graph_break"].values()), int(counters["frames"]["total"])
+    graphs = int(counters["stats"]["unique_graphs"])
+    return max(0, graphs - 1), int(counters["frames"]["total"])
+
+
+def _graph_break_reasons(limit: int = 10) -> list[str]:
+    """Each distinct graph break so far, in one line: where in the user's code, what, and Dynamo's
+    explanation when it gives one."""
+    from torch._dynamo.utils import graph_break_reasons
+
+    reasons: list[str] = []
+    for reason in graph_break_reasons:
+        lines = [line.strip() for line in str(reason.reason).strip().splitlines() if line.strip()]
+        if not lines:
+            continue
+        text = lines[0]
+        explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
+        if explanation:
+            text += f" ({explanation.removeprefix('Explanation:').strip()})"
+        stack = getattr(reason, "user_stack", None) or []
+        if stack:
+            text = f"{os.path.basename(stack[-1].filename)}:{stack[-1].lineno}: {text}"
+        if text not in reasons:
+            reasons.append(text)
+    return reasons[:limit]
 
 
 def _cache_counters() -> dict[str, int]:
@@ -136,7 +163,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from .artifacts import save_artifacts
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
-    from .numerics import max_rel_error
+    from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
     from .workloads import load_workload
@@ -189,9 +216,13 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         phases.enter("compiled")
         result["compile_s"] = compile_s
         result["compile_energy_j"] = compile_m.energy_j
-        result["max_rel_error"] = max_rel_error(output, reference)
+        check = numeric_check(output, reference)
+        result["max_rel_error"] = check.max_rel_error
+        if check.note:
+            extra["numeric_check"] = check.note
         del output
         breaks_after_first, frames_after_first = _dynamo_counts()
+        break_reasons = _graph_break_reasons() if breaks_after_first else []
 
         phases.enter("warmup")
         warm_calls, warmup_s = warm_up(call, sync, max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
@@ -219,11 +250,14 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     finally:
         meter.close()
 
-    breaks, frames = _dynamo_counts()
-    result["graph_breaks"] = breaks
+    _, frames = _dynamo_counts()
+    # Breaks are a property of the model under this configuration: count them over the first call, as
+    # torch._dynamo.explain does; graphs compiled later are recompiles, counted separately.
+    result["graph_breaks"] = breaks_after_first
     result["recompiles"] = max(0, frames - frames_after_first)
-    extra["graph_breaks_first_call"] = breaks_after_first
     extra["dynamo_frames_first_call"] = frames_after_first
+    if break_reasons:
+        extra["graph_break_reasons"] = break_reasons
     extra["torch_compile_kwargs"] = config.torch_compile_kwargs(device)
     extra["compile_caches"] = _cache_counters()
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):

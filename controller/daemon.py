@@ -28,7 +28,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,10 @@ class Daemon:
         self._exporter: Any = None
         self._logged_policy_errors: dict[str, str] = {}
         self._logged_refusals: set[Any] = set()
+        # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
+        # ("jobs_planned", {"total"}), ("job_started", {"job_id", "label"}) and ("job_finished",
+        # {"job_id", "kind", "status", "run_id", "reason", "wall_s"}).
+        self.listener: Callable[[str, dict[str, Any]], None] | None = None
 
     @classmethod
     def from_cli(cls, *, config_path: str | None, db: str | None, policies: Sequence[str]) -> Daemon:
@@ -158,6 +162,14 @@ class Daemon:
                                                           new.exporter.port):
             self._stop_exporter()
             self._start_exporter()
+
+    def _notify(self, event: str, **fields: Any) -> None:
+        if self.listener is None:
+            return
+        try:
+            self.listener(event, fields)
+        except Exception:  # a display must never stop a measurement
+            log.debug("progress listener failed on %s", event, exc_info=True)
 
     # --- heartbeats ---------------------------------------------------------------------------------
     def heartbeat(self, state: str, doing: str, **extra: Any) -> None:
@@ -376,6 +388,7 @@ class Daemon:
                      f", {dropped} obsolete job(s) dropped" if dropped else "")
 
         # 3. measure while idle
+        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)))
         self._run_queue(by_name, devices, probe, summary)
 
         # 4. decide the policies whose sweep is complete
@@ -416,13 +429,17 @@ class Daemon:
         return self.db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
                                [policy]).fetchone() is not None
 
+    def _runnable_jobs(self, by_name: dict[str, Any], probe: DeviceProbe) -> list[dict[str, Any]]:
+        """Queued jobs this pass can run: of a loaded policy, measured under this host's provenance."""
+        return [j for j in queued_jobs(self.db)
+                if j["policy"] in by_name and j["provenance_key"] == probe.provenance_key]
+
     def _run_queue(self, by_name: dict[str, Any], devices: list[str], probe: DeviceProbe,
                    summary: dict[str, Any]) -> None:
         self._paused = False
         device: str | None = None
         while not self.stop_event.is_set():
-            job = next((j for j in queued_jobs(self.db)
-                        if j["policy"] in by_name and j["provenance_key"] == probe.provenance_key), None)
+            job = next(iter(self._runnable_jobs(by_name, probe)), None)
             if job is None:
                 return
             # Within a sweep the device was ours until a moment ago, so its utilisation still shows our
@@ -461,6 +478,7 @@ class Daemon:
         self.current_job = {"id": job["id"], "policy": policy.name, "workload": policy.workload,
                             "config": cfg.label, "device": device, "started_at": time.time()}
         log.info("job %d: %s %s on %s", job["id"], policy.workload, cfg.label, device)
+        self._notify("job_started", job_id=job["id"], label=f"{policy.name} {cfg.label} on {device}")
         tracker = self._tracker(device)
         needs_check = tracker.needs_quiet_period
         shape = policy.shape_args()
@@ -484,6 +502,8 @@ class Daemon:
                 describe=workload_needs_description(self.db, wid), cancel=stop_check, on_start=on_start,
             )
 
+        outcome: JobOutcome | None = None
+        run_id: int | None = None
         try:
             try:
                 outcome = self.runner.run(measure, preempt_check=production_returned,
@@ -491,17 +511,22 @@ class Daemon:
             except Exception as exc:  # the device could not be metered, the workload not resolved ...
                 log.error("job %d could not be measured: %s: %s", job["id"], type(exc).__name__, exc)
                 finish_job(self.db, job["id"], state="failed", run_id=None)
-                return JobOutcome("error", reason=f"{type(exc).__name__}: {exc}")
+                outcome = JobOutcome("error", reason=f"{type(exc).__name__}: {exc}")
+                return outcome
             if outcome.kind == "measured":
-                self._store_measured(job, policy, outcome)
+                run_id = self._store_measured(job, policy, outcome)
             else:
                 requeue_job(self.db, job["id"])
                 log.info("job %d re-queued: %s", job["id"], outcome.reason)
         finally:
             self.current_job = None
+            if outcome is not None:
+                self._notify("job_finished", job_id=job["id"], kind=outcome.kind, status=outcome.extra.get("status"),
+                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
         return outcome
 
-    def _store_measured(self, job: dict[str, Any], policy: Any, outcome: JobOutcome) -> None:
+    def _store_measured(self, job: dict[str, Any], policy: Any, outcome: JobOutcome) -> int | None:
+        """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
         measured = outcome.result
         measured.row["extra"].update({"job_id": job["id"], "daemon_pid": os.getpid(), "policy": policy.name,
                                       "job_provenance_key": job["provenance_key"]})
@@ -513,13 +538,14 @@ class Daemon:
             log.error("job %d: %s; the job is measured again after a restart. Lost: %s", job["id"], exc,
                       {k: measured.row.get(k) for k in ("status", "reason", "energy_j_per_inference",
                                                           "latency_ms_p50", "energy_source")})
-            return
+            return None
         if stored.run_id is None:
             log.error("job %d: the run could not be stored (%s); it is kept in %s and imported at the next "
                       "pass or start", job["id"], stored.error, stored.pending_path)
-            return
+            return None
         why = f": {measured.reason.splitlines()[0]}" if measured.status != "ok" and measured.reason else ""
         log.info("job %d: %s, run %d (%.1fs)%s", job["id"], measured.status, stored.run_id, outcome.wall_s, why)
+        return stored.run_id
 
     def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
                 violated_by_policy: dict[str, set[str]], requested: dict[str, list[int]],

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .clikit import db_option, echo_json, echo_table
+from .clikit import db_option, echo_json, echo_table, progress
 
 SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_s", "latency_ms_p50",
                    "latency_ms_p95", "throughput_per_s", "energy_j_per_inference", "avg_power_w", "peak_power_w",
@@ -31,24 +31,35 @@ def _energy_key(run: dict[str, Any]) -> tuple[int, float]:
     return (0, value) if ok else (1, 0.0)
 
 
-def _progress_line(index: int, total: int, config: Any, run: dict[str, Any] | None) -> None:
-    if run is None:
-        click.echo(f"[{index + 1}/{total}] {config.label}: compiling and measuring ...", err=True)
-        return
-    if run.get("skipped"):
-        click.echo(f"[{index}/{total}] {config.label}: skipped, already measured ok as run {run['run_id']} under "
-                   "the same provenance (--force measures it again)", err=True)
-        return
+def _end_line(run: dict[str, Any]) -> tuple[str, str | None]:
+    """A finished configuration's end line, and its window warning if any."""
     if run["status"] == "ok":
-        click.echo(f"[{index}/{total}] {config.label}: ok, compile {run['compile_s']:.2f} s, "
-                   f"p50 {run['latency_ms_p50']:.3f} ms, {run['energy_j_per_inference']:.4g} J/inference "
-                   f"({run['energy_source']})", err=True)
         warning = (run.get("extra") or {}).get("window_warning") if isinstance(run.get("extra"), dict) else None
-        if warning:
-            click.echo(f"[{index}/{total}] {config.label}: warning: {warning}", err=True)
-    else:
-        first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
-        click.echo(f"[{index}/{total}] {config.label}: FAILED, {first_line}", err=True)
+        return (f"ok, compile {run['compile_s']:.2f} s, p50 {run['latency_ms_p50']:.3f} ms, "
+                f"{run['energy_j_per_inference']:.4g} J/inference ({run['energy_source']})", warning)
+    first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
+    return f"FAILED, {first_line}", None
+
+
+def _bench_with_progress(configs: list[Any], **kwargs: Any) -> list[dict[str, Any]]:
+    """`bench` with one progress line per configuration on stderr: its phase and elapsed time while the
+    worker runs, its result when done."""
+    from joulepilot.compiler import bench
+
+    with progress(len(configs), "bench", noun="configuration") as report:
+        def on_config(index: int, total: int, config: Any, run: dict[str, Any] | None) -> None:
+            if run is None:
+                report.start(index + 1, config.label, "compiling and measuring")
+                return
+            message, warning = _end_line(run)
+            report.finish(message)
+            if warning:
+                report.note(f"warning: {warning}")
+
+        def on_phase(index: int, total: int, config: Any, doing: str) -> None:
+            report.phase(doing)
+
+        return bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
 
 
 def _notice(text: str) -> None:
@@ -112,14 +123,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
     package.module:factory.
     """
-    from joulepilot.compiler import (
-        ConfigError,
-        WorkloadError,
-        bench,
-        check_device,
-        default_device,
-        plan_configs,
-    )
+    from joulepilot.compiler import ConfigError, WorkloadError, check_device, default_device, plan_configs
     from joulepilot.compiler.bench import default_modes, default_precisions
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.store import StoreError
@@ -134,9 +138,9 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
         )
         with _sigterm_as_exit():
-            runs = bench(spec, configs, device=device, min_seconds=min_seconds, budget_s=budget_s, db=db,
-                         batch_size=batch_size, seq_len=seq_len, image_size=image_size, warm_start=warm_start,
-                         force=force, progress=_progress_line, notice=_notice)
+            runs = _bench_with_progress(configs, spec=spec, device=device, min_seconds=min_seconds,
+                                        budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
+                                        image_size=image_size, warm_start=warm_start, force=force, notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:

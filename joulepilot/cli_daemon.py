@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from .clikit import db_option, echo_json, echo_table, reading_store
+from .clikit import ProgressReport, db_option, echo_json, echo_table, progress, reading_store
 
 
 @click.command("daemon")
@@ -34,7 +36,12 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
     from joulepilot.store import StoreError
 
     try:
-        result = daemon.run(once=once)
+        if once:
+            with progress(None, "daemon pass", noun="job", tag="job") as report:
+                daemon.listener = _pass_progress(report)
+                result = daemon.run(once=True)
+        else:
+            result = daemon.run(once=False)
     except (DaemonAlreadyRunning, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the lock file or scratch folder beside the database cannot be written
@@ -43,6 +50,29 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
     if once and as_json:
         echo_json(result.summary)
     sys.exit(result.exit_code)
+
+
+def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], None]:
+    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA."""
+    started = 0
+
+    def listen(event: str, fields: dict[str, Any]) -> None:
+        nonlocal started
+        if event == "jobs_planned":
+            report.set_total(started + int(fields["total"]))
+        elif event == "job_started":
+            started += 1
+            report.start(started, fields["label"], "measuring")
+        elif event == "job_finished":
+            kind, reason = fields.get("kind"), fields.get("reason") or ""
+            if kind == "measured":
+                report.finish(f"{fields.get('status') or 'stored'}, run {fields.get('run_id')}")
+            elif kind in ("crashed", "timeout"):
+                report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}")
+            else:
+                report.finish(f"re-queued: {reason}")
+
+    return listen
 
 
 def _age(seconds: float | None) -> str:

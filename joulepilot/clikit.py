@@ -1,14 +1,21 @@
 """Small helpers shared by the CLI modules: the --db and --since options, opening the store, JSON and
-table output, and the one-line messages of the CLI's error boundary."""
+table output, progress on stderr, and the one-line messages of the CLI's error boundary."""
 
 from __future__ import annotations
 
 import errno
+import io
 import json
+import os
+import re
+import shutil
 import sqlite3
+import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 import click
 import sqlite_utils
@@ -109,13 +116,337 @@ def format_cell(value: Any) -> str:
     return str(value)
 
 
+# --- tables -------------------------------------------------------------------------------------------
+
+PLAIN_TABLE_WIDTH = 120  # stdout that is not a terminal (a pipe, a file, CI), unless COLUMNS says otherwise
+COLUMN_GAP = 2
+TEXT_MIN_WIDTH = 12  # a text column (labels, reasons) is wrapped down to this before the table is stacked
+
+
+def table_width(stream: TextIO | None = None) -> int:
+    """COLUMNS when set; else the terminal's width; else PLAIN_TABLE_WIDTH (a pipe or a file)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return max(20, int(columns))
+    stream = stream if stream is not None else sys.stdout
+    if _isatty(stream):
+        return max(20, shutil.get_terminal_size((PLAIN_TABLE_WIDTH, 24)).columns)
+    return PLAIN_TABLE_WIDTH
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _header_pieces(header: str) -> list[str]:
+    """Where a header may break: at spaces and after underscores ('energy_j_per_inference')."""
+    return re.findall(r"[^\s_]+_*|_+", header)
+
+
+def _wrap_header(header: str, width: int) -> str:
+    lines: list[str] = []
+    for piece in _header_pieces(header):
+        joined = (lines[-1] + ("" if lines[-1].endswith("_") else " ") + piece) if lines else piece
+        if lines and len(joined) <= width:
+            lines[-1] = joined
+        else:
+            lines.append(piece)
+    return "\n".join(lines)
+
+
+def _header_width(header: str, max_lines: int | None = None) -> int:
+    """The narrowest width at which `header` wraps into at most `max_lines` lines (any number: its
+    longest piece)."""
+    width = max([1, *(len(p) for p in _header_pieces(header))])
+    if max_lines is None:
+        return width
+    while width < len(header) and _wrap_header(header, width).count("\n") >= max_lines:
+        width += 1
+    return width
+
+
+def _column_widths(headers: list[str], cells: list[list[str]], texts: list[bool], width: int) -> list[int] | None:
+    """Widths that fit `width`, or None when even wrapped headers and text columns do not fit.
+
+    In order: natural widths; then headers wrapped (at spaces and underscores), the column saving most
+    first; then text columns (any str value) wrapped, widest first, down to TEXT_MIN_WIDTH. Numbers are
+    never cut."""
+    room = width - COLUMN_GAP * (len(headers) - 1)
+    cell_w = [max((len(row[i]) for row in cells), default=0) for i in range(len(headers))]
+    natural = [max(len(h), cell_w[i]) for i, h in enumerate(headers)]
+    widths = list(natural)
+    if sum(widths) <= room:
+        return widths
+    # Headers on two lines first, then on as many as their words need.
+    two_lines = [max(cell_w[i], _header_width(h, max_lines=2)) for i, h in enumerate(headers)]
+    narrowest = [max(cell_w[i], _header_width(h)) for i, h in enumerate(headers)]
+    for target in (two_lines, narrowest):
+        for i in sorted(range(len(headers)), key=lambda i: widths[i] - target[i], reverse=True):
+            widths[i] = min(widths[i], target[i])
+            if sum(widths) <= room:
+                if target is narrowest:  # give the room left back to headers that could be on two lines
+                    for j in sorted(range(len(headers)), key=lambda j: two_lines[j] - widths[j]):
+                        if widths[j] < two_lines[j] and sum(widths) - widths[j] + two_lines[j] <= room:
+                            widths[j] = two_lines[j]
+                return widths
+    floors = [min(widths[i], TEXT_MIN_WIDTH) if texts[i] else widths[i] for i in range(len(headers))]
+    if sum(floors) > room:
+        return None
+    while sum(widths) > room:  # take one character at a time from the widest text column still above its floor
+        i = max((i for i in range(len(headers)) if widths[i] > floors[i]), key=lambda i: widths[i])
+        widths[i] -= 1
+    return widths
+
+
+def _render(renderable: Any, width: int, color: bool) -> str:
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, color_system="standard"
+                      if color else None, highlight=False, markup=False, emoji=False, soft_wrap=False)
+    console.print(renderable)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def _grid(headers: list[str], widths: list[int], header_style: str) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, show_header=True, header_style=header_style, show_edge=False, pad_edge=False,
+                  padding=(0, COLUMN_GAP // 2), collapse_padding=False, expand=False)
+    for header, w in zip(headers, widths, strict=True):
+        table.add_column(Text(_wrap_header(header, w)), width=w, min_width=w, max_width=w, overflow="fold")
+    return table
+
+
 def echo_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None) -> None:
+    """Print `rows` as a table on stdout that fits the terminal (or PLAIN_TABLE_WIDTH / COLUMNS off a
+    terminal): headers wrap first, then text columns wrap; numbers are never cut. When even that does not
+    fit, each row is printed as a block of `header  value` lines."""
+    from rich.text import Text
+
     rows = list(rows)
     headers = list(headers or columns)
     cells = [[format_cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    texts = [any(isinstance(r.get(c), str) for r in rows) for c in columns]
+    stream = sys.stdout
+    width, color = table_width(stream), _isatty(stream)
+    style = "bold" if color else ""
+    widths = _column_widths(headers, cells, texts, width) if rows else [len(h) for h in headers]
+    if widths is not None:
+        table = _grid(headers, widths, style)
+        for row in cells:
+            table.add_row(*(Text(c) for c in row))
+        click.echo(_render(table, width, color))
+        if not rows:
+            click.echo("(none)")
+        return
+    key_w = max(len(h) for h in headers)
+    blocks = []
     for row in cells:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    if not rows:
-        click.echo("(none)")
+        record = _grid(["", ""], [key_w, max(1, width - key_w - COLUMN_GAP)], style)
+        record.show_header = False
+        for header, cell in zip(headers, row, strict=True):
+            record.add_row(Text(header, style=style), Text(cell))
+        blocks.append(_render(record, width, color))
+    click.echo("\n\n".join(blocks))
+
+
+# --- progress ----------------------------------------------------------------------------------------
+
+HEARTBEAT_S = 30.0  # off a terminal: a "still ..." line at most this often, while one phase lasts this long
+
+
+def format_duration(seconds: float) -> str:
+    """'4.2 s', '95 s', '3 min 05 s', '1 h 02 min'."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        minutes, secs = divmod(int(round(seconds)), 60)
+        return f"{minutes} min {secs:02d} s"
+    hours, rest = divmod(int(round(seconds)), 3600)
+    return f"{hours} h {rest // 60:02d} min"
+
+
+class ProgressReport:
+    """Progress of a sequence of long items (configurations, jobs) on stderr.
+
+    On a terminal: one live line (spinner, item i/n, what it is doing and for how long, elapsed, ETA) with
+    each finished item's line printed above it. Elsewhere: plain lines, a start line per item, a "still
+    <doing>, N s" heartbeat while one phase lasts (at most every `heartbeat_s`), its end line, and a last
+    line for the whole. The ETA is the mean time of the finished items times the items left."""
+
+    def __init__(self, total: int | None, label: str, *, noun: str, tag: str, stream: TextIO, live: bool,
+                 heartbeat_s: float) -> None:
+        self.total = total
+        self.label = label
+        self.noun = noun
+        self.tag = tag
+        self.stream = stream
+        self.heartbeat_s = heartbeat_s
+        self.started = time.monotonic()
+        self.durations: list[float] = []
+        self.number = 0
+        self.name = ""
+        self.doing = ""
+        self.item_started: float | None = None
+        self.phase_started = 0.0
+        self.last_line = 0.0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._live: Any = None
+        self._task: Any = None
+        self._ticker: threading.Thread | None = None
+        if live:
+            self._start_live()
+        else:
+            self._ticker = threading.Thread(target=self._tick, name="joulepilot-progress", daemon=True)
+            self._ticker.start()
+
+    # -- what callers use --
+    def set_total(self, total: int) -> None:
+        with self._lock:
+            self.total = total
+            if self._live is not None:
+                self._live.update(self._task, total=total)
+
+    def start(self, number: int, name: str, doing: str) -> None:
+        """Item `number` (1-based) begins; `doing` is its first phase, e.g. 'compiling and measuring'."""
+        with self._lock:
+            now = time.monotonic()
+            self.number, self.name, self.doing = number, name, doing
+            self.item_started = self.phase_started = self.last_line = now
+            if self._live is not None:
+                self._live.update(self._task, description=f"{self._prefix()} {name}")
+            else:
+                self._line(f"{self._prefix()} {name}: {doing} ...")
+
+    def phase(self, doing: str) -> None:
+        """The running item moved on to `doing` ('compiling', 'warming up', 'measuring')."""
+        with self._lock:
+            if doing != self.doing:
+                self.doing = doing
+                self.phase_started = time.monotonic()
+
+    def finish(self, message: str) -> None:
+        """The running item ended; `message` says how (its end line)."""
+        with self._lock:
+            now = time.monotonic()
+            took = now - self.item_started if self.item_started is not None else 0.0
+            self.durations.append(took)
+            self.item_started = None
+            eta = self.eta_s()
+            tail = format_duration(took) + (f", about {format_duration(eta)} left" if eta else "")
+            self._line(f"{self._prefix()} {self.name}: {message} [{tail}]")
+            if self._live is not None:
+                self._live.update(self._task, completed=len(self.durations))
+
+    def note(self, message: str) -> None:
+        """An extra line (a warning) about the current or last item."""
+        with self._lock:
+            self._line(f"{self._prefix()} {self.name}: {message}")
+
+    def eta_s(self) -> float | None:
+        """Seconds left: the finished items' mean time for each item not finished, less the running
+        item's time so far; once that item has run longer than the mean, what the items after it need
+        (None for the last: nothing to estimate from)."""
+        if not self.durations or self.total is None:
+            return None
+        left = self.total - len(self.durations)
+        if left <= 0:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        running = time.monotonic() - self.item_started if self.item_started is not None else 0.0
+        if running < mean:
+            return mean * left - running
+        return mean * (left - 1) if left > 1 else None
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Stop the display; the last line sums up, unless nothing had started (a bad argument)."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=2)
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+            if self.number == 0:
+                return
+            done = len(self.durations)
+            count = f"{done}/{self.total}" if self.total is not None else str(done)
+            plural = self.noun if (self.total if self.total is not None else done) == 1 else self.noun + "s"
+            how = "stopped after" if error is not None else "done,"
+            self._line(f"{self.label}: {how} {count} {plural} in {format_duration(time.monotonic() - self.started)}")
+
+    # -- inside --
+    def _prefix(self) -> str:
+        tag = f"{self.tag} " if self.tag else ""
+        return f"[{tag}{self.number}/{self.total}]" if self.total is not None else f"[{tag}{self.number}]"
+
+    def _line(self, text: str) -> None:
+        self.last_line = time.monotonic()
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.console.print(Text(text))
+            return
+        print(text, file=self.stream, flush=True)
+
+    def _tick(self) -> None:
+        interval = max(0.05, min(1.0, self.heartbeat_s / 5))
+        while not self._stop.wait(interval):
+            with self._lock:
+                now = time.monotonic()
+                # Long phases only: a line when this phase and the silence have both lasted heartbeat_s.
+                quiet = min(now - self.last_line, now - self.phase_started)
+                if self.item_started is not None and quiet >= self.heartbeat_s:
+                    self._line(f"{self._prefix()} {self.name}: still {self.doing}, "
+                               f"{format_duration(now - self.phase_started)}")
+
+    def _start_live(self) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        report = self
+
+        class Doing(ProgressColumn):
+            def render(self, task: Any) -> Text:
+                if report.item_started is None:
+                    return Text("")
+                return Text(f"{report.doing} {format_duration(time.monotonic() - report.phase_started)}",
+                            style="cyan")
+
+        class Eta(ProgressColumn):
+            def render(self, task: Any) -> Text:
+                eta = report.eta_s()
+                return Text(f"ETA {format_duration(eta)}" if eta is not None else "ETA -", style="dim")
+
+        console = Console(file=self.stream, highlight=False, markup=False, emoji=False)
+        self._live = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), Doing(),
+                              TimeElapsedColumn(), Eta(), console=console, transient=True,
+                              redirect_stdout=False, redirect_stderr=True)
+        self._task = self._live.add_task(self.label, total=self.total)
+        self._live.start()
+
+
+@contextmanager
+def progress(total: int | None, label: str, *, noun: str = "item", tag: str = "",
+             heartbeat_s: float | None = None) -> Iterator[ProgressReport]:
+    """A ProgressReport on stderr for `total` items (None while unknown): live on a terminal, plain
+    lines elsewhere. Nothing is written to stdout, so `--json` output stays clean."""
+    stream = sys.stderr
+    live = _isatty(stream) and os.environ.get("TERM") != "dumb"
+    report = ProgressReport(total, label, noun=noun, tag=tag, stream=stream, live=live,
+                            heartbeat_s=HEARTBEAT_S if heartbeat_s is None else heartbeat_s)
+    try:
+        yield report
+    except BaseException as exc:
+        report.close(exc)
+        raise
+    report.close()

@@ -62,7 +62,7 @@ def test_cli_explain_and_lock(tmp_path, db):
     import_runs(db, read_export(SWEEP))
     path, _ = _policy(tmp_path)
     db_path = db.execute("PRAGMA database_list").fetchone()[2]
-    runner = CliRunner()
+    runner = CliRunner(env={"COLUMNS": "300"})  # wide enough that no reason is wrapped across lines
     args = ["--db", db_path, "--device-name", "NVIDIA H200", "--torch-version", "2.11"]
     out = runner.invoke(main, ["policy", "explain", str(path), *args])
     assert out.exit_code == 0, out.output
