@@ -48,6 +48,11 @@ def _bench_with_progress(configs: list[Any], **kwargs: Any) -> list[dict[str, An
 
     with progress(len(configs), "bench", noun="configuration") as report:
         def on_config(index: int, total: int, config: Any, run: dict[str, Any] | None) -> None:
+            if run is not None and run.get("skipped"):  # `index` is already the 1-based number here
+                report.start(index, config.label, "checking the store")
+                report.finish(f"skipped, already measured ok as run {run['run_id']} under the same provenance "
+                              "(--force measures it again)")
+                return
             if run is None:
                 report.start(index + 1, config.label, "compiling and measuring")
                 return
