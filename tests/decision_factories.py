@@ -133,3 +133,18 @@ def hook_in_new_process(policy: Path | str, db: Path | str, *, restricted: bool 
                           timeout=180, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, f"joulepilot.compile raised in a fresh process:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def make_unwritable(path: Path) -> None:
+    """A folder this test's restricted processes can read but not write (as root: owned by nobody)."""
+    if os.geteuid() == 0:
+        os.chown(path, OTHER_UID, OTHER_UID)
+        path.chmod(0o755)
+    else:
+        path.chmod(0o555)
+
+
+def make_writable(path: Path) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0)
+    path.chmod(0o755)
