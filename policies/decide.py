@@ -71,7 +71,7 @@ def decide(
     outcome = Decided(decision)
     if record:
         record_decision(db, decision, provenance_key=provenance_key, decided_by=decided_by, reason=reason)
-    if lock:
+    if lock and (policy.path or lock_dir is not None):  # a policy built in memory has nowhere to lock to
         try:
             outcome.lock_file = write_lock(policy.path, decision, lock_dir=lock_dir)
         except LockWriteError as exc:

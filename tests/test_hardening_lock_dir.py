@@ -24,8 +24,8 @@ from decision_factories import (
 )
 from joulepilot.controller.daemon_config import load_daemon_config
 from joulepilot.controller.device_probe import probe_device
-from joulepilot.policies import default_lock_dir, load_policy, resolve, torch_minor, write_lock
-from joulepilot.policies.lock import lock_dir_path, lock_path
+from joulepilot.policies import load_policy, resolve, torch_minor, write_lock
+from joulepilot.policies.lock import lock_path
 from joulepilot.store import open_db
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +34,8 @@ needs_restriction = pytest.mark.skipif(not can_restrict(), reason="needs setpriv
 
 
 def test_lock_dir_is_a_daemon_key_and_defaults_under_the_state_dir(tmp_path, monkeypatch, _isolated_home):
+    from joulepilot.policies import default_lock_dir
+
     assert load_daemon_config().lock_dir == _isolated_home / "locks" == default_lock_dir()
     monkeypatch.setenv("JOULEPILOT_LOCK_DIR", str(tmp_path / "elsewhere"))
     assert load_daemon_config().lock_dir == tmp_path / "elsewhere"
@@ -44,6 +46,8 @@ def test_lock_dir_is_a_daemon_key_and_defaults_under_the_state_dir(tmp_path, mon
 
 
 def test_a_read_only_policy_folder_locks_into_the_lock_dir_and_the_hook_reads_it(tmp_path, db):
+    from joulepilot.policies.lock import lock_dir_path
+
     policies = tmp_path / "etc-policies"
     policy_path = write_policy(policies)
     seed_runs(db, {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2}})
@@ -60,6 +64,8 @@ def test_a_read_only_policy_folder_locks_into_the_lock_dir_and_the_hook_reads_it
 
 
 def test_a_policy_name_cannot_reach_outside_the_lock_dir(tmp_path):
+    from joulepilot.policies.lock import lock_dir_path
+
     path = lock_dir_path(tmp_path, "../../etc/passwd")
     assert path.parent == tmp_path and path.name.endswith(".lock.json")
     assert lock_dir_path(tmp_path, "a/b") != lock_dir_path(tmp_path, "a_b")
