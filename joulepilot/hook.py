@@ -174,7 +174,7 @@ def _from_lock(policy: Policy, kind: str, torch_version: str, found: _Lookup) ->
     entry = locked.entry
     return AppliedDecision(policy.name, kind, torch_version, entry["config"], entry["state"], "lock",
                            entry.get("reason", ""), entry.get("policy_hash", ""), entry.get("decision_id"),
-                           entry.get("workload_id"), {**entry, "lock_file": str(locked.path)})
+                           entry.get("workload_id"), {**entry, "lock_file": locked.path})
 
 
 def _violation_note(policy: Policy, violated: dict[str, Any], replacement: dict[str, Any] | None) -> str:

@@ -20,6 +20,7 @@ running as another user can read it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -49,9 +50,13 @@ class LockWriteError(RuntimeError):
 
 def default_lock_dir() -> Path:
     """`$JOULEPILOT_LOCK_DIR`, else `<JOULEPILOT_HOME>/locks`."""
-    env = os.environ.get(LOCK_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
+    return _default_lock_dir(os.environ.get(LOCK_DIR_ENV), os.environ.get("JOULEPILOT_HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _default_lock_dir(lock_dir_env: str | None, home_env: str | None) -> Path:
+    if lock_dir_env:
+        return Path(lock_dir_env).expanduser()
     from joulepilot.store import default_home
 
     return default_home() / "locks"
@@ -65,24 +70,32 @@ def lock_path(policy_path: str | os.PathLike) -> Path:
 
 def lock_dir_path(lock_dir: str | os.PathLike, policy_name: str) -> Path:
     """The lock file of a policy (by name) in a lock directory; the name cannot reach outside it."""
+    return Path(lock_dir) / _lock_file_name(policy_name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lock_file_name(policy_name: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", policy_name).lstrip(".") or "policy"
     if safe != policy_name:
         safe += "-" + hashlib.sha256(policy_name.encode()).hexdigest()[:8]
-    return Path(lock_dir) / (safe + LOCK_SUFFIX)
+    return safe + LOCK_SUFFIX
 
 
-def _regenerate_hint(path: Path) -> str:
+def _regenerate_hint(path: str | os.PathLike) -> str:
     return f"delete {path} and run `joulepilot policy lock` on the policy (or let the daemon rewrite it)"
 
 
 def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
     """One lock file's document ({} when there is none). An unreadable, non-UTF-8, corrupt or absurdly
     nested file raises LockFileError naming it and the fix."""
-    file = Path(path)
+    file = os.fspath(path)
     try:
-        if not stat.S_ISREG(file.stat().st_mode):  # a FIFO would block the reader for good
-            raise LockFileError(f"{file}: not a regular file; remove it so a lock file can be written there")
-        text = file.read_text(encoding="utf-8")
+        # O_NONBLOCK: a FIFO in the lock file's place must not block the reader; it is refused below.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LockFileError(f"{file}: not a regular file; remove it so a lock file can be written there")
+            text = fh.read().decode("utf-8")
     except FileNotFoundError:
         return {}
     except PermissionError as exc:
@@ -104,7 +117,8 @@ def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def _entry(document: dict[str, Any], device_kind: str, torch_version: str, file: Path) -> dict[str, Any] | None:
+def _entry(document: dict[str, Any], device_kind: str, torch_version: str,
+           file: str | os.PathLike) -> dict[str, Any] | None:
     by_torch = document.get("entries", {}).get(device_kind)
     if by_torch is None:
         return None
@@ -120,17 +134,24 @@ def _entry(document: dict[str, Any], device_kind: str, torch_version: str, file:
 
 @dataclass
 class LockedEntry:
-    path: Path
+    path: str  # the lock file it was read from
     entry: dict[str, Any]
 
 
 def lock_files(policy_path: str | os.PathLike | None, policy_name: str,
                lock_dir: str | os.PathLike | None) -> list[Path]:
     """Where a policy's decisions may be locked: beside the file, then in the lock directory."""
-    found = [lock_path(policy_path)] if policy_path else []
+    return [Path(p) for p in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
+                                               lock_dir and os.fspath(lock_dir))]
+
+
+@functools.lru_cache(maxsize=1024)
+def _lock_file_paths(policy_path: str | None, policy_name: str, lock_dir: str | None) -> tuple[str, ...]:
+    # Strings, cached: the hook looks these up on every compile, and building Paths costs more than reading.
+    found = [str(lock_path(policy_path))] if policy_path else []
     if lock_dir is not None:
-        found.append(lock_dir_path(lock_dir, policy_name))
-    return found
+        found.append(str(lock_dir_path(lock_dir, policy_name)))
+    return tuple(found)
 
 
 def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_kind: str, torch_version: str,
@@ -140,7 +161,8 @@ def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_
     the problems met on the way (each a line naming the file and the fix). Never raises for a bad file."""
     best: LockedEntry | None = None
     problems: list[str] = []
-    for file in lock_files(policy_path, policy_name, lock_dir):
+    for file in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
+                                 lock_dir and os.fspath(lock_dir)):
         try:
             entry = _entry(read_lock_document(file), device_kind, torch_version, file)
         except LockFileError as exc:
