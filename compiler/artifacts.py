@@ -8,10 +8,10 @@ most of the compile: the saved Inductor/AOTAutograd entries are replayed into it
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from joulepilot.store import default_home, stable_id
+from joulepilot.store.files import write_file_atomic
 
 from .provenance import package_version
 
@@ -40,7 +40,9 @@ def artifact_path_for(workload_id: str, config_id: str, device_name: str, torch_
 def save_artifacts(path: str | os.PathLike) -> Path | None:
     """Write everything this process compiled (torch.compiler.save_cache_artifacts) to `path`, atomically.
 
-    Returns the path, or None when torch has nothing to save (eager, or caches disabled)."""
+    The file gets ordinary permissions (the umask decides), so a serving process running as another user
+    than the daemon can load it. Returns the path, or None when torch has nothing to save (eager, or
+    caches disabled)."""
     import torch
 
     saved = torch.compiler.save_cache_artifacts()
@@ -49,11 +51,7 @@ def save_artifacts(path: str | os.PathLike) -> Path | None:
     blob = saved[0]
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(blob)
-    os.replace(tmp, target)
-    return target
+    return write_file_atomic(target, blob)
 
 
 def load_artifacts(key_or_path: str | os.PathLike) -> bool:

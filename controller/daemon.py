@@ -550,27 +550,47 @@ class Daemon:
     def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
                 violated_by_policy: dict[str, set[str]], requested: dict[str, list[int]],
                 summary: dict[str, Any]) -> None:
+        """Decide the stale policies whose sweep is complete, then make sure every other policy's lock
+        file holds its stored decision (a lock write that failed on an earlier pass is retried here).
+        `violated_by_policy` was used to plan; `decide` reads the violated configurations itself."""
+        from joulepilot.policies import LockWriteError, sync_lock
+
         ready = [n for n in stale if not self._has_open_jobs(n)]
-        if not ready:
-            return
-        self.heartbeat("fitting", f"refitting and deciding {len(ready)} polic{'y' if len(ready) == 1 else 'ies'}")
-        model = fit_or_none(self.db)
+        if ready:
+            self.heartbeat("fitting", f"refitting and deciding {len(ready)} polic{'y' if len(ready) == 1 else 'ies'}")
+            model = fit_or_none(self.db)
         for name in ready:
             policy = by_name[name]
             try:
-                decision, lock_file = decide_policy(self.db, policy, probe, model,
-                                                    violated=violated_by_policy.get(name, set()),
-                                                    reason=stale[name])
+                decided = decide_policy(self.db, policy, probe, model, reason=stale[name], lock_dir=self.cfg.lock_dir)
             except Exception as exc:
                 log.exception("policy %s: deciding failed", name)
                 summary["policy_errors"].append({"file": str(policy.path), "error": f"deciding failed: {exc}"})
                 continue
+            decision = decided.decision
             summary["decided"].append({"policy": name, "config": decision.label, "state": decision.state,
                                        "reason": decision.reason, "decision_id": decision.id})
-            if lock_file:
-                summary["lock_files"].append(str(lock_file))
+            if decided.lock_file:
+                summary["lock_files"].append(str(decided.lock_file))
+            if decided.lock_error:
+                self._lock_failed(policy, decided.lock_error, summary)
             log.info("policy %s decided: %s (%s)", name, decision.label, decision.state)
             mark_requests_handled(self.db, requested.get(name, []))
+        for name, policy in by_name.items():
+            if name in stale:
+                continue
+            try:
+                written = sync_lock(self.db, policy, probe.device_kind, lock_dir=self.cfg.lock_dir)
+            except LockWriteError as exc:
+                self._lock_failed(policy, str(exc), summary)
+                continue
+            if written:
+                log.info("policy %s: lock file %s written", name, written)
+                summary["lock_files"].append(str(written))
+
+    def _lock_failed(self, policy: Any, error: str, summary: dict[str, Any]) -> None:
+        log.error("policy %s: %s; the decision is stored and the write is retried next pass", policy.name, error)
+        summary["policy_errors"].append({"file": str(policy.path), "error": f"{error}; retried next pass"})
 
 
 def bounded_pass(summary: dict[str, Any]) -> dict[str, Any]:

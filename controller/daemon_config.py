@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from joulepilot.policies.lock import default_lock_dir
 from joulepilot.store.db import default_db_path, default_home
 
 
@@ -48,6 +49,8 @@ class ExporterConfig:
 class DaemonConfig:
     db: Path = field(default_factory=default_db_path)
     policies: tuple[Path, ...] = field(default_factory=lambda: (default_home() / "policies",))
+    # Lock files of policies whose folder is read-only go here (the hook reads it too).
+    lock_dir: Path = field(default_factory=default_lock_dir)
     interval_s: float = 300.0
     max_decision_age_s: float = 7 * 86400.0
     devices: tuple[str, ...] = ("auto",)  # "auto" | "cpu" | GPU indices as strings
@@ -71,6 +74,7 @@ class DaemonConfig:
         return {
             "db": str(self.db),
             "policies": [str(p) for p in self.policies],
+            "lock_dir": str(self.lock_dir),
             "interval_s": self.interval_s,
             "max_decision_age_s": self.max_decision_age_s,
             "devices": list(self.devices),
@@ -82,7 +86,7 @@ class DaemonConfig:
         }
 
 
-_TOP = {"db", "policies", "interval_s", "max_decision_age_s", "devices", "log_level", "idle", "bench", "exporter"}
+_TOP = {"db", "policies", "lock_dir", "interval_s", "max_decision_age_s", "devices", "log_level", "idle", "bench", "exporter"}
 _SECTIONS = {"idle": IdleConfig, "bench": BenchConfig, "exporter": ExporterConfig}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -137,6 +141,10 @@ def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> Dae
         if not items or not all(isinstance(p, str) and p for p in items):
             raise DaemonConfigError(f"{where}: policies must be a folder path or a list of them, found {value!r}")
         kwargs["policies"] = tuple(base / Path(p).expanduser() for p in items)
+    if "lock_dir" in data:
+        if not isinstance(data["lock_dir"], str) or not data["lock_dir"]:
+            raise DaemonConfigError(f"{where}: lock_dir must be a folder path string, found {data['lock_dir']!r}")
+        kwargs["lock_dir"] = base / Path(data["lock_dir"]).expanduser()
     if "interval_s" in data:
         kwargs["interval_s"] = _number(where, "interval_s", data["interval_s"], minimum=1)
     if "max_decision_age_s" in data:

@@ -32,9 +32,9 @@ from typing import Any
 
 import sqlite_utils
 from joulepilot.store import open_db, transaction, upsert_devices, upsert_host
+from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 from joulepilot.store.deployments import (
     insert_samples,
-    latest_decision,
     register_deployment,
     set_deployment_config,
 )
@@ -587,7 +587,7 @@ def attach(
         device_kind = (decision_row or {}).get("device_kind") or features_device_kind(
             {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
     if decision_row is None and policy_name and device_kind:
-        decision_row = latest_decision(store, policy_name, device_kind=device_kind)
+        decision_row = latest_decision(store, policy_name, device_kind, states=APPLICABLE_STATES)
     workload_id = workload_id or _workload_id(store, policy, decision_row)
     limits = setting(policy, "limits")
     deployment_id = register_deployment(

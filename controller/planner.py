@@ -2,9 +2,10 @@
 
 A decision is stale when there is none for this device kind, the policy file changed, the software
 under it changed (torch / triton / driver / joulepilot: the runs' provenance key), the deployment
-guard marked it violated, a hook asked for it, or it is older than the configured age. Planning
-lists the policy's allowed configurations cheapest compile first, and leaves out those measured ok
-under the same provenance within the age limit and those a deployment found over the envelope.
+guard marked it violated, a hook asked for it, it is older than the configured age, or a run it could
+rest on was flagged "repeat this run". Planning lists the policy's allowed configurations cheapest
+compile first, and leaves out those measured ok under the same provenance within the age limit (a
+flagged run does not count until it was repeated) and those a deployment found over the envelope.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def _details(decision: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def latest_decision_row(db: sqlite_utils.Database, policy: str, device_kind: str) -> dict[str, Any] | None:
-    rows = list(db.query("SELECT * FROM decisions WHERE policy = ? AND device_kind = ? "
-                         "ORDER BY decided_at DESC, id DESC LIMIT 1", [policy, device_kind]))
-    return rows[0] if rows else None
+    """The newest decisions row of any state (a `violated` one makes the policy stale)."""
+    from joulepilot.store.decisions import latest_decision
+
+    return latest_decision(db, policy, device_kind)
 
 
 def stale_reason(
@@ -67,17 +69,28 @@ def stale_reason(
             "the decision was not made under this host's current provenance"
     if now - float(decision["decided_at"]) > max_age_s:
         return f"the decision is older than {max_age_s / 86400:g} days"
+    if _details(decision).get("repeat"):
+        return "runs it could rest on were flagged \"repeat this run\""
     return None
 
 
 def fresh_ok_config_ids(db: sqlite_utils.Database, workload_id: str, provenance_key: str, min_finished_at: float
                         ) -> set[str]:
-    """Configurations with an ok run of this workload under this provenance, recent enough to trust."""
-    return {r[0] for r in db.execute(
-        "SELECT DISTINCT config_id FROM runs WHERE workload_id = ? AND provenance_key = ? AND status = 'ok' "
-        "AND COALESCE(finished_at, started_at) >= ?",
-        [workload_id, provenance_key, min_finished_at],
-    )}
+    """Configurations with an ok run of this workload under this provenance, recent enough to trust.
+
+    A configuration whose newest such run was flagged "repeat this run" is not fresh (it is measured
+    again) until REPEAT_LIMIT of its runs were flagged."""
+    from joulepilot.policies.resolve import needs_repeat, run_flag
+    from joulepilot.store.coverage import recent_ok_runs
+
+    newest_flagged: dict[str, bool] = {}
+    flagged: dict[str, int] = {}
+    for run in recent_ok_runs(db, workload_id, provenance_key, min_finished_at):  # newest first
+        newest_flagged.setdefault(run["config_id"], bool(run_flag(run)))
+        if run_flag(run):
+            flagged[run["config_id"]] = flagged.get(run["config_id"], 0) + 1
+    return {config_id for config_id, was_flagged in newest_flagged.items()
+            if not (was_flagged and needs_repeat(flagged.get(config_id, 0)))}
 
 
 @dataclass

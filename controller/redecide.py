@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from joulepilot.store import transaction
-
 from .device_probe import DeviceProbe
 
 log = logging.getLogger("joulepilot.daemon")
@@ -72,25 +70,15 @@ def fit_or_none(db: Any) -> Any:
         return None
 
 
-def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, violated: set[str] = frozenset(),
-                  reason: str = "") -> tuple[Any, Path | None]:
-    """Resolve, store the decision (with the provenance it was made under) and write the lock file."""
-    from joulepilot.policies import resolve, write_lock
-    from joulepilot.policies.resolve import decision_record
-    from joulepilot.store import upsert_config
-    from joulepilot.store.decisions import write_decision
+def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, reason: str = "",
+                  lock_dir: Path | None = None) -> Any:
+    """Decide through `policies.decide` (the one way every command decides): leaves out what broke the
+    envelope, stores the decision with this host's provenance, writes the lock file (beside the policy,
+    else in `lock_dir`). Returns the `Decided`; a lock file that could not be written is in `lock_error`."""
+    from joulepilot.policies import decide
 
-    decision = resolve(policy, db, probe.device_kind, model, exclude=violated)
-    record = decision_record(decision)
-    details = json.loads(record["details"])
-    details.update({"provenance_key": probe.provenance_key, "decided_by": "daemon", "stale_reason": reason,
-                    "excluded_violated": sorted(violated)})
-    record["details"] = json.dumps(details, sort_keys=True, default=str)
-    with transaction(db):
-        upsert_config(db, decision.config)
-        decision.id = write_decision(db, record)
-    lock_file = write_lock(policy.path, decision) if policy.path else None
-    return decision, lock_file
+    return decide(db, policy, probe.device_kind, model, provenance_key=probe.provenance_key, decided_by="daemon",
+                  reason=reason, lock_dir=lock_dir)
 
 
 def request_policy_name(requested: str, by_name: dict[str, Any]) -> str | None:

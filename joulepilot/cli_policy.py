@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
-from joulepilot.policies import PolicyError, load_policy, record_decision, resolve, write_lock
+from joulepilot.policies import PolicyError, load_policy
 from joulepilot.store import open_db, open_for_reading
 
 from .clikit import db_option, echo_json, echo_table, reading_store
@@ -146,20 +145,53 @@ def check_command(files: tuple[str, ...], as_json: bool) -> None:
         raise SystemExit(1)
 
 
-def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None, *,
-            write: bool) -> tuple:
-    """Resolve FILE's policy against the runs in `db`, which must exist (a typo must not decide on nothing).
+def _provenance_key(device_kind: str, torch_version: str) -> str | None:
+    """This host's provenance key when deciding for its own device kind and installed torch, else None
+    (a decision for another host's device or torch cannot say what software it will run under)."""
+    from joulepilot.controller.device_probe import probe_device
+    from joulepilot.policies import torch_minor
 
-    Only a command that stores the decision opens the database for writing.
-    """
-    policy = _load(file)
-    database = open_db(db, must_exist=True) if write else open_for_reading(db)
+    from .hook import current_device_kind
+
+    if torch_version != torch_minor():
+        return None
+    here = current_device_kind()
+    if device_kind != here:
+        return None
     try:
-        model = fit(database)
-    except TradeoffError:
-        model = None
-    decision = resolve(policy, database, _device_kind(device_name), model, torch_version=torch_version)
-    return policy, database, decision
+        return probe_device("cpu" if here == "cpu" else "cuda:0").provenance_key
+    except Exception:  # no NVML, an odd driver: the decision is simply recorded without one
+        return None
+
+
+def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None, *, record: bool,
+            lock: bool, decided_by: str) -> Any:
+    from joulepilot.controller.redecide import fit_or_none
+    from joulepilot.policies import decide, default_lock_dir, torch_minor
+
+    policy = _load(file)
+    # The database must exist (a typo must not decide on nothing); only a command that stores the
+    # decision opens it for writing.
+    database = open_db(db, must_exist=True) if record else open_for_reading(db)
+    try:
+        kind = _device_kind(device_name)
+        version = torch_minor(torch_version) if torch_version else torch_minor()
+        return decide(database, policy, kind, fit_or_none(database), torch_version=version,
+                      provenance_key=_provenance_key(kind, version) if record else None, decided_by=decided_by,
+                      reason=f"`joulepilot {decided_by}`", lock_dir=default_lock_dir(), record=record, lock=lock)
+    finally:
+        database.close()
+
+
+def _elsewhere_hint(decision: Any) -> str | None:
+    """What to pass to decide for a device kind / torch pair that has runs, when this one has none."""
+    if not decision.measured_elsewhere:
+        return None
+    pairs = "; ".join(f"{p['device_kind']} / torch {p['torch_version']} ({p['runs']} ok runs): "
+                      f"--device-name \"{p['device_kind']}\" --torch-version {p['torch_version']}"
+                      for p in decision.measured_elsewhere)
+    return (f"nothing is measured on {decision.device_kind} with torch {decision.torch_version}; runs of "
+            f"{decision.workload} exist for {pairs}")
 
 
 CANDIDATE_COLUMNS = ["status", "label", "source", "score", "amortised_energy_j", "latency_ms_p95", "avg_power_w",
@@ -186,6 +218,14 @@ def _echo_decision(decision: Any) -> None:
     click.echo(f"reason     {decision.reason}")
     if decision.proposed:
         click.echo(f"proposed   {decision.proposed['label']} (prediction only: benchmark it to verify)")
+    flagged = [c.label for c in decision.candidates if c.flagged]
+    if flagged:
+        click.echo(f"flagged    {', '.join(flagged)}: bench flagged their runs \"repeat this run\"; they cannot "
+                   f"make a decision verified" + (" (the daemon repeats them)" if decision.repeat else ""))
+    if decision.excluded_violated:
+        labels = [c.label for c in decision.candidates if c.config_id in set(decision.excluded_violated)]
+        click.echo(f"excluded   {', '.join(labels) or ', '.join(decision.excluded_violated)}: broke the power "
+                   f"envelope in a deployment")
     if decision.config.get("mode") == "eager":
         click.echo("break-even vs eager fp32: none needed (eager compiles nothing)")
     elif decision.break_even_inferences is not None:
@@ -205,17 +245,18 @@ def _echo_decision(decision: Any) -> None:
 @json_option
 def explain_command(file: str, db: str | None, device_name: str | None, torch_version: str | None, record: bool,
                     as_json: bool) -> None:
-    """Resolve FILE's policy now and show the decision and every candidate with why it was kept or rejected."""
-    _, database, decision = _decide(file, db, device_name, torch_version, write=record)
-    try:
-        if record:
-            record_decision(database, decision)
-    finally:
-        database.close()
+    """Resolve FILE's policy now and show the decision and every candidate with why it was kept or rejected.
+
+    Decides as the daemon does: configurations that broke the envelope in a deployment are left out."""
+    decision = _decide(file, db, device_name, torch_version, record=record, lock=False,
+                       decided_by="policy explain --record").decision
+    hint = _elsewhere_hint(decision)
     if as_json:
         echo_json(decision.to_dict())
     else:
         _echo_decision(decision)
+    if hint:
+        click.echo(f"note: {hint}", err=True)
 
 
 @policy_group.command("lock")
@@ -226,21 +267,24 @@ def explain_command(file: str, db: str | None, device_name: str | None, torch_ve
 @json_option
 def lock_command(file: str, db: str | None, device_name: str | None, torch_version: str | None,
                  as_json: bool) -> None:
-    """Resolve FILE's policy, store the decision and write it to <stem>.lock.json beside the policy."""
-    _, database, decision = _decide(file, db, device_name, torch_version, write=True)
-    try:
-        record_decision(database, decision)
-    finally:
-        database.close()
-    path = write_lock(Path(file), decision)
+    """Decide FILE's policy as the daemon does, store the decision and write <stem>.lock.json beside the
+    policy (or, when that folder is read-only, <name>.lock.json in the lock directory)."""
+    decided = _decide(file, db, device_name, torch_version, record=True, lock=True, decided_by="policy lock")
+    decision = decided.decision
+    if decided.lock_error:
+        raise click.ClickException(f"decision {decision.id} is stored, but {decided.lock_error}")
+    hint = _elsewhere_hint(decision)
     if as_json:
-        echo_json({"lock_file": str(path), "device_kind": decision.device_kind,
+        echo_json({"lock_file": str(decided.lock_file), "device_kind": decision.device_kind,
                    "torch_version": decision.torch_version, "config": decision.config, "state": decision.state,
-                   "reason": decision.reason, "decision_id": decision.id})
+                   "reason": decision.reason, "decision_id": decision.id,
+                   "excluded_violated": decision.excluded_violated})
     else:
-        click.echo(f"{path}: {decision.device_kind} / torch {decision.torch_version} -> {decision.label} "
-                   f"[{decision.state}]")
+        click.echo(f"{decided.lock_file}: {decision.device_kind} / torch {decision.torch_version} -> "
+                   f"{decision.label} [{decision.state}]")
         click.echo(f"reason: {decision.reason}")
+    if hint:
+        click.echo(f"note: {hint}", err=True)
 
 
 commands = [fit_command, frontier_command, policy_group]

@@ -1,7 +1,16 @@
 """Policy files: schema and validation, resolution under limits, lock files."""
 
+from .decide import Applicable, Decided, applicable_decision, decide, sync_lock
 from .load import find_policy, load_policy, policy_dirs, policy_hash
-from .lock import lock_path, read_lock, write_lock
+from .lock import (
+    LockFileError,
+    LockWriteError,
+    default_lock_dir,
+    find_locked,
+    lock_path,
+    read_lock,
+    write_lock,
+)
 from .resolve import (
     Candidate,
     Decision,
@@ -16,6 +25,15 @@ from .schema import OBJECTIVES, Policy, PolicyError, Problem, validate
 
 __all__ = [
     "OBJECTIVES",
+    "Applicable",
+    "Decided",
+    "LockFileError",
+    "LockWriteError",
+    "applicable_decision",
+    "decide",
+    "default_lock_dir",
+    "find_locked",
+    "sync_lock",
     "Candidate",
     "Decision",
     "Policy",

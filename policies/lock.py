@@ -1,4 +1,4 @@
-"""Lock files: decisions shipped beside the policy, for hosts without a database.
+"""Lock files: decisions shipped as JSON, for hosts without a database and for the hook's fast path.
 
 `<stem>.lock.json` sits next to `<stem>.toml` and holds one entry per device kind and torch
 major.minor:
@@ -8,57 +8,178 @@ major.minor:
                                           "reason": ..., "policy_hash": ..., "decided_at": ...,
                                           "measured": {...}}}}}
 
+Where the policy's folder cannot be written (the daemon under systemd with `ProtectSystem=strict`
+reads policies from /etc), the file goes to the lock directory instead, as `<policy name>.lock.json`:
+`$JOULEPILOT_LOCK_DIR`, else `<JOULEPILOT_HOME>/locks` (the daemon's `lock_dir` key). The hook reads
+both places and takes the newest entry made for the policy's current content.
+
 Writing merges with the entries already there (other device kinds and torch versions are kept) and
-replaces the file atomically.
+replaces the file atomically, with ordinary permissions (the umask decides), so a serving process
+running as another user can read it.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
-import tempfile
+import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from joulepilot.store.safeio import FileRefused, read_regular_file
+from joulepilot.store.decisions import APPLICABLE_STATES
+from joulepilot.store.files import write_file_atomic
 
 from .resolve import Decision
 
 LOCK_FORMAT = 1
+LOCK_DIR_ENV = "JOULEPILOT_LOCK_DIR"
+LOCK_SUFFIX = ".lock.json"
+
+
+class LockFileError(ValueError):
+    """A lock file exists but cannot be used; the message names the file and the fix."""
+
+
+class LockWriteError(RuntimeError):
+    """No lock file could be written, beside the policy nor in the lock directory."""
+
+
+def default_lock_dir() -> Path:
+    """`$JOULEPILOT_LOCK_DIR`, else `<JOULEPILOT_HOME>/locks`."""
+    return _default_lock_dir(os.environ.get(LOCK_DIR_ENV), os.environ.get("JOULEPILOT_HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _default_lock_dir(lock_dir_env: str | None, home_env: str | None) -> Path:
+    if lock_dir_env:
+        return Path(lock_dir_env).expanduser()
+    from joulepilot.store import default_home
+
+    return default_home() / "locks"
 
 
 def lock_path(policy_path: str | os.PathLike) -> Path:
+    """The lock file beside a policy file."""
     path = Path(policy_path)
-    return path.with_name(path.stem + ".lock.json")
+    return path.with_name(path.stem + LOCK_SUFFIX)
 
 
-def read_lock_file(policy_path: str | os.PathLike) -> dict[str, Any]:
-    """The whole lock document ({} when there is none); a corrupt file raises ValueError naming it."""
-    path = lock_path(policy_path)
+def lock_dir_path(lock_dir: str | os.PathLike, policy_name: str) -> Path:
+    """The lock file of a policy (by name) in a lock directory; the name cannot reach outside it."""
+    return Path(lock_dir) / _lock_file_name(policy_name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lock_file_name(policy_name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", policy_name).lstrip(".") or "policy"
+    if safe != policy_name:
+        safe += "-" + hashlib.sha256(policy_name.encode()).hexdigest()[:8]
+    return safe + LOCK_SUFFIX
+
+
+def _regenerate_hint(path: str | os.PathLike) -> str:
+    return f"delete {path} and run `joulepilot policy lock` on the policy (or let the daemon rewrite it)"
+
+
+def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
+    """One lock file's document ({} when there is none). An unreadable, non-UTF-8, corrupt or absurdly
+    nested file raises LockFileError naming it and the fix."""
+    file = os.fspath(path)
     try:
-        text = read_regular_file(path).decode("utf-8")
+        # O_NONBLOCK: a FIFO in the lock file's place must not block the reader; it is refused below.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LockFileError(f"{file}: not a regular file; remove it so a lock file can be written there")
+            text = fh.read().decode("utf-8")
     except FileNotFoundError:
         return {}
-    except FileRefused as exc:  # a FIFO would block open() for good; never wait on one
-        raise ValueError(f"{path}: {exc.reason}; remove it and run `joulepilot policy lock {policy_path}` "
-                         f"again") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text; delete it and run `joulepilot policy lock {policy_path}` "
-                         f"again") from None
+    except PermissionError as exc:
+        raise LockFileError(f"{file}: cannot be read by this user ({exc.strerror}); make it readable "
+                            f"(chmod a+r {file}) or run the process as the daemon's user") from exc
+    except OSError as exc:
+        raise LockFileError(f"{file}: cannot be read ({exc.strerror or exc}); {_regenerate_hint(file)}") from exc
+    except UnicodeDecodeError as exc:
+        raise LockFileError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            f"{_regenerate_hint(file)}") from exc
     try:
         data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc}); delete it and run `joulepilot policy lock "
-                         f"{policy_path}` again") from exc
+    except RecursionError as exc:
+        raise LockFileError(f"{file}: nested too deeply to be a lock file; {_regenerate_hint(file)}") from exc
+    except ValueError as exc:
+        raise LockFileError(f"{file}: not valid JSON ({exc}); {_regenerate_hint(file)}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("entries", {}), dict):
-        raise ValueError(f"{path}: expected an object with an 'entries' table; regenerate it with "
-                         f"`joulepilot policy lock {policy_path}`")
+        raise LockFileError(f"{file}: expected an object with an 'entries' table; {_regenerate_hint(file)}")
     return data
 
 
+def _entry(document: dict[str, Any], device_kind: str, torch_version: str,
+           file: str | os.PathLike) -> dict[str, Any] | None:
+    by_torch = document.get("entries", {}).get(device_kind)
+    if by_torch is None:
+        return None
+    entry = by_torch.get(torch_version) if isinstance(by_torch, dict) else by_torch
+    if entry is None:
+        return None
+    if not (isinstance(entry, dict) and isinstance(entry.get("config"), dict) and entry["config"].get("id")
+            and entry.get("state") in APPLICABLE_STATES):
+        raise LockFileError(f"{file}: the entry for {device_kind} / torch {torch_version} is malformed "
+                            f"(no configuration or an unknown state); {_regenerate_hint(file)}")
+    return entry
+
+
+@dataclass
+class LockedEntry:
+    path: str  # the lock file it was read from
+    entry: dict[str, Any]
+
+
+def lock_files(policy_path: str | os.PathLike | None, policy_name: str,
+               lock_dir: str | os.PathLike | None) -> list[Path]:
+    """Where a policy's decisions may be locked: beside the file, then in the lock directory."""
+    return [Path(p) for p in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
+                                               lock_dir and os.fspath(lock_dir))]
+
+
+@functools.lru_cache(maxsize=1024)
+def _lock_file_paths(policy_path: str | None, policy_name: str, lock_dir: str | None) -> tuple[str, ...]:
+    # Strings, cached: the hook looks these up on every compile, and building Paths costs more than reading.
+    found = [str(lock_path(policy_path))] if policy_path else []
+    if lock_dir is not None:
+        found.append(str(lock_dir_path(lock_dir, policy_name)))
+    return tuple(found)
+
+
+def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_kind: str, torch_version: str,
+                *, policy_hash: str | None = None, lock_dir: str | os.PathLike | None = None,
+                ) -> tuple[LockedEntry | None, list[str]]:
+    """The newest locked entry for this device kind and torch (made for `policy_hash` when given), and
+    the problems met on the way (each a line naming the file and the fix). Never raises for a bad file."""
+    best: LockedEntry | None = None
+    problems: list[str] = []
+    for file in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
+                                 lock_dir and os.fspath(lock_dir)):
+        try:
+            entry = _entry(read_lock_document(file), device_kind, torch_version, file)
+        except LockFileError as exc:
+            problems.append(str(exc))
+            continue
+        if entry is None or (policy_hash is not None and entry.get("policy_hash") != policy_hash):
+            continue
+        if best is None or float(entry.get("decided_at") or 0) > float(best.entry.get("decided_at") or 0):
+            best = LockedEntry(file, entry)
+    return best, problems
+
+
 def read_lock(policy_path: str | os.PathLike, device_kind: str, torch_version: str) -> dict[str, Any] | None:
-    """The locked entry for this device kind and torch major.minor, or None."""
-    return read_lock_file(policy_path).get("entries", {}).get(device_kind, {}).get(torch_version)
+    """The entry for this device kind and torch major.minor in the lock file beside the policy, or None.
+    A corrupt file raises LockFileError (a ValueError) naming it."""
+    file = lock_path(policy_path)
+    return _entry(read_lock_document(file), device_kind, torch_version, file)
 
 
 def lock_entry(decision: Decision) -> dict[str, Any]:
@@ -70,6 +191,7 @@ def lock_entry(decision: Decision) -> dict[str, Any]:
         "reason": decision.reason,
         "policy_hash": decision.policy_hash,
         "decided_at": decision.decided_at,
+        "decision_id": decision.id,
         "workload": decision.workload,
         "workload_id": decision.workload_id,
         "objective": decision.objective,
@@ -79,20 +201,34 @@ def lock_entry(decision: Decision) -> dict[str, Any]:
     }
 
 
-def write_lock(policy_path: str | os.PathLike, decision: Decision) -> Path:
-    """Add or replace this decision's (device kind, torch) entry and write the file atomically."""
-    path = lock_path(policy_path)
-    data = read_lock_file(policy_path) or {}
-    entries = data.get("entries", {})
-    entries.setdefault(decision.device_kind, {})[decision.torch_version] = lock_entry(decision)
-    document = {"format": LOCK_FORMAT, "policy": decision.policy, "entries": entries}
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+def _write_into(file: Path, decision: Decision) -> Path:
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(document, fh, indent=2, sort_keys=True, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        document = read_lock_document(file)
+    except LockFileError as exc:
+        if isinstance(exc.__cause__, PermissionError):
+            raise PermissionError(str(exc)) from exc
+        document = {}  # corrupt: nothing in it could be used; the new document replaces it
+    entries = document.get("entries", {})
+    entries.setdefault(decision.device_kind, {})[decision.torch_version] = lock_entry(decision)
+    new = {"format": LOCK_FORMAT, "policy": decision.policy, "entries": entries}
+    text = json.dumps(new, indent=2, sort_keys=True, default=str) + "\n"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    return write_file_atomic(file, text.encode())
+
+
+def write_lock(policy_path: str | os.PathLike | None, decision: Decision, *,
+               lock_dir: str | os.PathLike | None = None) -> Path:
+    """Add or replace this decision's (device kind, torch) entry and write the file atomically.
+
+    Beside the policy when its folder can be written; otherwise (read-only file system, permissions)
+    in `lock_dir` as `<policy name>.lock.json`. Raises LockWriteError when neither works."""
+    failures: list[str] = []
+    for file in lock_files(policy_path, decision.policy, lock_dir):
+        try:
+            return _write_into(file, decision)
+        except OSError as exc:
+            failures.append(f"{file}: {exc.strerror or exc}")
+    if lock_dir is None and policy_path:
+        failures.append("no lock directory to fall back on (set lock_dir in the daemon config or "
+                        f"${LOCK_DIR_ENV})")
+    raise LockWriteError("cannot write the lock file: " + "; ".join(failures))

@@ -15,6 +15,13 @@ Rules (the README's "How a decision is made" says the same for users):
     - none, but a predicted candidate looks feasible -> state `provisional`: the fallback is applied
       and the predicted candidate is `proposed`, until a measurement confirms or refutes it;
     - nothing feasible at all -> state `fallback`, the fallback applied, the reason says why.
+* A run that `bench` flagged "repeat this run" (`extra.window_warning`: its energy window ran much
+  slower than its latency pass) never makes a decision `verified`: such a candidate is `flagged`, and
+  the daemon repeats it (at most REPEAT_LIMIT flagged runs per configuration). Until a clean run
+  exists the decision is verified on another candidate, or `provisional` with the fallback applied.
+* No predictions for a device kind with no ok run at all (the trade-off model knows nothing of it).
+  When nothing is measured for this device kind and torch version but the workload has runs on
+  other pairs, the decision names them (`measured_elsewhere`).
 * Energy objective: joules per forward call plus compile energy amortised over expected_inferences
   (compile_energy_j / expected_inferences). `latency`: p95 latency. `edp`: amortised energy x p95.
   Ties go to the cheaper compile. The break-even inference count against eager fp32 is
@@ -49,6 +56,8 @@ FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "laten
            "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
            "energy_source", "window_s", "torch_version")
 STATES = ("verified", "provisional", "fallback")
+# A configuration whose runs were flagged this many times is not repeated again (the host is noisy).
+REPEAT_LIMIT = 2
 
 
 def torch_minor(version: str | None = None) -> str:
@@ -64,7 +73,7 @@ class Candidate:
     config: dict[str, Any]  # configs row
     label: str
     source: str  # 'measured' | 'predicted' | 'none'
-    status: str = "pending"  # chosen | kept | rejected | proposed | unverified | unknown
+    status: str = "pending"  # chosen | kept | flagged | rejected | proposed | unverified | unknown
     reasons: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)  # measured
     predicted: dict[str, list[float]] = field(default_factory=dict)  # target -> [mean, std]
@@ -72,6 +81,7 @@ class Candidate:
     score: float | None = None
     amortised_energy_j: float | None = None
     break_even_inferences: float | None = None
+    flagged: str | None = None  # the run's "repeat this run" warning, when bench flagged it
 
     @property
     def config_id(self) -> str:
@@ -101,6 +111,10 @@ class Decision:
     eager_energy_j_per_inference: float | None = None
     decided_at: float = field(default_factory=time.time)
     id: int | None = None
+    repeat: list[str] = field(default_factory=list)  # config ids whose flagged runs should be measured again
+    # (device kind, torch) pairs with ok runs of this workload, when none is measured for this pair
+    measured_elsewhere: list[dict[str, Any]] = field(default_factory=list)
+    excluded_violated: list[str] = field(default_factory=list)  # config ids left out: they broke the envelope
 
     @property
     def config_id(self) -> str:
@@ -159,19 +173,62 @@ def _device_kind(run: Mapping[str, Any]) -> str:
     return str(run.get("device_name") or device) if device.startswith("cuda") else "cpu"
 
 
-def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str,
-                torch_version: str) -> dict[str, dict[str, Any]]:
-    """config_id -> latest ok run (else latest failed run) of the workload on this device kind and torch."""
+def run_flag(run: Mapping[str, Any]) -> str | None:
+    """The "repeat this run" warning bench stored on a run (`extra.window_warning`), or None."""
+    from joulepilot.store import json_column
+
+    extra = json_column(run.get("extra"), {})
+    warning = extra.get("window_warning") if isinstance(extra, dict) else None
+    return str(warning) if warning else None
+
+
+def needs_repeat(flagged_runs: int) -> bool:
+    """A configuration whose newest ok run is flagged is measured again, up to REPEAT_LIMIT flagged runs."""
+    return 0 < flagged_runs < REPEAT_LIMIT
+
+
+def _scan_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, int], set[str]]:
+    """(config_id -> latest ok run, else latest failed run; config_id -> how many ok runs were flagged;
+    configurations whose newest run failed)."""
     from joulepilot.store import list_runs
 
     latest: dict[str, dict[str, Any]] = {}
+    flagged: dict[str, int] = {}
+    newest_failed: set[str] = set()
     for run in list_runs(db, where="runs.workload_id = ?", params=[workload_id]):  # newest first
         if _device_kind(run) != device_kind or torch_minor(run.get("torch_version") or "0.0") != torch_version:
             continue
+        if run["config_id"] not in latest and run["status"] != "ok":
+            newest_failed.add(run["config_id"])
+        if run["status"] == "ok" and run_flag(run):
+            flagged[run["config_id"]] = flagged.get(run["config_id"], 0) + 1
         have = latest.get(run["config_id"])
         if have is None or (have["status"] != "ok" and run["status"] == "ok"):
             latest[run["config_id"]] = run
-    return latest
+    return latest, flagged, newest_failed
+
+
+def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str,
+                torch_version: str) -> dict[str, dict[str, Any]]:
+    """config_id -> latest ok run (else latest failed run) of the workload on this device kind and torch."""
+    return _scan_runs(db, workload_id, device_kind, torch_version)[0]
+
+
+def run_coverage(db: sqlite_utils.Database, workload_id: str) -> tuple[set[str], list[dict[str, Any]]]:
+    """(device kinds with any ok run, [{device_kind, torch_version, runs}] of this workload's ok runs)."""
+    from joulepilot.store.coverage import ok_run_groups
+
+    kinds: set[str] = set()
+    pairs: dict[tuple[str, str], int] = {}
+    for group in ok_run_groups(db):
+        kind = _device_kind(group)
+        kinds.add(kind)
+        if group["workload_id"] == workload_id:
+            key = (kind, torch_minor(group["torch_version"] or "0.0"))
+            pairs[key] = pairs.get(key, 0) + group["runs"]
+    listed = [{"device_kind": k, "torch_version": t, "runs": n} for (k, t), n in sorted(pairs.items())]
+    return kinds, listed
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -240,12 +297,14 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             torch_version: str | None = None, exclude: Collection[str] = ()) -> Decision:
     """The decision for `policy` on device kind `device_name` ('cpu' or the GPU's name) and torch
     major.minor `torch_version` (default: the installed torch). `model` is a fitted TradeoffModel or None.
-    `exclude`: config ids that broke the power envelope in a live deployment; they are rejected."""
+    `exclude`: config ids that broke the power envelope in a live deployment; they are rejected.
+    This only computes; `policies.decide` is what records a decision and writes its lock file."""
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
     found = list(db.query("SELECT * FROM workloads WHERE id = ?", [workload_id]))
     workload_row = found[0] if found else None
-    runs = latest_runs(db, workload_id, device_name, torch_version)
+    runs, flagged_counts, newest_failed = _scan_runs(db, workload_id, device_name, torch_version)
+    kinds_with_runs, coverage = run_coverage(db, workload_id)
     fallback = fallback_config(policy)
 
     eager_run = runs.get(fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id)
@@ -254,7 +313,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     configs = candidate_configs(policy)
     unmeasured = [c for c in configs if c.id not in runs or runs[c.id]["status"] != "ok"]
     predictions: dict[str, dict[str, tuple[float, float]]] = {}
-    if model is not None and workload_row is not None and unmeasured:
+    device_known = device_name in kinds_with_runs
+    if model is not None and workload_row is not None and unmeasured and device_known:
         for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name), strict=True):
             predictions[cfg.id] = pred
 
@@ -272,6 +332,15 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             cand.break_even_inferences = _break_even(run.get("compile_energy_j"), run["energy_j_per_inference"],
                                                      eager_j, not cfg.compiles)
             cand.status = "rejected" if cand.reasons else "kept"
+            cand.flagged = run_flag(run)
+            if cand.flagged:
+                times = flagged_counts.get(cfg.id, 1)
+                cand.reasons.append(f"run {run['id']} was flagged by bench, \"repeat this run\" ({cand.flagged})"
+                                    + ("" if needs_repeat(times) else
+                                       f"; flagged in {times} runs, so it is not repeated again: look for "
+                                       f"contention on the host and bench it by hand"))
+                if cand.status == "kept":
+                    cand.status = "flagged"
         elif cfg.id in predictions:
             pred = predictions[cfg.id]
             cand.source = "predicted"
@@ -297,8 +366,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                 cand.reasons.append(f"benchmark failed: {run.get('reason') or 'no reason recorded'}")
                 cand.status, cand.source, cand.run_id = "rejected", "measured", run["id"]
             else:
+                why = ("no trade-off model" if model is None else "workload never described"
+                       if workload_row is None else f"no run at all on {device_name}")
                 cand.reasons.append(f"not measured on {device_name} with torch {torch_version}, and no "
-                                    f"prediction ({'no trade-off model' if model is None else 'workload never described'})")
+                                    f"prediction ({why})")
         if cfg.id in exclude:
             cand.reasons.append("broke the power envelope in a live deployment (envelope guard)")
             cand.status = "rejected"
@@ -311,27 +382,48 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                       and math.isfinite(c.score)), key=order)
     chosen = feasible[0] if feasible else None
     proposed = hopeful[0] if hopeful and (chosen is None or order(hopeful[0]) < order(chosen)) else None
+    # Flagged runs within every limit that would beat the chosen one: measure them again.
+    worth_repeating = sorted((c for c in candidates if c.status == "flagged"
+                              and (chosen is None or order(c) < order(chosen))), key=order)
+    # A repeat that failed is not tried again: the flagged run stays what is known of it.
+    repeat = [c for c in worth_repeating if needs_repeat(flagged_counts.get(c.config_id, 1))
+              and c.config_id not in newest_failed]
 
     objective = policy.objective.minimize
+    measured_any = any(c.source == "measured" for c in candidates)
+    elsewhere = [] if measured_any else [p for p in coverage
+                                         if (p["device_kind"], p["torch_version"]) != (device_name, torch_version)]
     if chosen is not None:
         chosen.status = "chosen"
         state, applied = "verified", chosen.config
         reason = (f"{chosen.label} is the measured configuration with the lowest {_objective_text(objective)} "
                   f"({chosen.score:.4g}) within every limit; {len(feasible)} of {len(candidates)} candidates "
                   f"measured within limits")
-    elif proposed is not None:
+    elif worth_repeating or proposed is not None:
         state, applied = "provisional", fallback.to_row()
-        reason = (f"no measured configuration meets every limit; {proposed.label} is predicted to "
-                  f"({_objective_text(objective)} {proposed.score:.4g}) but is unmeasured, so the fallback "
-                  f"{fallback.label} is applied until it is benchmarked")
+        if worth_repeating:
+            labels = ", ".join(c.label for c in worth_repeating)
+            reason = (f"the only measured configurations within every limit ({labels}) rest on runs flagged "
+                      f"\"repeat this run\", so the fallback {fallback.label} is applied until a clean run "
+                      f"confirms them")
+        else:
+            assert proposed is not None
+            reason = (f"no measured configuration meets every limit; {proposed.label} is predicted to "
+                      f"({_objective_text(objective)} {proposed.score:.4g}) but is unmeasured, so the fallback "
+                      f"{fallback.label} is applied until it is benchmarked")
     else:
         state, applied = "fallback", fallback.to_row()
         reason = f"no configuration is feasible, so the fallback {fallback.label} is applied: " + \
             _rejection_summary(candidates, device_name, torch_version, workload_row is None, policy)
+    if elsewhere:
+        reason += "; " + _elsewhere_text(policy, device_name, torch_version, elsewhere)
     if proposed is not None:
         proposed.status = "proposed"
         if chosen is not None:
             reason += f"; {proposed.label} is predicted better and should be measured"
+    if chosen is not None and worth_repeating:
+        reason += (f"; {worth_repeating[0].label} measured better, but its run was flagged \"repeat this run\" "
+                   f"so it cannot be verified" + (" until it is measured again" if repeat else ""))
 
     applied_cand = next((c for c in candidates if c.config_id == applied["id"]), None)
     if applied_cand is None and applied["id"] in runs and runs[applied["id"]]["status"] == "ok":
@@ -346,7 +438,15 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         measured=_key_figures(applied_cand),
         break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
         eager_energy_j_per_inference=eager_j,
+        repeat=[c.config_id for c in repeat], measured_elsewhere=elsewhere,
+        excluded_violated=sorted(set(exclude)),
     )
+
+
+def _elsewhere_text(policy: Policy, device: str, torch_version: str, elsewhere: list[dict[str, Any]]) -> str:
+    pairs = ", ".join(f"{p['device_kind']} / torch {p['torch_version']} ({p['runs']} ok runs)" for p in elsewhere)
+    return (f"nothing of {policy.workload} (batch {policy.batch_size}) is measured on {device} with torch "
+            f"{torch_version}, but it is on: {pairs}")
 
 
 def _objective_text(objective: str) -> str:
@@ -390,20 +490,27 @@ def decision_from_record(row: Mapping[str, Any]) -> Decision:
     return Decision.from_dict(data)
 
 
-def record_decision(db: sqlite_utils.Database, decision: Decision) -> int:
-    """Store the decision (and its configuration row) and return its id."""
+def record_decision(db: sqlite_utils.Database, decision: Decision, *, provenance_key: str | None = None,
+                    decided_by: str | None = None, reason: str = "") -> int:
+    """Store the decision (and its configuration row) and return its id. `provenance_key`, `decided_by`
+    and `reason` (why it was re-decided) go into its details."""
     from joulepilot.store import transaction, upsert_config
     from joulepilot.store.decisions import write_decision
 
+    record = decision_record(decision)
+    details = json.loads(record["details"])
+    details.update({"provenance_key": provenance_key, "decided_by": decided_by, "stale_reason": reason})
+    record["details"] = json.dumps(details, sort_keys=True, default=str, allow_nan=True)
     with transaction(db):
         upsert_config(db, decision.config)
-        decision.id = write_decision(db, decision_record(decision))
+        decision.id = write_decision(db, record)
     return decision.id
 
 
 def stored_decision(db: sqlite_utils.Database, policy: str, device_kind: str,
                     torch_version: str) -> Decision | None:
-    from joulepilot.store.decisions import latest_decision
+    """The newest stored decision that names a configuration (a `violated` row does not)."""
+    from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 
-    row = latest_decision(db, policy, device_kind, torch_version)
+    row = latest_decision(db, policy, device_kind, torch_version, states=APPLICABLE_STATES)
     return decision_from_record(row) if row else None

@@ -193,23 +193,6 @@ def violated_config_ids(
     return ids
 
 
-def latest_decision(
-    db: sqlite_utils.Database, policy: str, *, device_kind: str | None = None, config_id: str | None = None
-) -> dict[str, Any] | None:
-    """The newest decisions row for a policy (optionally one device kind / configuration)."""
-    sql, args = "SELECT * FROM decisions WHERE policy = ?", [policy]
-    if device_kind is not None:
-        sql += " AND device_kind = ?"
-        args.append(device_kind)
-    if config_id is not None:
-        sql += " AND config_id = ?"
-        args.append(config_id)
-    rows = list(db.query(sql + " ORDER BY decided_at DESC, id DESC LIMIT 1", args))
-    if not rows:
-        return None
-    return _decode_details(rows[0])
-
-
 def mark_decision_violated(
     db: sqlite_utils.Database,
     *,

@@ -1,0 +1,35 @@
+"""Writing a file whole or not at all, with ordinary permissions.
+
+`tempfile.mkstemp` creates its file 0600, and `os.replace` keeps that mode, so a file written that way
+by the daemon's user cannot be read by a serving process running as another user. These files are
+created 0666 minus the umask, like any file a program writes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+FILE_MODE = 0o666  # the umask takes away what the site does not want (0644 with the usual 022)
+
+
+def write_file_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file in the same folder, synced, then renamed over it.
+
+    A reader sees the old file or the new one, never a part; a crash leaves at most a `.tmp` file.
+    Raises OSError (read-only folder, permissions, full disk) with nothing left behind.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
