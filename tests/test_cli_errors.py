@@ -3,6 +3,7 @@ with one line `Error: ...` and exit code 1, never a traceback; read-only databas
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -176,8 +177,8 @@ def test_a_read_only_database_is_still_readable(work, export_file):
                         ["policy", "explain", policy, *H200]]:
             result = runner.invoke(main, [*command, "--db", str(path)])
             assert result.exit_code == 0, (command, result.output)
-        listed = runner.invoke(main, ["runs", "--db", str(path), "--limit", "0"]).stdout
-        assert len(listed.splitlines()) == 1 + len(read_export(SWEEP))  # header + every run
+        listed = runner.invoke(main, ["runs", "--db", str(path), "--limit", "0", "--json"]).stdout
+        assert len(json.loads(listed)) == len(read_export(SWEEP))  # every run
         explained = runner.invoke(main, ["policy", "explain", policy, *H200, "--db", str(path)]).stdout
         assert "[verified]" in explained
         # commands that write say so in one line, naming the file

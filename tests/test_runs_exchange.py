@@ -45,7 +45,7 @@ def _host_db(path: Path, host: str, runs: list[tuple[str, float]]) -> Path:
 
 
 def _ok(*args: str):
-    result = CliRunner().invoke(main, list(args))
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, list(args))  # wide enough for one-line headers
     assert result.exit_code == 0, result.output
     return result
 
