@@ -29,6 +29,7 @@ from joulepilot.store import (
     run_columns,
     workload_needs_description,
 )
+from joulepilot.store.jsonvalues import json_object
 
 from .artifacts import artifact_path_for
 from .budget import worker_budget
@@ -313,9 +314,9 @@ def measure_config(
 
 
 def _stored_run(database: sqlite_utils.Database, run_id: int) -> dict[str, Any]:
-    stored = list_runs(database, where="runs.id = ?", params=[run_id])[0]
+    stored = list_runs(database, run_id=run_id)[0]
     stored["run_id"] = run_id
-    stored["extra"] = json.loads(stored["extra"]) if stored.get("extra") else {}
+    stored["extra"] = json_object(stored.get("extra"))
     return stored
 
 

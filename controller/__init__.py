@@ -1,5 +1,7 @@
 """The agent: trade-off regression, frontier, daemon, deployments, reports."""
 
+from joulepilot.store.devicekind import device_kind as device_kind
+
 from .daemon import Daemon as Daemon
 from .daemon_config import DaemonConfig as DaemonConfig
 from .daemon_config import DaemonConfigError as DaemonConfigError
@@ -8,7 +10,6 @@ from .deployment import MeteredModel as MeteredModel
 from .deployment import attach as attach
 from .exporter import start_exporter as start_exporter
 from .features import FeatureSpace as FeatureSpace
-from .features import device_kind as device_kind
 from .frontier import frontier as frontier
 from .frontier import pareto_front as pareto_front
 from .frontier import plot_frontier as plot_frontier

@@ -45,11 +45,14 @@ from joulepilot.store import (
     transaction,
     workload_needs_description,
 )
+from joulepilot.store.catalog import config_row
 from joulepilot.store.daemon_state import (
+    JobRow,
     claim_job,
     drop_queued_jobs,
     enqueue_job,
     finish_job,
+    has_open_jobs,
     mark_requests_handled,
     queue_counts,
     queued_jobs,
@@ -58,13 +61,14 @@ from joulepilot.store.daemon_state import (
     unhandled_requests,
     write_heartbeat,
 )
+from joulepilot.store.decisions import latest_decision
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, allowed_devices, probe_device
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome, JobRunner
-from .planner import latest_decision_row, plan_policy, stale_reason
+from .planner import plan_policy, stale_reason
 from .redecide import (
     decide_policy,
     fit_or_none,
@@ -351,7 +355,7 @@ class Daemon:
 
         stale: dict[str, str] = {}
         for policy in policies:
-            decision = latest_decision_row(self.db, policy.name, probe.device_kind)
+            decision = latest_decision(self.db, policy.name, probe.device_kind)  # any state: `violated` too
             reason = stale_reason(decision, policy_hash=policy.hash, provenance_key=probe.provenance_key,
                                   max_age_s=self.cfg.max_decision_age_s)
             if reason is None and policy.name in requested:
@@ -426,13 +430,12 @@ class Daemon:
             (log.info if item.run_id is not None else log.warning)("%s", describe_import(item))
 
     def _has_open_jobs(self, policy: str) -> bool:
-        return self.db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
-                               [policy]).fetchone() is not None
+        return has_open_jobs(self.db, policy)
 
-    def _runnable_jobs(self, by_name: dict[str, Any], probe: DeviceProbe) -> list[dict[str, Any]]:
+    def _runnable_jobs(self, by_name: dict[str, Any], probe: DeviceProbe) -> list[JobRow]:
         """Queued jobs this pass can run: of a loaded policy, measured under this host's provenance."""
         return [j for j in queued_jobs(self.db)
-                if j["policy"] in by_name and j["provenance_key"] == probe.provenance_key]
+                if j.policy in by_name and j.provenance_key == probe.provenance_key]
 
     def _run_queue(self, by_name: dict[str, Any], devices: list[str], probe: DeviceProbe,
                    summary: dict[str, Any]) -> None:
@@ -451,7 +454,7 @@ class Daemon:
                 if not self.stop_event.is_set():
                     summary["paused"] = self._paused = True
                 return
-            policy = by_name[job["policy"]]
+            policy = by_name[job.policy]
             outcome = self._run_job(job, policy, device)
             if outcome.kind == "measured":
                 summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
@@ -463,22 +466,24 @@ class Daemon:
                     summary["paused"] = self._paused = True
                     return
 
-    def _run_job(self, job: dict[str, Any], policy: Any, device: str) -> JobOutcome:
+    def _run_job(self, job: JobRow, policy: Any, device: str) -> JobOutcome:
         """Measure one job in a compiler worker started here, then store its run and the job's end in
         one transaction. Stopped or pre-empted jobs go back to the queue."""
         from joulepilot.compiler import CompileConfig, measure_config, sweep_context
         from joulepilot.compiler.bench import default_idle_s
 
-        if not claim_job(self.db, job["id"]):
+        if not claim_job(self.db, job.id):
             return JobOutcome("stopped", reason="job was taken by someone else")
-        row = self.db["configs"].get(job["config_id"])
+        row = config_row(self.db, job.config_id)
+        if row is None:
+            raise LookupError(f"job {job.id}: configuration {job.config_id} is not in the store")
         cfg = CompileConfig.from_row(row)
         if policy.batch_size and cfg.batch_size != policy.batch_size:
             cfg = cfg.replace(batch_size=policy.batch_size)
-        self.current_job = {"id": job["id"], "policy": policy.name, "workload": policy.workload,
+        self.current_job = {"id": job.id, "policy": policy.name, "workload": policy.workload,
                             "config": cfg.label, "device": device, "started_at": time.time()}
-        log.info("job %d: %s %s on %s", job["id"], policy.workload, cfg.label, device)
-        self._notify("job_started", job_id=job["id"], label=f"{policy.name} {cfg.label} on {device}")
+        log.info("job %d: %s %s on %s", job.id, policy.workload, cfg.label, device)
+        self._notify("job_started", job_id=job.id, label=f"{policy.name} {cfg.label} on {device}")
         tracker = self._tracker(device)
         needs_check = tracker.needs_quiet_period
         shape = policy.shape_args()
@@ -494,7 +499,7 @@ class Daemon:
 
         def measure(stop_check: Any, on_start: Any) -> Any:
             context = sweep_context(device, default_idle_s(device))
-            wid = job["workload_id"]
+            wid = job.workload_id
             return measure_config(
                 policy.workload, cfg, context=context, columns=run_columns(self.db),
                 min_seconds=self.cfg.bench.min_seconds, budget_s=self.cfg.bench.budget_s,
@@ -509,42 +514,42 @@ class Daemon:
                 outcome = self.runner.run(measure, preempt_check=production_returned,
                                           preempt_every_s=self.cfg.idle.poll_s, on_start=started)
             except Exception as exc:  # the device could not be metered, the workload not resolved ...
-                log.error("job %d could not be measured: %s: %s", job["id"], type(exc).__name__, exc)
-                finish_job(self.db, job["id"], state="failed", run_id=None)
+                log.error("job %d could not be measured: %s: %s", job.id, type(exc).__name__, exc)
+                finish_job(self.db, job.id, state="failed", run_id=None)
                 outcome = JobOutcome("error", reason=f"{type(exc).__name__}: {exc}")
                 return outcome
             if outcome.kind == "measured":
                 run_id = self._store_measured(job, policy, outcome)
             else:
-                requeue_job(self.db, job["id"])
-                log.info("job %d re-queued: %s", job["id"], outcome.reason)
+                requeue_job(self.db, job.id)
+                log.info("job %d re-queued: %s", job.id, outcome.reason)
         finally:
             self.current_job = None
             if outcome is not None:
-                self._notify("job_finished", job_id=job["id"], kind=outcome.kind, status=outcome.extra.get("status"),
+                self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
         return outcome
 
-    def _store_measured(self, job: dict[str, Any], policy: Any, outcome: JobOutcome) -> int | None:
+    def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
         measured = outcome.result
-        measured.row["extra"].update({"job_id": job["id"], "daemon_pid": os.getpid(), "policy": policy.name,
-                                      "job_provenance_key": job["provenance_key"]})
+        measured.row["extra"].update({"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
+                                      "job_provenance_key": job.provenance_key})
         outcome.extra["status"] = measured.status
         try:
             stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),
-                                             job_id=job["id"])
+                                             job_id=job.id)
         except RunNotStored as exc:
-            log.error("job %d: %s; the job is measured again after a restart. Lost: %s", job["id"], exc,
+            log.error("job %d: %s; the job is measured again after a restart. Lost: %s", job.id, exc,
                       {k: measured.row.get(k) for k in ("status", "reason", "energy_j_per_inference",
                                                           "latency_ms_p50", "energy_source")})
             return None
         if stored.run_id is None:
             log.error("job %d: the run could not be stored (%s); it is kept in %s and imported at the next "
-                      "pass or start", job["id"], stored.error, stored.pending_path)
+                      "pass or start", job.id, stored.error, stored.pending_path)
             return None
         why = f": {measured.reason.splitlines()[0]}" if measured.status != "ok" and measured.reason else ""
-        log.info("job %d: %s, run %d (%.1fs)%s", job["id"], measured.status, stored.run_id, outcome.wall_s, why)
+        log.info("job %d: %s, run %d (%.1fs)%s", job.id, measured.status, stored.run_id, outcome.wall_s, why)
         return stored.run_id
 
     def _decide(self, stale: dict[str, str], by_name: dict[str, Any], probe: DeviceProbe,
@@ -622,7 +627,7 @@ def _end_leftover_worker(db: Any) -> None:
     from .job_runner import kill_tree_of_pid
 
     for hb in list_heartbeats(db, limit=5):
-        job = (hb.get("detail") or {}).get("job") or {}
+        job = hb.detail.get("job") or {}
         pid = job.get("worker_pid") or job.get("child_pid")
         if not pid:
             continue

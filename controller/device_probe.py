@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from joulepilot.store.devicekind import device_kind
+
 log = logging.getLogger(__name__)
 
 
@@ -76,8 +78,7 @@ def probe_device(device: str) -> DeviceProbe:
     if device.startswith("cuda"):
         name, driver = _gpu_identity(device)
         origin = provenance(device, name=name, driver=driver)
-        kind = str(origin.get("device_name") or device)
     else:
         origin = provenance(device, name=cpu_name())
-        kind = "cpu"
+    kind = device_kind({"device": device, "device_name": origin.get("device_name")})
     return DeviceProbe(device=device, device_kind=kind, provenance_key=origin["provenance_key"], provenance=origin)

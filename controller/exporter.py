@@ -37,11 +37,10 @@ from typing import Any
 
 from joulepilot.store import open_db
 from joulepilot.store.daemon_state import HEARTBEAT_STATES, latest_heartbeat, queue_counts
+from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.metrics import (
-    LATEST_DECISIONS_SQL,
     decided_run,
     deployment_totals,
-    latest_decisions,
     read_snapshot,
     recorded_gpu,
     require_current_schema,
@@ -54,7 +53,7 @@ from prometheus_client.registry import Collector
 
 from .instance_lock import lock_path_for, probe_lock
 
-__all__ = ["LATEST_DECISIONS_SQL", "Exporter", "JoulepilotCollector", "make_registry", "serve_exporter",
+__all__ = ["Exporter", "JoulepilotCollector", "make_registry", "serve_exporter",
            "start_exporter"]
 
 log = logging.getLogger(__name__)
@@ -181,15 +180,15 @@ class JoulepilotCollector(Collector):
                                     "Measured p95 latency of the decided configuration",
                                     labels=["policy", "device"])
         for d in latest_decisions(db):
-            labels = [d["policy"], d["device_kind"]]
+            labels = [d.policy, d.device_kind]
             info.add_metric(labels, {
-                "config": d.get("config_label") or d.get("config_id") or "",
-                "mode": d.get("mode") or "",
-                "fusion": d.get("fusion") or "",
-                "precision": d.get("precision") or "",
-                "state": d["state"],
+                "config": d.config_label or d.config_id or "",
+                "mode": d.mode or "",
+                "fusion": d.fusion or "",
+                "precision": d.precision or "",
+                "state": d.state,
             })
-            decided_at.add_metric(labels, d["decided_at"])
+            decided_at.add_metric(labels, d.decided_at)
             run = decided_run(db, d)
             if run is None:
                 continue
@@ -259,9 +258,9 @@ class JoulepilotCollector(Collector):
         state = GaugeMetricFamily("joulepilot_daemon_state", "1 for the state in the daemon's last heartbeat",
                                   labels=["state"])
         if hb is not None:
-            last.add_metric([], hb["at"])
+            last.add_metric([], hb.at)
             for s in HEARTBEAT_STATES:
-                state.add_metric([s], 1.0 if s == hb["state"] else 0.0)
+                state.add_metric([s], 1.0 if s == hb.state else 0.0)
         queue = GaugeMetricFamily("joulepilot_daemon_queue_jobs", "Jobs in the daemon's queue by state",
                                   labels=["state"])
         for s, n in queue_counts(db).items():

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from joulepilot.store.devicekind import device_kind as device_kind  # the device kind a run is grouped by
 from joulepilot.store.jsonvalues import json_column
 
 CATEGORICAL = ("mode", "fusion", "precision")
@@ -22,14 +23,6 @@ def config_row(config: Any) -> dict[str, Any]:
     if hasattr(config, "to_row"):
         return dict(config.to_row())
     return dict(config)
-
-
-def device_kind(run: Mapping[str, Any]) -> str:
-    """The kind of device a run used: the GPU's name, or 'cpu' (CPU models vary too little to matter)."""
-    device = str(run.get("device") or "")
-    if device.startswith("cuda"):
-        return str(run.get("device_name") or device)
-    return "cpu"
 
 
 # Coarse op families: graphs record ATen/torch op names (addmm, convolution, native_layer_norm, ...);

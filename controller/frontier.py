@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from joulepilot.store.catalog import workload_row as stored_workload
+from joulepilot.store.runs import RunRow, latest_per_config, ok_runs
 
-from .features import device_kind
 from .tradeoff import TradeoffError, TradeoffModel, fit
 
 
@@ -28,7 +29,7 @@ def pareto_front(points: Sequence[Mapping[str, Any]], x: str = "latency_ms_p95",
     return front
 
 
-def _grid(runs: Sequence[Mapping[str, Any]], batch_size: int, search: Any = None) -> list[Any]:
+def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[Any]:
     """Allowed configurations: the policy's search space, else every combination of the modes,
     precisions, fusion presets and dynamic settings measured on this device."""
     from joulepilot.compiler import CompileConfig
@@ -36,10 +37,10 @@ def _grid(runs: Sequence[Mapping[str, Any]], batch_size: int, search: Any = None
     if search is not None:
         modes, precisions, fusions, dynamics = search.modes, search.precisions, search.fusion, search.dynamic
     else:
-        modes = sorted({r["mode"] for r in runs})
-        precisions = sorted({r["precision"] for r in runs})
-        fusions = sorted({r["fusion"] for r in runs})
-        dynamics = sorted({bool(r["dynamic"]) for r in runs})
+        modes = sorted({r.mode for r in runs})
+        precisions = sorted({r.precision for r in runs})
+        fusions = sorted({r.fusion for r in runs})
+        dynamics = sorted({bool(r.dynamic) for r in runs})
     seen, out = set(), []
     for mode, precision, fusion, dynamic in itertools.product(modes, precisions, fusions, dynamics):
         cfg = CompileConfig(mode=mode, fusion="default" if mode == "eager" else fusion, precision=precision,
@@ -60,33 +61,28 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
     (with the model's uncertainty). `frontier` lists the Pareto-optimal labels over all points,
     `measured_frontier` over measured points only.
     """
-    from joulepilot.store import list_runs
-
-    runs = list_runs(db, workload=workload, status="ok")
+    runs = ok_runs(db, workload=workload)  # newest first
     if not runs:
         raise TradeoffError(f"no successful runs of workload {workload!r} in the store; "
                             f"run `joulepilot bench {workload}` first")
-    kinds = Counter(device_kind(r) for r in runs)
+    kinds = Counter(r.device_kind for r in runs)
     device_name = device_name or kinds.most_common(1)[0][0]
-    on_device = [r for r in runs if device_kind(r) == device_name]
+    on_device = [r for r in runs if r.device_kind == device_name]
     if not on_device:
         raise TradeoffError(f"workload {workload!r} has no successful runs on {device_name!r}; "
                             f"measured on: {', '.join(sorted(kinds))}")
-    batch_size = batch_size or Counter(r["batch_size"] for r in on_device).most_common(1)[0][0]
-    at_batch = [r for r in on_device if r["batch_size"] == batch_size]
+    batch_size = batch_size or Counter(r.batch_size for r in on_device).most_common(1)[0][0]
+    at_batch = [r for r in on_device if r.batch_size == batch_size]
     if not at_batch:
         raise TradeoffError(f"workload {workload!r} has no runs at batch size {batch_size} on {device_name!r}")
-    workload_id = Counter(r["workload_id"] for r in at_batch).most_common(1)[0][0]
+    workload_id = Counter(r.workload_id for r in at_batch).most_common(1)[0][0]
 
-    latest: dict[str, dict[str, Any]] = {}
-    for run in at_batch:  # newest first
-        if run["workload_id"] == workload_id:
-            latest.setdefault(run["config_id"], run)
+    latest = latest_per_config(r for r in at_batch if r.workload_id == workload_id)
     points = [
-        {"label": r["config_label"], "config_id": r["config_id"], "mode": r["mode"], "fusion": r["fusion"],
-         "precision": r["precision"], "source": "measured", "run_id": r["id"],
-         "latency_ms_p95": r["latency_ms_p95"], "energy_j_per_inference": r["energy_j_per_inference"],
-         "avg_power_w": r["avg_power_w"], "compile_s": r["compile_s"], "energy_source": r["energy_source"]}
+        {"label": r.config_label, "config_id": r.config_id, "mode": r.mode, "fusion": r.fusion,
+         "precision": r.precision, "source": "measured", "run_id": r.id,
+         "latency_ms_p95": r.latency_ms_p95, "energy_j_per_inference": r.energy_j_per_inference,
+         "avg_power_w": r.avg_power_w, "compile_s": r.compile_s, "energy_source": r.energy_source}
         for r in latest.values()
     ]
 
@@ -100,7 +96,7 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
                 except TradeoffError as exc:
                     notes.append(f"no predictions: {exc}")
             if model is not None:
-                workload_row = next(iter(db.query("SELECT * FROM workloads WHERE id = ?", [workload_id])))
+                workload_row = stored_workload(db, workload_id)
                 for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name),
                                      strict=True):
                     point = {"label": cfg.label, "config_id": cfg.id, "mode": cfg.mode, "fusion": cfg.fusion,

@@ -11,12 +11,13 @@ flagged run does not count until it was repeated) and those a deployment found o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
-from joulepilot.store.jsonvalues import json_column
+from joulepilot.store.decisions import DecisionRow
+from joulepilot.store.runs import recent_ok_runs
 
 # Cheapest compile first: a sweep that is paused or cut short has measured the cheap options.
 MODE_COST_ORDER = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -39,37 +40,26 @@ def ordered_candidates(policy: Any) -> list[Any]:
     return sorted(candidate_configs(policy), key=compile_cost_rank)
 
 
-def _details(decision: Mapping[str, Any]) -> dict[str, Any]:
-    details = json_column(decision.get("details"), {})
-    return details if isinstance(details, dict) else {}
-
-
-def latest_decision_row(db: sqlite_utils.Database, policy: str, device_kind: str) -> dict[str, Any] | None:
-    """The newest decisions row of any state (a `violated` one makes the policy stale)."""
-    from joulepilot.store.decisions import latest_decision
-
-    return latest_decision(db, policy, device_kind)
-
-
 def stale_reason(
-    decision: Mapping[str, Any] | None, *, policy_hash: str, provenance_key: str, max_age_s: float,
+    decision: DecisionRow | None, *, policy_hash: str, provenance_key: str, max_age_s: float,
     now: float | None = None,
 ) -> str | None:
-    """Why the decision must be remade, or None when it is current."""
+    """Why the decision (the newest of any state: a `violated` one makes the policy stale) must be remade,
+    or None when it is current."""
     now = time.time() if now is None else now
     if decision is None:
         return "no decision yet"
-    if decision["state"] == "violated":
+    if decision.state == "violated":
         return "a deployment broke the envelope with the decided configuration"
-    if decision["policy_hash"] != policy_hash:
+    if decision.policy_hash != policy_hash:
         return "the policy file changed"
-    recorded = _details(decision).get("provenance_key")
+    recorded = decision.details.get("provenance_key")
     if recorded != provenance_key:
         return "torch, triton, driver or joulepilot changed since the decision" if recorded else \
             "the decision was not made under this host's current provenance"
-    if now - float(decision["decided_at"]) > max_age_s:
+    if now - float(decision.decided_at) > max_age_s:
         return f"the decision is older than {max_age_s / 86400:g} days"
-    if _details(decision).get("repeat"):
+    if decision.details.get("repeat"):
         return "runs it could rest on were flagged \"repeat this run\""
     return None
 
@@ -81,14 +71,13 @@ def fresh_ok_config_ids(db: sqlite_utils.Database, workload_id: str, provenance_
     A configuration whose newest such run was flagged "repeat this run" is not fresh (it is measured
     again) until REPEAT_LIMIT of its runs were flagged."""
     from joulepilot.policies.resolve import needs_repeat, run_flag
-    from joulepilot.store.coverage import recent_ok_runs
 
     newest_flagged: dict[str, bool] = {}
     flagged: dict[str, int] = {}
     for run in recent_ok_runs(db, workload_id, provenance_key, min_finished_at):  # newest first
-        newest_flagged.setdefault(run["config_id"], bool(run_flag(run)))
+        newest_flagged.setdefault(run.config_id, bool(run_flag(run)))
         if run_flag(run):
-            flagged[run["config_id"]] = flagged.get(run["config_id"], 0) + 1
+            flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
     return {config_id for config_id, was_flagged in newest_flagged.items()
             if not (was_flagged and needs_repeat(flagged.get(config_id, 0)))}
 

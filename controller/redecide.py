@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import stat
 from collections.abc import Sequence
@@ -90,13 +89,10 @@ def request_policy_name(requested: str, by_name: dict[str, Any]) -> str | None:
 def refused_request(request: dict[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
     """Why a hook's request is not served, for the log and the pass summary (quoted values shortened:
     anything that can write the database wrote them)."""
+    from joulepilot.store.jsonvalues import json_object
     from joulepilot.store.safeio import shorten
 
-    try:
-        note = json.loads(request.get("note") or "{}")
-    except (ValueError, RecursionError):
-        note = {}
-    path = note.get("policy_path") if isinstance(note, dict) else None
+    path = json_object(request.get("note")).get("policy_path")
     name = shorten(str(request.get("policy")), 120)
     where = ", ".join(str(f) for f in folders) or "(none configured)"
     if isinstance(path, str) and path:

@@ -29,9 +29,11 @@ from typing import Any
 import sqlite_utils
 from joulepilot.store import get_deployment, list_deployments, list_violations, read_samples
 from joulepilot.store import reports as store_reports
+from joulepilot.store.catalog import config_row, workload_row
+from joulepilot.store.decisions import DecisionRow, latest_decision
+from joulepilot.store.devicekind import device_kind
 from joulepilot.store.timevalues import iso_utc, parse_since
 
-from .features import device_kind as features_device_kind
 from .gpu_datasheets import find_datasheet
 from .report_format import J_PER_KWH, energy
 
@@ -327,10 +329,20 @@ def _device_kind(db: sqlite_utils.Database, dep: Mapping[str, Any]) -> str:
     device = str(dep.get("device") or "")
     meter_device = "gpu:" + device.split(":", 1)[1] if device.startswith("cuda:") else "cpu:0"
     name = store_reports.device_name(db, dep.get("host_id"), meter_device)
-    return features_device_kind({"device": dep.get("device"), "device_name": name})
+    return device_kind({"device": dep.get("device"), "device_name": name})
 
 
-def _limits(dep: Mapping[str, Any], decision: Mapping[str, Any] | None,
+def _decision(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> DecisionRow | None:
+    """The newest decision of the deployment's policy on its device kind: one for the configuration it
+    serves when there is one, else any."""
+    if not dep.get("policy"):
+        return None
+    served = dep.get("config_id")
+    found = latest_decision(db, dep["policy"], kind, config_id=served) if served else None
+    return found or latest_decision(db, dep["policy"], kind)
+
+
+def _limits(dep: Mapping[str, Any], decision: DecisionRow | None,
             violations: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], str | None]:
     if dep.get("policy"):
         try:
@@ -344,8 +356,8 @@ def _limits(dep: Mapping[str, Any], decision: Mapping[str, Any] | None,
     recorded = _details(dep).get("limits")
     if isinstance(recorded, Mapping) and recorded:
         return {k: recorded[k] for k in LIMIT_NAMES if recorded.get(k) is not None}, "limits recorded at attach"
-    decided = (decision or {}).get("details")
-    if isinstance(decided, Mapping) and isinstance(decided.get("limits"), Mapping):
+    decided = decision.details if decision is not None else {}
+    if isinstance(decided.get("limits"), Mapping):
         return {k: decided["limits"][k] for k in LIMIT_NAMES if decided["limits"].get(k) is not None}, \
             "decision details"
     cited = {v["limit_name"]: v["limit_value"] for v in violations if v["limit_name"] in LIMIT_NAMES}
@@ -360,7 +372,7 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     if not workload_id:
         out.note = "no baseline measured: the deployment's workload is unknown"
         return out
-    runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if features_device_kind(r) == kind]
+    runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if device_kind(r) == kind]
     if not runs:
         out.note = f"no baseline measured for this workload on {kind}"
         return out
@@ -419,23 +431,24 @@ def _totals(windows: Sequence[Window]) -> Totals:
     )
 
 
-def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: Mapping[str, Any] | None,
+def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: DecisionRow | None,
                    windows: Sequence[Window], kind: str) -> Configuration:
     served = sorted({w.config_id for w in windows if w.config_id} | ({dep["config_id"]} if dep.get("config_id") else set()))
     labels = store_reports.config_labels(db, served)
-    config = store_reports.config_row(db, dep.get("config_id")) or {}
+    config = config_row(db, dep.get("config_id")) or {}
     history = [ConfigShare(config_id=cid, label=labels.get(cid),
                            samples=sum(1 for w in windows if w.config_id == cid),
                            energy_j=sum(w.energy_j for w in windows if w.config_id == cid),
                            inferences=sum(w.inferences for w in windows if w.config_id == cid))
                for cid in sorted({w.config_id for w in windows if w.config_id})]
-    reason = (decision or {}).get("reason")
     if decision is None:
         reason = f"no decision recorded for this policy on {kind}" if dep.get("policy") else "deployed without a policy"
+    else:
+        reason = decision.reason
     return Configuration(
         config_id=dep.get("config_id"), label=config.get("label"), precision=config.get("precision"),
-        decision_state=(decision or {}).get("state"), decision_reason=reason,
-        decided_at=iso((decision or {}).get("decided_at")), served_config_ids=served, history=history)
+        decision_state=decision.state if decision else None, decision_reason=reason,
+        decided_at=iso(decision.decided_at if decision else None), served_config_ids=served, history=history)
 
 
 def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_from: str | None,
@@ -515,10 +528,9 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
     windows = _windows(read_samples(db, dep["id"], since=since_t))
     violations = list_violations(db, deployment=deployment, since=since_t)
     kind = _device_kind(db, dep)
-    decision = store_reports.newest_decision(db, dep["policy"], kind, dep.get("config_id")) \
-        if dep.get("policy") else None
+    decision = _decision(db, dep, kind)
     limits, limits_from = _limits(dep, decision, violations)
-    workload = store_reports.workload_row(db, dep.get("workload_id"))
+    workload = workload_row(db, dep.get("workload_id"))
 
     totals = _totals(windows)
     configuration = _configuration(db, dep, decision, windows, kind)

@@ -11,8 +11,8 @@ from typing import Any
 import psutil
 import sqlite_utils
 from joulepilot.store.daemon_state import latest_heartbeat, list_jobs, queue_counts, unhandled_requests
+from joulepilot.store.decisions import latest_decisions
 
-from .exporter import LATEST_DECISIONS_SQL
 from .instance_lock import lock_is_held, lock_path_for, read_lock_pid
 
 
@@ -32,35 +32,33 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
     lock = lock_path_for(db_path)
     held = lock_is_held(lock)
     hb = latest_heartbeat(db)
-    detail = (hb or {}).get("detail") or {}
+    detail = hb.detail if hb else {}
     lock_pid = read_lock_pid(lock) if held else None
-    pid = lock_pid or (hb or {}).get("pid")
+    pid = lock_pid or (hb.pid if hb else None)
     daemon = {
         "alive": held,
         "pid": pid,
         "pid_alive": _pid_alive(pid) if pid and (hb is None or detail.get("hostname") in (None, socket.gethostname()))
         else None,
         "lock_file": str(lock),
-        "state": hb["state"] if hb else None,
+        "state": hb.state if hb else None,
         "doing": detail.get("doing"),
         "current_job": detail.get("job"),
-        "last_heartbeat_at": hb["at"] if hb else None,
-        "last_heartbeat_age_s": round(now - hb["at"], 1) if hb else None,
+        "last_heartbeat_at": hb.at if hb else None,
+        "last_heartbeat_age_s": round(now - hb.at, 1) if hb else None,
         "interval_s": detail.get("interval_s"),
     }
-    if hb and hb["state"] == "stopped" and not held:
+    if hb and hb.state == "stopped" and not held:
         daemon["doing"] = detail.get("doing") or "stopped"
-    decisions = []
-    for d in db.query(LATEST_DECISIONS_SQL):
-        decisions.append({
-            "policy": d["policy"],
-            "device_kind": d["device_kind"],
-            "config": d.get("config_label") or d.get("config_id"),
-            "state": d["state"],
-            "reason": d.get("reason"),
-            "decided_at": d["decided_at"],
-            "age_s": round(now - d["decided_at"], 1),
-        })
+    decisions = [{
+        "policy": d.policy,
+        "device_kind": d.device_kind,
+        "config": d.config_label or d.config_id,
+        "state": d.state,
+        "reason": d.reason,
+        "decided_at": d.decided_at,
+        "age_s": round(now - d.decided_at, 1),
+    } for d in latest_decisions(db)]
     last_pass = detail.get("last_pass") or {}
     return {
         "db": str(Path(db_path)),
@@ -70,8 +68,8 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "queue": {
             "counts": queue_counts(db),
             "next": [
-                {"id": j["id"], "policy": j["policy"], "workload": j["workload"], "config": j["config_label"],
-                 "state": j["state"], "attempts": j["attempts"]}
+                {"id": j.id, "policy": j.policy, "workload": j.workload, "config": j.config_label,
+                 "state": j.state, "attempts": j.attempts}
                 for j in list_jobs(db, state="running") + list_jobs(db, state="queued", limit=next_jobs)
             ],
         },

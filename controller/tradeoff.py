@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 import sqlite_utils
+from joulepilot.store.catalog import workload_rows
+from joulepilot.store.runs import ok_runs
 
-from .features import FeatureSpace, config_row, device_kind
+from .features import FeatureSpace, config_row
 
 TARGETS = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "compile_s")
 N_TREES = 64
@@ -84,27 +86,20 @@ class Sample:
 
 def training_samples(db: sqlite_utils.Database) -> list[Sample]:
     """Every ok run of the store, joined with its workload row."""
-    runs = _list_ok_runs(db)
-    workloads = {row["id"]: row for row in db.query("SELECT * FROM workloads")}
+    workloads = workload_rows(db)
     samples = []
-    for run in runs:
-        workload = workloads.get(run["workload_id"])
+    for run in ok_runs(db):
+        workload = workloads.get(run.workload_id)
         if workload is None:
             continue
         samples.append(Sample(
             workload=workload,
-            config={k: run[k] for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options")},
-            device=device_kind(run),
-            targets={t: run[t] for t in TARGETS if _usable(t, run.get(t))},
+            config={k: getattr(run, k) for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options")},
+            device=run.device_kind,
+            targets={t: getattr(run, t) for t in TARGETS if _usable(t, getattr(run, t))},
             group=str(workload["spec"]),
         ))
     return samples
-
-
-def _list_ok_runs(db: sqlite_utils.Database) -> list[dict[str, Any]]:
-    from joulepilot.store import list_runs
-
-    return list_runs(db, status="ok")
 
 
 @dataclass

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
+from joulepilot.store.deployments import violated_config_ids
 
 from .lock import LockWriteError, find_locked, write_lock
 from .resolve import Decision, decision_from_record, record_decision, resolve, torch_minor
@@ -37,8 +39,6 @@ class Decided:
 
 def violated_configs(db: sqlite_utils.Database, policy: str, device_kind: str) -> set[str]:
     """Configurations that broke `policy`'s envelope in a deployment on this device kind (any torch)."""
-    from joulepilot.store.deployments import violated_config_ids
-
     return violated_config_ids(db, policy, device_kind)
 
 
@@ -83,22 +83,20 @@ def decide(
 class Applicable:
     """The stored decision a caller can apply, and the violation that pushed the newest one aside."""
 
-    row: dict[str, Any] | None  # a decisions row (details decoded) in an applicable state, or None
-    violated: dict[str, Any] | None = None  # the newest row, when it is `violated`
+    row: DecisionRow | None  # the decision in an applicable state, or None
+    violated: DecisionRow | None = None  # the newest decision, when it is `violated`
     excluded: set[str] = field(default_factory=set)  # configurations that broke the envelope
 
 
 def applicable_decision(db: sqlite_utils.Database, policy: str, device_kind: str, torch_version: str) -> Applicable:
     """The decision to apply for (policy, device kind, torch major.minor); see the module docstring."""
-    from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
-
     newest = latest_decision(db, policy, device_kind, torch_version)
-    if newest is None or newest["state"] in APPLICABLE_STATES:
+    if newest is None or newest.state in APPLICABLE_STATES:
         return Applicable(newest)
     excluded = violated_configs(db, policy, device_kind)
     row = latest_decision(db, policy, device_kind, torch_version, states=APPLICABLE_STATES,
                           exclude_config_ids=excluded)
-    return Applicable(row, violated=newest if newest["state"] == "violated" else None, excluded=excluded)
+    return Applicable(row, violated=newest if newest.state == "violated" else None, excluded=excluded)
 
 
 def sync_lock(db: sqlite_utils.Database, policy: Policy, device_kind: str, *, torch_version: str | None = None,
@@ -109,11 +107,11 @@ def sync_lock(db: sqlite_utils.Database, policy: Policy, device_kind: str, *, to
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     applicable = applicable_decision(db, policy.name, device_kind, torch_version)
     found = applicable.row
-    if found is None or found["policy_hash"] != policy.hash:
+    if found is None or found.policy_hash != policy.hash:
         return None
     locked, _problems = find_locked(policy.path, policy.name, device_kind, torch_version,
                                     policy_hash=policy.hash, lock_dir=lock_dir)
     if locked is not None and locked.entry["config"]["id"] not in applicable.excluded \
-            and float(locked.entry.get("decided_at") or 0) >= float(found["decided_at"]):
+            and float(locked.entry.get("decided_at") or 0) >= float(found.decided_at):
         return None
     return write_lock(policy.path, decision_from_record(found), lock_dir=lock_dir)

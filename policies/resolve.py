@@ -39,6 +39,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import sqlite_utils
+from joulepilot.store.catalog import workload_row as stored_workload
+from joulepilot.store.coverage import run_coverage
+from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
+from joulepilot.store.jsonvalues import json_object
+from joulepilot.store.runs import RunRow, latest_per_config, workload_runs
+from joulepilot.store.torchversion import torch_major_minor
 
 from .schema import Policy
 
@@ -62,10 +68,7 @@ REPEAT_LIMIT = 2
 
 def torch_minor(version: str | None = None) -> str:
     """'2.13' from '2.13.0+cpu'; the installed torch's when `version` is None (without importing torch)."""
-    if version is None:
-        version = importlib.metadata.version("torch")
-    parts = version.split("+")[0].split(".")
-    return ".".join(parts[:2])
+    return torch_major_minor(importlib.metadata.version("torch") if version is None else version)
 
 
 @dataclass
@@ -168,17 +171,11 @@ def policy_workload_id(policy: Policy) -> str:
     return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size)
 
 
-def _device_kind(run: Mapping[str, Any]) -> str:
-    device = str(run.get("device") or "")
-    return str(run.get("device_name") or device) if device.startswith("cuda") else "cpu"
-
-
-def run_flag(run: Mapping[str, Any]) -> str | None:
-    """The "repeat this run" warning bench stored on a run (`extra.window_warning`), or None."""
-    from joulepilot.store import json_column
-
-    extra = json_column(run.get("extra"), {})
-    warning = extra.get("window_warning") if isinstance(extra, dict) else None
+def run_flag(run: RunRow | Mapping[str, Any]) -> str | None:
+    """The "repeat this run" warning bench stored on a run (`extra.window_warning`), or None. `run`: a
+    RunRow, or a run dict as `list_runs` gives it."""
+    extra = run.extra if isinstance(run, RunRow) else json_object(run.get("extra"))
+    warning = extra.get("window_warning")
     return str(warning) if warning else None
 
 
@@ -188,47 +185,22 @@ def needs_repeat(flagged_runs: int) -> bool:
 
 
 def _scan_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str
-               ) -> tuple[dict[str, dict[str, Any]], dict[str, int], set[str]]:
+               ) -> tuple[dict[str, RunRow], dict[str, int], set[str]]:
     """(config_id -> latest ok run, else latest failed run; config_id -> how many ok runs were flagged;
     configurations whose newest run failed)."""
-    from joulepilot.store import list_runs
-
-    latest: dict[str, dict[str, Any]] = {}
+    runs = workload_runs(db, workload_id, device_kind, torch_version)  # newest first
     flagged: dict[str, int] = {}
-    newest_failed: set[str] = set()
-    for run in list_runs(db, where="runs.workload_id = ?", params=[workload_id]):  # newest first
-        if _device_kind(run) != device_kind or torch_minor(run.get("torch_version") or "0.0") != torch_version:
-            continue
-        if run["config_id"] not in latest and run["status"] != "ok":
-            newest_failed.add(run["config_id"])
-        if run["status"] == "ok" and run_flag(run):
-            flagged[run["config_id"]] = flagged.get(run["config_id"], 0) + 1
-        have = latest.get(run["config_id"])
-        if have is None or (have["status"] != "ok" and run["status"] == "ok"):
-            latest[run["config_id"]] = run
-    return latest, flagged, newest_failed
+    newest: dict[str, RunRow] = {}
+    for run in runs:
+        newest.setdefault(run.config_id, run)
+        if run.ok and run_flag(run):
+            flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
+    newest_failed = {config_id for config_id, run in newest.items() if not run.ok}
+    return latest_per_config(runs, failed_if_no_ok=True), flagged, newest_failed
 
 
-def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str,
-                torch_version: str) -> dict[str, dict[str, Any]]:
-    """config_id -> latest ok run (else latest failed run) of the workload on this device kind and torch."""
-    return _scan_runs(db, workload_id, device_kind, torch_version)[0]
-
-
-def run_coverage(db: sqlite_utils.Database, workload_id: str) -> tuple[set[str], list[dict[str, Any]]]:
-    """(device kinds with any ok run, [{device_kind, torch_version, runs}] of this workload's ok runs)."""
-    from joulepilot.store.coverage import ok_run_groups
-
-    kinds: set[str] = set()
-    pairs: dict[tuple[str, str], int] = {}
-    for group in ok_run_groups(db):
-        kind = _device_kind(group)
-        kinds.add(kind)
-        if group["workload_id"] == workload_id:
-            key = (kind, torch_minor(group["torch_version"] or "0.0"))
-            pairs[key] = pairs.get(key, 0) + group["runs"]
-    listed = [{"device_kind": k, "torch_version": t, "runs": n} for (k, t), n in sorted(pairs.items())]
-    return kinds, listed
+def _figures(run: RunRow) -> dict[str, Any]:
+    return {k: getattr(run, k) for k in FIGURES}
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -301,19 +273,18 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     This only computes; `policies.decide` is what records a decision and writes its lock file."""
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
-    found = list(db.query("SELECT * FROM workloads WHERE id = ?", [workload_id]))
-    workload_row = found[0] if found else None
+    workload_row = stored_workload(db, workload_id)
     runs, flagged_counts, newest_failed = _scan_runs(db, workload_id, device_name, torch_version)
-    kinds_with_runs, coverage = run_coverage(db, workload_id)
+    coverage = run_coverage(db, workload_id)
     fallback = fallback_config(policy)
 
     eager_run = runs.get(fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id)
-    eager_j = eager_run["energy_j_per_inference"] if eager_run and eager_run["status"] == "ok" else None
+    eager_j = eager_run.energy_j_per_inference if eager_run and eager_run.ok else None
 
     configs = candidate_configs(policy)
-    unmeasured = [c for c in configs if c.id not in runs or runs[c.id]["status"] != "ok"]
+    unmeasured = [c for c in configs if c.id not in runs or not runs[c.id].ok]
     predictions: dict[str, dict[str, tuple[float, float]]] = {}
-    device_known = device_name in kinds_with_runs
+    device_known = device_name in coverage.device_kinds
     if model is not None and workload_row is not None and unmeasured and device_known:
         for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name), strict=True):
             predictions[cfg.id] = pred
@@ -323,19 +294,18 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         run = runs.get(cfg.id)
         cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none")
         candidates.append(cand)
-        if run is not None and run["status"] == "ok":
-            cand.source, cand.run_id = "measured", run["id"]
-            cand.figures = {k: run.get(k) for k in FIGURES}
+        if run is not None and run.ok:
+            cand.source, cand.run_id = "measured", run.id
+            cand.figures = _figures(run)
             _check_measured(cand, policy)
-            _amortise(cand, policy, run["energy_j_per_inference"], run.get("compile_energy_j"),
-                      run.get("latency_ms_p95"))
-            cand.break_even_inferences = _break_even(run.get("compile_energy_j"), run["energy_j_per_inference"],
+            _amortise(cand, policy, run.energy_j_per_inference, run.compile_energy_j, run.latency_ms_p95)
+            cand.break_even_inferences = _break_even(run.compile_energy_j, run.energy_j_per_inference,
                                                      eager_j, not cfg.compiles)
             cand.status = "rejected" if cand.reasons else "kept"
             cand.flagged = run_flag(run)
             if cand.flagged:
                 times = flagged_counts.get(cfg.id, 1)
-                cand.reasons.append(f"run {run['id']} was flagged by bench, \"repeat this run\" ({cand.flagged})"
+                cand.reasons.append(f"run {run.id} was flagged by bench, \"repeat this run\" ({cand.flagged})"
                                     + ("" if needs_repeat(times) else
                                        f"; flagged in {times} runs, so it is not repeated again: look for "
                                        f"contention on the host and bench it by hand"))
@@ -346,7 +316,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             cand.source = "predicted"
             cand.predicted = {k: [m, s] for k, (m, s) in pred.items()}
             if run is not None:
-                cand.reasons.append(f"last benchmark failed: {run.get('reason') or 'no reason recorded'}")
+                cand.reasons.append(f"last benchmark failed: {run.reason or 'no reason recorded'}")
             notes = _check_predicted(cand, policy)
             energy = pred.get("energy_j_per_inference", (math.nan, 0))[0]
             compile_s = pred.get("compile_s", (0.0, 0))[0] if cfg.compiles else 0.0
@@ -363,8 +333,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         else:
             cand.status = "unknown"
             if run is not None:
-                cand.reasons.append(f"benchmark failed: {run.get('reason') or 'no reason recorded'}")
-                cand.status, cand.source, cand.run_id = "rejected", "measured", run["id"]
+                cand.reasons.append(f"benchmark failed: {run.reason or 'no reason recorded'}")
+                cand.status, cand.source, cand.run_id = "rejected", "measured", run.id
             else:
                 why = ("no trade-off model" if model is None else "workload never described"
                        if workload_row is None else f"no run at all on {device_name}")
@@ -391,7 +361,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
 
     objective = policy.objective.minimize
     measured_any = any(c.source == "measured" for c in candidates)
-    elsewhere = [] if measured_any else [p for p in coverage
+    elsewhere = [] if measured_any else [p for p in coverage.workload_pairs
                                          if (p["device_kind"], p["torch_version"]) != (device_name, torch_version)]
     if chosen is not None:
         chosen.status = "chosen"
@@ -426,10 +396,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                    f"so it cannot be verified" + (" until it is measured again" if repeat else ""))
 
     applied_cand = next((c for c in candidates if c.config_id == applied["id"]), None)
-    if applied_cand is None and applied["id"] in runs and runs[applied["id"]]["status"] == "ok":
+    applied_run = runs.get(applied["id"])
+    if applied_cand is None and applied_run is not None and applied_run.ok:
         applied_cand = Candidate(config=applied, label=applied["label"], source="measured",
-                                 figures={k: runs[applied["id"]].get(k) for k in FIGURES},
-                                 run_id=runs[applied["id"]]["id"])
+                                 figures=_figures(applied_run), run_id=applied_run.id)
     return Decision(
         policy=policy.name, policy_hash=policy.hash, device_kind=device_name, torch_version=torch_version,
         workload=policy.workload, workload_id=workload_id, config=applied, state=state, reason=reason,
@@ -468,25 +438,31 @@ def _rejection_summary(candidates: list[Candidate], device: str, torch_version: 
     return f"{len(candidates)} candidates on {device} / torch {torch_version}: " + ", ".join(parts)
 
 
-def decision_record(decision: Decision) -> dict[str, Any]:
-    """The decisions-table row for a Decision (details carry everything else as JSON)."""
+def _decision_details(decision: Decision) -> dict[str, Any]:
+    """What a decisions row keeps in `details`: everything but the row's own columns."""
     details = decision.to_dict()
     for key in ("policy", "policy_hash", "device_kind", "torch_version", "state", "reason", "decided_at", "id"):
         details.pop(key, None)
+    return details
+
+
+def decision_record(decision: Decision, **more_details: Any) -> dict[str, Any]:
+    """The decisions-table row for a Decision (details carry everything else, and `more_details`, as JSON)."""
     return {
         "policy": decision.policy, "policy_hash": decision.policy_hash, "device_kind": decision.device_kind,
         "torch_version": decision.torch_version, "config_id": decision.config_id, "state": decision.state,
         "reason": decision.reason, "decided_at": decision.decided_at,
-        "details": json.dumps(details, sort_keys=True, default=str, allow_nan=True),
+        "details": json.dumps(_decision_details(decision) | more_details, sort_keys=True, default=str,
+                              allow_nan=True),
     }
 
 
-def decision_from_record(row: Mapping[str, Any]) -> Decision:
-    details = row.get("details") or "{}"
-    data = json.loads(details) if isinstance(details, str) else dict(details)
-    data.update({k: row[k] for k in ("policy", "policy_hash", "device_kind", "torch_version", "state", "reason",
-                                     "decided_at") if k in row})
-    data["id"] = row.get("id")
+def decision_from_record(row: DecisionRow) -> Decision:
+    """The Decision a stored decisions row holds."""
+    data = dict(row.details)
+    data.update({k: getattr(row, k) for k in ("policy", "policy_hash", "device_kind", "torch_version", "state",
+                                              "reason", "decided_at")})
+    data["id"] = row.id
     return Decision.from_dict(data)
 
 
@@ -497,10 +473,7 @@ def record_decision(db: sqlite_utils.Database, decision: Decision, *, provenance
     from joulepilot.store import transaction, upsert_config
     from joulepilot.store.decisions import write_decision
 
-    record = decision_record(decision)
-    details = json.loads(record["details"])
-    details.update({"provenance_key": provenance_key, "decided_by": decided_by, "stale_reason": reason})
-    record["details"] = json.dumps(details, sort_keys=True, default=str, allow_nan=True)
+    record = decision_record(decision, provenance_key=provenance_key, decided_by=decided_by, stale_reason=reason)
     with transaction(db):
         upsert_config(db, decision.config)
         decision.id = write_decision(db, record)
@@ -510,7 +483,5 @@ def record_decision(db: sqlite_utils.Database, decision: Decision, *, provenance
 def stored_decision(db: sqlite_utils.Database, policy: str, device_kind: str,
                     torch_version: str) -> Decision | None:
     """The newest stored decision that names a configuration (a `violated` row does not)."""
-    from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
-
     row = latest_decision(db, policy, device_kind, torch_version, states=APPLICABLE_STATES)
     return decision_from_record(row) if row else None

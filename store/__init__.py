@@ -1,11 +1,15 @@
 """SQLite store: schema, migrations, typed reads and writes."""
 
+from .catalog import config_row, workload_row, workload_rows
 from .commit import commit_run, find_ok_run, run_columns, workload_needs_description
 from .daemon_state import (
+    HeartbeatRow,
+    JobRow,
     add_request,
     claim_job,
     enqueue_job,
     finish_job,
+    has_open_jobs,
     latest_heartbeat,
     list_jobs,
     mark_requests_handled,
@@ -26,7 +30,14 @@ from .db import (
     schema_version,
     transaction,
 )
-from .decisions import latest_decision, list_decisions, write_decision
+from .decisions import (
+    DecisionRow,
+    DecisionSummary,
+    latest_decision,
+    latest_decisions,
+    list_decisions,
+    write_decision,
+)
 from .deployments import (
     get_deployment,
     insert_samples,
@@ -37,9 +48,10 @@ from .deployments import (
     register_deployment,
     violated_config_ids,
 )
+from .devicekind import device_kind
 from .errors import DatabaseCorrupt, DatabaseMissing, ExportFormatError, SchemaTooNew, StoreError
 from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
-from .jsonvalues import json_column, json_output, json_safe, row_from_json
+from .jsonvalues import json_column, json_object, json_output, json_safe, row_from_json
 from .pending import (
     PendingImport,
     RunNotStored,
@@ -60,10 +72,30 @@ from .records import (
     upsert_host,
     upsert_workload,
 )
+from .runs import RunRow, latest_per_config, latest_runs, ok_runs, recent_ok_runs, workload_runs
 from .schema import SCHEMA_VERSION
 from .timevalues import iso_utc, parse_since
+from .torchversion import torch_major_minor
 
 __all__ = [
+    "config_row",
+    "workload_row",
+    "workload_rows",
+    "HeartbeatRow",
+    "JobRow",
+    "has_open_jobs",
+    "DecisionRow",
+    "DecisionSummary",
+    "latest_decisions",
+    "device_kind",
+    "json_object",
+    "RunRow",
+    "latest_per_config",
+    "latest_runs",
+    "ok_runs",
+    "recent_ok_runs",
+    "workload_runs",
+    "torch_major_minor",
     "commit_run",
     "commit_run_or_set_aside",
     "describe_import",

@@ -1,11 +1,14 @@
-"""What the stored runs cover: which device kinds and torch versions have measurements, and which
-configurations were measured recently under one provenance."""
+"""What the stored runs cover: which device kinds and torch versions have ok measurements."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import sqlite_utils
+
+from .devicekind import device_kind
+from .torchversion import torch_major_minor
 
 
 def ok_run_groups(db: sqlite_utils.Database) -> list[dict[str, Any]]:
@@ -17,13 +20,23 @@ def ok_run_groups(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def recent_ok_runs(db: sqlite_utils.Database, workload_id: str, provenance_key: str, min_finished_at: float
-                   ) -> list[dict[str, Any]]:
-    """Ok runs of a workload under one provenance finished since `min_finished_at`, newest first
-    (id, config_id, extra)."""
-    cur = db.execute(
-        "SELECT id, config_id, extra FROM runs WHERE workload_id = ? AND provenance_key = ? AND status = 'ok' "
-        "AND COALESCE(finished_at, started_at) >= ? ORDER BY id DESC",
-        [workload_id, provenance_key, min_finished_at])
-    names = [c[0] for c in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+@dataclass
+class RunCoverage:
+    """Device kinds with any ok run in the store, and the (device kind, torch major.minor) pairs one
+    workload has ok runs on: [{device_kind, torch_version, runs}], sorted."""
+
+    device_kinds: set[str]
+    workload_pairs: list[dict[str, Any]]
+
+
+def run_coverage(db: sqlite_utils.Database, workload_id: str) -> RunCoverage:
+    kinds: set[str] = set()
+    pairs: dict[tuple[str, str], int] = {}
+    for group in ok_run_groups(db):
+        kind = device_kind(group)
+        kinds.add(kind)
+        if group["workload_id"] == workload_id:
+            key = (kind, torch_major_minor(group["torch_version"]))
+            pairs[key] = pairs.get(key, 0) + group["runs"]
+    listed = [{"device_kind": k, "torch_version": t, "runs": n} for (k, t), n in sorted(pairs.items())]
+    return RunCoverage(kinds, listed)

@@ -1,20 +1,23 @@
 """The daemon's durable state: the job queue, heartbeats, and the hooks' benchmark requests.
 
 Every change of a job's state is one transaction, so a daemon killed at any moment leaves each job
-either as it was or fully moved on; a restart puts jobs left `running` back in the queue.
+either as it was or fully moved on; a restart puts jobs left `running` back in the queue. Jobs and
+heartbeats come back as `JobRow` and `HeartbeatRow`; requests as plain dicts of their columns.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
 
 from .db import transaction
+from .jsonvalues import json_column
+from .rows import StoredRow
 from .safeio import bounded_json_text
 
 JOB_STATES = ("queued", "running", "done", "failed")
@@ -24,6 +27,28 @@ HEARTBEAT_DETAIL_BYTES = 32_000
 
 
 # --- jobs -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobRow(StoredRow):
+    """One `jobs` row; `list_jobs` also fills in the configuration's label and the workload's spec."""
+
+    id: int
+    policy: str
+    workload_id: str
+    config_id: str
+    provenance_key: str
+    state: str
+    attempts: int
+    created_at: float
+    updated_at: float
+    run_id: int | None = None
+    config_label: str | None = None
+    workload: str | None = None
+
+
+def _jobs(db: sqlite_utils.Database, sql: str, args: list[Any] | None = None) -> list[JobRow]:
+    return [JobRow.from_columns(row) for row in db.query(sql, args or [])]
 
 
 def enqueue_job(
@@ -70,17 +95,23 @@ def drop_queued_jobs(db: sqlite_utils.Database, policy: str, keep_ids: Iterable[
         return db.execute(sql, [policy, *keep]).rowcount
 
 
-def get_job(db: sqlite_utils.Database, job_id: int) -> dict[str, Any] | None:
-    rows = list(db.query("SELECT * FROM jobs WHERE id = ?", [job_id]))
+def get_job(db: sqlite_utils.Database, job_id: int) -> JobRow | None:
+    rows = _jobs(db, "SELECT * FROM jobs WHERE id = ?", [job_id])
     return rows[0] if rows else None
 
 
-def queued_jobs(db: sqlite_utils.Database, limit: int | None = None) -> list[dict[str, Any]]:
+def queued_jobs(db: sqlite_utils.Database, limit: int | None = None) -> list[JobRow]:
     """Queued jobs in the order they will run (oldest first, the planner enqueues cheapest first)."""
     sql = "SELECT * FROM jobs WHERE state = 'queued' ORDER BY id"
     if limit:
         sql += f" LIMIT {int(limit)}"
-    return list(db.query(sql))
+    return _jobs(db, sql)
+
+
+def has_open_jobs(db: sqlite_utils.Database, policy: str) -> bool:
+    """True while a job of this policy is queued or running (its sweep is unfinished)."""
+    return db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
+                      [policy]).fetchone() is not None
 
 
 def claim_job(db: sqlite_utils.Database, job_id: int) -> bool:
@@ -136,7 +167,7 @@ def queue_counts(db: sqlite_utils.Database) -> dict[str, int]:
 
 
 def list_jobs(db: sqlite_utils.Database, *, state: str | None = None, limit: int | None = None
-              ) -> list[dict[str, Any]]:
+              ) -> list[JobRow]:
     """Jobs with their configuration label and workload spec, in queue order."""
     sql = ("SELECT jobs.*, configs.label AS config_label, workloads.spec AS workload FROM jobs "
            "LEFT JOIN configs ON configs.id = jobs.config_id "
@@ -148,10 +179,30 @@ def list_jobs(db: sqlite_utils.Database, *, state: str | None = None, limit: int
     sql += " ORDER BY jobs.id"
     if limit:
         sql += f" LIMIT {int(limit)}"
-    return list(db.query(sql, args))
+    return _jobs(db, sql, args)
 
 
 # --- heartbeats -----------------------------------------------------------------------------------
+
+
+@dataclass
+class HeartbeatRow(StoredRow):
+    """One `heartbeats` row; `detail` decoded (text that is not a JSON object is kept as {"raw": text})."""
+
+    id: int
+    pid: int
+    at: float
+    state: str
+    host_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, row: Mapping[str, Any]) -> HeartbeatRow:
+        beat = super().from_columns(row)
+        text = row.get("detail")
+        decoded = json_column(text, None) if text else {}
+        beat.detail = decoded if isinstance(decoded, dict) else {"raw": text}
+        return beat
 
 
 def write_heartbeat(
@@ -177,23 +228,15 @@ def write_heartbeat(
     return hb_id
 
 
-def _decode_heartbeat(row: dict[str, Any]) -> dict[str, Any]:
-    row = dict(row)
-    try:
-        row["detail"] = json.loads(row["detail"]) if row.get("detail") else {}
-    except ValueError:
-        row["detail"] = {"raw": row["detail"]}
-    return row
-
-
-def latest_heartbeat(db: sqlite_utils.Database, state: str | None = None) -> dict[str, Any] | None:
+def latest_heartbeat(db: sqlite_utils.Database, state: str | None = None) -> HeartbeatRow | None:
     sql = "SELECT * FROM heartbeats" + (" WHERE state = ?" if state else "") + " ORDER BY id DESC LIMIT 1"
     rows = list(db.query(sql, [state] if state else []))
-    return _decode_heartbeat(rows[0]) if rows else None
+    return HeartbeatRow.from_columns(rows[0]) if rows else None
 
 
-def list_heartbeats(db: sqlite_utils.Database, limit: int = 20) -> list[dict[str, Any]]:
-    return [_decode_heartbeat(r) for r in db.query(
+def list_heartbeats(db: sqlite_utils.Database, limit: int = 20) -> list[HeartbeatRow]:
+    """The newest heartbeats, newest first."""
+    return [HeartbeatRow.from_columns(r) for r in db.query(
         "SELECT * FROM heartbeats ORDER BY id DESC LIMIT ?", [int(limit)])]
 
 

@@ -1,26 +1,65 @@
 """Decisions: which configuration a policy uses on one device kind and torch version, and why.
 
-Rows are plain dicts shaped like the `decisions` table; `details` is JSON (the candidates, the
-applied configuration row, the measured figures). Decisions are history: a row is never rewritten.
-The envelope guard appends `violated` rows, which carry no configuration to apply, so a reader that
-wants something to apply asks for the states it can use (`APPLICABLE_STATES`).
+Rows come back as `DecisionRow` (the `decisions` columns; `details`, stored as JSON, decoded: the
+candidates, the applied configuration row, the measured figures). Decisions are history: a row is
+never rewritten. The envelope guard appends `violated` rows, which carry no configuration to apply,
+so a reader that wants something to apply asks for the states it can use (`APPLICABLE_STATES`).
+
+"The latest decision" has one meaning everywhere: the newest `decided_at`, the higher id on a tie
+(`NEWEST_FIRST`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
 
 from .db import transaction
-from .jsonvalues import json_column
+from .jsonvalues import json_object
+from .rows import StoredRow
 
 DECISION_COLUMNS = ("policy", "policy_hash", "device_kind", "torch_version", "config_id", "state", "reason",
                     "decided_at", "details")
 # States whose row names a configuration to apply (`violated` only records what broke the envelope).
 APPLICABLE_STATES = ("verified", "provisional", "fallback")
+NEWEST_FIRST = "decided_at DESC, id DESC"
+
+
+@dataclass
+class DecisionRow(StoredRow):
+    """One `decisions` row; `details` decoded ({} when empty or malformed)."""
+
+    id: int
+    policy: str
+    policy_hash: str
+    device_kind: str
+    torch_version: str
+    config_id: str | None
+    state: str
+    reason: str | None
+    decided_at: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_columns(cls, row: Mapping[str, Any]) -> DecisionRow:
+        decoded = super().from_columns(row)
+        decoded.details = json_object(decoded.details)
+        return decoded
+
+
+@dataclass
+class DecisionSummary(DecisionRow):
+    """A decision with the label and knobs of the configuration it names (None when it names none, or
+    the configuration is not stored)."""
+
+    config_label: str | None = None
+    mode: str | None = None
+    fusion: str | None = None
+    precision: str | None = None
 
 
 def write_decision(db: sqlite_utils.Database, record: Mapping[str, Any]) -> int:
@@ -34,10 +73,8 @@ def write_decision(db: sqlite_utils.Database, record: Mapping[str, Any]) -> int:
     return cur.lastrowid
 
 
-def _decoded(row: dict[str, Any]) -> dict[str, Any]:
-    details = json_column(row.get("details"), {})
-    row["details"] = details if isinstance(details, dict) else {}
-    return row
+def _rows(db: sqlite_utils.Database, sql: str, args: list[Any]) -> list[DecisionRow]:
+    return [DecisionRow.from_columns(row) for row in db.query(sql, args)]
 
 
 def latest_decision(
@@ -48,12 +85,14 @@ def latest_decision(
     *,
     states: Collection[str] | None = None,
     exclude_config_ids: Collection[str] = (),
-) -> dict[str, Any] | None:
-    """The newest decisions row for this policy and device kind, or None; `details` comes decoded (a dict).
+    config_id: str | None = None,
+) -> DecisionRow | None:
+    """The newest decision for this policy and device kind, or None.
 
     `torch_version`: major.minor, or None for any. `states`: only rows in these states (None: any state,
     `violated` included; a caller that applies the row passes APPLICABLE_STATES). `exclude_config_ids`:
     skip rows whose configuration is one of these (configurations that broke the envelope).
+    `config_id`: only rows that name this configuration.
     """
     sql, args = "SELECT * FROM decisions WHERE policy = ? AND device_kind = ?", [policy, device_kind]
     if torch_version is not None:
@@ -67,24 +106,40 @@ def latest_decision(
     if excluded:
         sql += f" AND (config_id IS NULL OR config_id NOT IN ({', '.join('?' for _ in excluded)}))"
         args.extend(excluded)
-    cur = db.execute(sql + " ORDER BY decided_at DESC, id DESC LIMIT 1", args)
-    row = cur.fetchone()
-    if row is None:
-        return None
-    return _decoded(dict(zip([c[0] for c in cur.description], row, strict=True)))
+    if config_id is not None:
+        sql += " AND config_id = ?"
+        args.append(config_id)
+    rows = _rows(db, f"{sql} ORDER BY {NEWEST_FIRST} LIMIT 1", args)
+    return rows[0] if rows else None
 
 
 def list_decisions(db: sqlite_utils.Database, policy: str | None = None, *, latest_only: bool = False,
-                   limit: int | None = None) -> list[dict[str, Any]]:
+                   limit: int | None = None) -> list[DecisionRow]:
     """Decisions newest first; `latest_only` keeps the one in force per (policy, device_kind, torch)."""
-    sql = "SELECT * FROM decisions" + (" WHERE policy = ?" if policy else "") + " ORDER BY decided_at DESC, id DESC"
-    rows = list(db.query(sql, [policy] if policy else []))
+    sql = "SELECT * FROM decisions" + (" WHERE policy = ?" if policy else "") + f" ORDER BY {NEWEST_FIRST}"
+    rows = _rows(db, sql, [policy] if policy else [])
     if latest_only:
         seen, kept = set(), []
         for row in rows:
-            key = (row["policy"], row["device_kind"], row["torch_version"])
+            key = (row.policy, row.device_kind, row.torch_version)
             if key not in seen:
                 seen.add(key)
                 kept.append(row)
         rows = kept
     return rows[:limit] if limit else rows
+
+
+LATEST_DECISIONS_SQL = f"""
+SELECT d.*, c.label AS config_label, c.mode, c.fusion, c.precision
+FROM decisions d
+LEFT JOIN configs c ON c.id = d.config_id
+WHERE d.id = (SELECT d2.id FROM decisions d2 WHERE d2.policy = d.policy AND d2.device_kind = d.device_kind
+              ORDER BY {NEWEST_FIRST} LIMIT 1)
+ORDER BY d.policy, d.device_kind
+"""
+
+
+def latest_decisions(db: sqlite_utils.Database) -> list[DecisionSummary]:
+    """The latest decision of every (policy, device kind), any torch version and any state, with its
+    configuration's label and knobs; by policy, then device kind."""
+    return [DecisionSummary.from_columns(row) for row in db.query(LATEST_DECISIONS_SQL)]

@@ -1,6 +1,7 @@
 """JSON in columns and on output.
 
-`json_column` decodes a JSON column that may already be decoded; `json_safe` makes data strict JSON.
+`json_column` decodes a JSON column that may already be decoded (`json_object` when only an object will
+do); `json_safe` makes data strict JSON. Every JSON column is decoded through these two.
 `json_output` gives every command's JSON one shape (docs/json.md):
 - JSON text columns (`options`, `extra`, `details`, `detail`, `op_mix`, `inputs`, `note`) become objects;
 - 0/1 flag columns (`dynamic`) become booleans;
@@ -26,13 +27,20 @@ EPOCH_SUFFIX = "_epoch"
 
 
 def json_column(value: Any, default: Any = None) -> Any:
-    """A JSON column's value: text is parsed (malformed text gives `default`), anything else is kept."""
+    """A JSON column's value: text is parsed (malformed or absurdly nested text gives `default`), anything
+    else is kept."""
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return default
     return default if value is None else value
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """A JSON column that should hold an object, as a dict: {} when it is empty, malformed or not an object."""
+    decoded = json_column(value, {})
+    return dict(decoded) if isinstance(decoded, Mapping) else {}
 
 
 def json_safe(value: Any) -> Any:

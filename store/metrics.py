@@ -5,7 +5,6 @@ Everything here only reads, so it works on a connection from `open_db(path, read
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,16 +13,10 @@ from typing import Any
 import sqlite_utils
 
 from .db import schema_version
+from .decisions import DecisionRow
 from .errors import StoreError
+from .jsonvalues import json_object
 from .schema import SCHEMA_VERSION
-
-LATEST_DECISIONS_SQL = """
-SELECT d.*, c.label AS config_label, c.mode, c.fusion, c.precision
-FROM decisions d
-LEFT JOIN configs c ON c.id = d.config_id
-WHERE d.id = (SELECT MAX(id) FROM decisions d2 WHERE d2.policy = d.policy AND d2.device_kind = d.device_kind)
-ORDER BY d.policy, d.device_kind
-"""
 
 
 class SchemaTooOld(StoreError):
@@ -52,42 +45,27 @@ def read_snapshot(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
         conn.execute("ROLLBACK")
 
 
-def _json_dict(text: Any) -> dict[str, Any]:
-    if not isinstance(text, str) or not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def latest_decisions(db: sqlite_utils.Database) -> list[dict[str, Any]]:
-    """The newest decision per (policy, device kind), with its configuration's label and knobs."""
-    return list(db.query(LATEST_DECISIONS_SQL))
-
-
-def decision_workload_id(db: sqlite_utils.Database, decision: dict[str, Any]) -> str | None:
+def decision_workload_id(db: sqlite_utils.Database, decision: DecisionRow) -> str | None:
     """The workload a decision is about: recorded in its details, else the daemon's jobs for the policy."""
-    recorded = _json_dict(decision.get("details")).get("workload_id")
+    recorded = decision.details.get("workload_id")
     if recorded:
         return str(recorded)
     row = db.execute("SELECT workload_id FROM jobs WHERE policy = ? ORDER BY id DESC LIMIT 1",
-                     [decision["policy"]]).fetchone()
+                     [decision.policy]).fetchone()
     if row:
         return row[0]
     row = db.execute("SELECT workload_id FROM deployments WHERE policy = ? AND workload_id IS NOT NULL "
-                     "ORDER BY id DESC LIMIT 1", [decision["policy"]]).fetchone()
+                     "ORDER BY id DESC LIMIT 1", [decision.policy]).fetchone()
     return row[0] if row else None
 
 
-def decided_run(db: sqlite_utils.Database, decision: dict[str, Any]) -> dict[str, Any] | None:
+def decided_run(db: sqlite_utils.Database, decision: DecisionRow) -> dict[str, Any] | None:
     """The latest successful measurement of the decided configuration (None when only predicted)."""
-    if not decision.get("config_id"):
+    if not decision.config_id:
         return None
     workload_id = decision_workload_id(db, decision)
     sql = "SELECT * FROM runs WHERE config_id = ? AND status = 'ok'"
-    args: list[Any] = [decision["config_id"]]
+    args: list[Any] = [decision.config_id]
     if workload_id:
         sql += " AND workload_id = ?"
         args.append(workload_id)
@@ -103,7 +81,7 @@ def deployment_totals(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     """
     deployments: dict[int, dict[str, Any]] = {}
     for row in db.query("SELECT * FROM deployments ORDER BY name"):
-        row["details"] = _json_dict(row.get("details"))
+        row["details"] = json_object(row.get("details"))
         row.update(energy_by_source={}, inferences=0, last_sample=None)
         deployments[row["id"]] = row
     for dep_id, source, energy_j, inferences in db.execute(

@@ -143,7 +143,7 @@ def import_pending_runs(db: sqlite_utils.Database) -> list[PendingImport]:
             imported.append(PendingImport(path, existing, job_id, already_stored=True))
             continue
         job = get_job(db, job_id) if job_id is not None else None
-        finish = job_id if job is not None and job["state"] != "done" else None
+        finish = job_id if job is not None and job.state != "done" else None
         try:
             run_id = commit_run(db, run, record.get("samples") or (), host=record.get("host"),
                                 devices=record.get("devices") or (), workload=record.get("workload"),

@@ -144,22 +144,28 @@ def list_runs(
     db: sqlite_utils.Database,
     *,
     workload: str | None = None,
+    workload_id: str | None = None,
+    run_id: int | None = None,
     status: str | None = None,
     limit: int | None = None,
     since: float | None = None,
-    where: str | None = None,
-    params: Sequence[Any] = (),
 ) -> list[dict[str, Any]]:
-    """Runs joined with their workload spec and configuration, newest first.
+    """Runs joined with their workload spec and configuration, newest first (plain dicts, JSON columns
+    as stored: the CLI's tables and `--json` output; `runs.RunRow` is the typed read).
 
-    `since` (epoch seconds) keeps runs started at or after it.
+    `workload`: a workload spec; `workload_id`: one workload; `run_id`: that run only; `since` (epoch
+    seconds) keeps runs started at or after it.
     """
-    clauses, args = [], list(params)
-    if where:
-        clauses.append(f"({where})")
+    clauses, args = [], []
     if workload is not None:
         clauses.append("workloads.spec = ?")
         args.append(workload)
+    if workload_id is not None:
+        clauses.append("runs.workload_id = ?")
+        args.append(workload_id)
+    if run_id is not None:
+        clauses.append("runs.id = ?")
+        args.append(int(run_id))
     if since is not None:
         clauses.append("runs.started_at >= ?")
         args.append(float(since))

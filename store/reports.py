@@ -1,7 +1,8 @@
 """Typed reads that energy reports need beyond a deployment's own samples and violations.
 
-Each function answers one question a report asks (which GPU, which host, which configuration, which
-decision, which baseline runs) so the report code never writes SQL.
+Each function answers one question a report asks (which GPU, which host, which configurations, which
+baseline runs) so the report code never writes SQL; workload and configuration rows come from
+`catalog`, decisions from `decisions.latest_decision`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import sqlite_utils
-
-from .jsonvalues import json_column
 
 # The baselines a deployment is compared with, as filters on the `configs` row of a run.
 BASELINE_FILTERS = {
@@ -37,14 +36,6 @@ def hostname(db: sqlite_utils.Database, host_id: str | None) -> str | None:
     return row["hostname"] if row else None
 
 
-def workload_row(db: sqlite_utils.Database, workload_id: str | None) -> dict[str, Any] | None:
-    return _first(db, "SELECT * FROM workloads WHERE id = ?", [workload_id]) if workload_id else None
-
-
-def config_row(db: sqlite_utils.Database, config_id: str | None) -> dict[str, Any] | None:
-    return _first(db, "SELECT * FROM configs WHERE id = ?", [config_id]) if config_id else None
-
-
 def config_labels(db: sqlite_utils.Database, config_ids: Iterable[str | None]) -> dict[str, str]:
     """{config id: label} for the ids that the store knows."""
     ids = sorted({c for c in config_ids if c})
@@ -52,21 +43,6 @@ def config_labels(db: sqlite_utils.Database, config_ids: Iterable[str | None]) -
         return {}
     marks = ", ".join("?" for _ in ids)
     return {r["id"]: r["label"] for r in db.query(f"SELECT id, label FROM configs WHERE id IN ({marks})", ids)}
-
-
-def newest_decision(db: sqlite_utils.Database, policy: str, device_kind: str,
-                    config_id: str | None = None) -> dict[str, Any] | None:
-    """The newest decision of `policy` on `device_kind`, for `config_id` when one was decided for it,
-    else for any configuration; `details` decoded."""
-    base = "SELECT * FROM decisions WHERE policy = ? AND device_kind = ?"
-    order = " ORDER BY decided_at DESC, id DESC LIMIT 1"
-    row = None
-    if config_id:
-        row = _first(db, base + " AND config_id = ?" + order, [policy, device_kind, config_id])
-    row = row or _first(db, base + order, [policy, device_kind])
-    if row is not None and isinstance(row.get("details"), str):
-        row["details"] = json_column(row["details"], row["details"])
-    return row
 
 
 def baseline_runs(db: sqlite_utils.Database, workload_id: str, baseline: str) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from joulepilot.store.daemon_state import (
     unhandled_requests,
     write_heartbeat,
 )
+from joulepilot.store.decisions import DecisionRow
 
 # --- config -----------------------------------------------------------------------------------------
 
@@ -198,15 +199,20 @@ def test_cheapest_compile_first():
 
 def test_stale_reasons():
     now = time.time()
-    fresh = {"state": "verified", "policy_hash": "h", "decided_at": now - 10, "details": '{"provenance_key": "k"}'}
+
+    def row(**changed):
+        columns = {"id": 1, "policy": "p", "policy_hash": "h", "device_kind": "cpu", "torch_version": "2.13",
+                   "config_id": "c", "state": "verified", "reason": "", "decided_at": now - 10,
+                   "details": '{"provenance_key": "k"}'}
+        return DecisionRow.from_columns(columns | changed)
+
     kw = {"policy_hash": "h", "provenance_key": "k", "max_age_s": 3600, "now": now}
-    assert stale_reason(fresh, **kw) is None
+    assert stale_reason(row(), **kw) is None
     assert stale_reason(None, **kw) == "no decision yet"
-    assert "policy file changed" in stale_reason({**fresh, "policy_hash": "old"}, **kw)
-    assert "torch, triton, driver or joulepilot changed" in stale_reason({**fresh, "details": '{"provenance_key": "x"}'},
-                                                                        **kw)
-    assert "older than" in stale_reason({**fresh, "decided_at": now - 7200}, **kw)
-    assert "broke the envelope" in stale_reason({**fresh, "state": "violated"}, **kw)
+    assert "policy file changed" in stale_reason(row(policy_hash="old"), **kw)
+    assert "torch, triton, driver or joulepilot changed" in stale_reason(row(details='{"provenance_key": "x"}'), **kw)
+    assert "older than" in stale_reason(row(decided_at=now - 7200), **kw)
+    assert "broke the envelope" in stale_reason(row(state="violated"), **kw)
 
 
 # --- idle detection (no GPU here: NVML's answers are played back) -----------------------------------
