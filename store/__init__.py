@@ -2,6 +2,7 @@
 
 from .commit import commit_run, find_ok_run, run_columns, workload_needs_description
 from .daemon_state import (
+    add_host_request,
     add_request,
     claim_job,
     enqueue_job,
@@ -37,6 +38,7 @@ from .deployments import (
     register_deployment,
     violated_config_ids,
 )
+from .devicekind import device_kind
 from .errors import DatabaseCorrupt, DatabaseMissing, ExportFormatError, SchemaTooNew, StoreError
 from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
 from .jsonvalues import json_column, json_output, json_safe, row_from_json
@@ -85,6 +87,7 @@ __all__ = [
     "ExportFormatError",
     "export_text",
     "parse_export",
+    "add_host_request",
     "add_request",
     "claim_job",
     "enqueue_job",
@@ -120,6 +123,7 @@ __all__ = [
     "write_export",
     "host_identity",
     "insert_run",
+    "device_kind",
     "latest_decision",
     "list_decisions",
     "write_decision",
