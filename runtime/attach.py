@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from joulepilot.compiler import CompileConfig, apply_config
+from joulepilot.compiler.workloads import workload_id as spec_workload_id
 from joulepilot.store import open_db, upsert_devices, upsert_host
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 from joulepilot.store.deployments import register_deployment
@@ -81,9 +83,7 @@ def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, 
     batch = setting(policy, "batch_size")
     if not isinstance(spec, str) or batch is None:
         return None
-    from joulepilot.compiler.workloads import workload_id
-
-    return workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"))
+    return spec_workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"))
 
 
 def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:
@@ -99,8 +99,6 @@ def _fallback_from_policy(policy: Any, base_model: Any, device: str) -> Fallback
     spec = setting(policy, "fallback")
     if spec is None:
         spec = {"mode": "eager"}
-    from joulepilot.compiler import CompileConfig, apply_config
-
     if not isinstance(spec, CompileConfig):
         values = dict(spec) if isinstance(spec, Mapping) else as_mapping(spec) or {}
         batch = setting(policy, "batch_size")
@@ -152,7 +150,7 @@ def attach(
     torch_device = _torch_device(model_callable, device)
     own_meter = meter is None
     if meter is None:
-        from joulepilot.telemetry import EnergyMeter
+        from joulepilot.telemetry import EnergyMeter  # loaded when a deployment is metered, not to serve
 
         meter = EnergyMeter(device=torch_device, sampler=False)
     decision_row = as_mapping(decision)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.resolve import torch_minor
 from joulepilot.store import open_db, transaction
 from joulepilot.store.deployments import insert_samples, set_deployment_config
 from joulepilot.store.sample_amend import amend_newest_sample
@@ -62,8 +63,6 @@ class Fallback:
 
 def _torch_version() -> str:
     """major.minor, as decisions record it."""
-    from joulepilot.policies.resolve import torch_minor
-
     try:
         return torch_minor()
     except Exception:  # noqa: BLE001 - torch metadata missing: the decision's own version is used
@@ -83,7 +82,7 @@ def _own_pids() -> set[int]:
 
 def _shared_gpu(index: int) -> tuple[int, float | None]:
     """(other compute processes on the GPU, this process tree's share of their utilisation)."""
-    from joulepilot.telemetry import gpu_activity
+    from joulepilot.telemetry import gpu_activity  # looked up per call: tests stand in a shared GPU
 
     activity = gpu_activity(index)
     pids = set(getattr(activity, "compute_pids", None) or [])
