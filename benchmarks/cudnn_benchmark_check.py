@@ -56,7 +56,7 @@ def measure(call: Any, sync: Any, meter: Any, batch_size: int, window_s: float) 
 def check(spec: str, batch_size: int, configs: list[str], repeats: int, window_s: float,
           device: str) -> dict[str, Any]:
     import torch
-    from joulepilot.compiler import CompileConfig
+    from joulepilot.compiler import CompileConfig, apply_config
     from joulepilot.compiler.measure import synchronizer, timed_call
     from joulepilot.compiler.provenance import provenance
     from joulepilot.compiler.workloads import load_workload
@@ -69,7 +69,8 @@ def check(spec: str, batch_size: int, configs: list[str], repeats: int, window_s
         for label in configs:
             mode, precision = label.split("/")
             workload = load_workload(spec, batch_size=batch_size, device=device)
-            run = CompileConfig(mode=mode, precision=precision, batch_size=batch_size).apply(workload.model, device)
+            config = CompileConfig(mode=mode, precision=precision, batch_size=batch_size)
+            run = apply_config(config, workload.model, device)
             inputs = workload.example_inputs
 
             def call(run: Any = run, inputs: tuple = inputs) -> Any:

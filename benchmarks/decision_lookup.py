@@ -1,7 +1,7 @@
 """How long joulepilot.compile's decision lookup takes with a store of 10,000 runs.
 
 Builds a store (synthetic runs written with insert_run in one transaction, plus decisions for 50
-policies x 4 device kinds x 3 torch versions), then times `joulepilot.hook.lookup_decision` — find
+policies x 4 device kinds x 3 torch versions), then times `joulepilot.runtime.lookup_decision` — find
 and load the policy (cached by mtime), look for a lock entry, query the store — N times each:
   * `store`: no lock file, the decision comes from the store;
   * `lock`: the lock file beside the policy answers.
@@ -25,9 +25,8 @@ from pathlib import Path
 
 from joulepilot.compiler import CompileConfig, workload_id
 from joulepilot.policies import Decision, load_policy, record_decision, torch_minor, write_lock
+from joulepilot.runtime import lookup_decision
 from joulepilot.store import insert_run, open_db, transaction, upsert_config, upsert_host, upsert_workload
-
-from joulepilot.hook import lookup_decision
 
 POLICY = """
 name = "bench-policy"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def overhead_ns(calls: int = 200_000, repeats: int = 5) -> dict[str, float]:
-    from joulepilot.controller.deployment import attach
+    from joulepilot.runtime import attach
 
     def noop(*args, **kwargs):
         return None
@@ -44,9 +44,9 @@ def overhead_ns(calls: int = 200_000, repeats: int = 5) -> dict[str, float]:
 def serve(seconds: float, device: str, db: str, out: str | None, mode: str) -> dict:
     """Serve ResNet-style convnet work (built-in `convnet`, batch 32) compiled with `mode` as a deployment."""
     import torch
-    from joulepilot.compiler import CompileConfig, load_workload
-    from joulepilot.controller.deployment import attach
+    from joulepilot.compiler import CompileConfig, apply_config, load_workload
     from joulepilot.controller.report import build_report, render
+    from joulepilot.runtime import attach
     from joulepilot.store import open_db, upsert_config, upsert_workload
 
     wl = load_workload("convnet", batch_size=32, device=device)
@@ -54,7 +54,7 @@ def serve(seconds: float, device: str, db: str, out: str | None, mode: str) -> d
     store = open_db(db)
     upsert_workload(store, wl.describe(graph=False))
     upsert_config(store, cfg.to_row())
-    model = cfg.apply(wl.model, device=device)
+    model = apply_config(cfg, wl.model, device)
     for _ in range(20):  # compile and warm up before the deployment starts counting
         model(*wl.example_inputs)
     if device.startswith("cuda"):

@@ -52,10 +52,10 @@ def main() -> int:
     from joulepilot.compiler import load_workload
     from joulepilot.controller.report import build_report, render
     from joulepilot.policies import load_policy, record_decision, resolve, write_lock
+    from joulepilot.runtime import current_device_kind
     from joulepilot.store import open_db
 
     import joulepilot
-    from joulepilot.hook import current_device_kind
 
     args.out.mkdir(parents=True, exist_ok=True)
     policy_path = args.out / "policies" / f"{args.name}.toml"

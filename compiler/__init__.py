@@ -1,5 +1,6 @@
 """The compiler core: configuration space, workloads, the isolated benchmark worker, warm-start artifacts."""
 
+from .apply import apply_config
 from .artifacts import artifact_key, artifact_path_for, load_artifacts, save_artifacts
 from .bench import (
     MeasuredRun,
@@ -15,6 +16,7 @@ from .bench import (
 from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
 from .describe import count_flops, describe_workload
+from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
 from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
@@ -31,11 +33,13 @@ __all__ = [
     "RunResult",
     "Workload",
     "WorkloadError",
+    "apply_config",
     "artifact_key",
     "artifact_path_for",
     "bench",
     "check_device",
     "check_spec",
+    "checked_config",
     "count_flops",
     "default_device",
     "describe_workload",
@@ -46,6 +50,7 @@ __all__ = [
     "plan_configs",
     "save_artifacts",
     "sweep_context",
+    "torch_compile_kwargs",
     "worker_budget",
     "workload_id",
 ]

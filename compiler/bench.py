@@ -34,6 +34,7 @@ from joulepilot.store.jsonvalues import json_object
 from .artifacts import artifact_path_for
 from .budget import worker_budget
 from .config import CompileConfig
+from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
@@ -153,9 +154,9 @@ def plan_configs(modes: Iterable[str], fusions: Iterable[str] = ("default",), pr
         if mode == "eager":
             config = CompileConfig(mode="eager", precision=precision, dynamic=dynamic, batch_size=batch_size)
         else:
-            config = CompileConfig(mode=mode, fusion=fusion, options=options or {}, precision=precision,
-                                   dynamic=dynamic, batch_size=batch_size)
-        key = config.effective_key()
+            config = checked_config(CompileConfig(mode=mode, fusion=fusion, options=options or {},
+                                                  precision=precision, dynamic=dynamic, batch_size=batch_size))
+        key = effective_key(config)
         if key in seen:
             continue
         seen.add(key)

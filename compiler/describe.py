@@ -8,9 +8,10 @@ None and the reason is kept under `graph_error`: a description never stops a ben
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def count_params(model: Any) -> int | None:
@@ -21,6 +22,7 @@ def count_params(model: Any) -> int | None:
 
 def count_flops(model: Any, inputs: tuple) -> float | None:
     """FLOPs of one forward call on `inputs` (one batch), as torch.utils.flop_counter counts them."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -51,11 +53,15 @@ def op_mix_of(graphs: list[torch.fx.GraphModule]) -> tuple[int, dict[str, int]]:
 
 
 def _export_graph(model: Any, inputs: tuple) -> list[torch.fx.GraphModule]:
+    import torch
+
     exported = torch.export.export(model, inputs, strict=False)
     return [exported.graph_module]
 
 
 def _dynamo_graphs(model: Any, inputs: tuple) -> list[torch.fx.GraphModule]:
+    import torch
+
     graphs: list[torch.fx.GraphModule] = []
 
     def capture(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
@@ -85,6 +91,8 @@ def graph_summary(model: Any, inputs: tuple) -> dict[str, Any]:
 
 
 def describe_inputs(inputs: tuple) -> list[dict[str, Any]]:
+    import torch
+
     described = []
     for value in inputs:
         if isinstance(value, torch.Tensor):

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class NumericCheck:
 
 
 def flatten_tensors(value: Any) -> list[torch.Tensor]:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
@@ -43,6 +46,8 @@ def flatten_tensors(value: Any) -> list[torch.Tensor]:
 
 
 def tensor_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    import torch
+
     if out.shape != ref.shape:
         return math.inf
     if out.numel() == 0:

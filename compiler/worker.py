@@ -160,6 +160,8 @@ def _peak_power(measurement: Any) -> float | None:
 def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     import torch
 
+    from . import inductor
+    from .apply import apply_config
     from .artifacts import save_artifacts
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
@@ -206,7 +208,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(device))
-        run = config.apply(model, device)
+        run = apply_config(config, model, device)
         call = lambda: run(*inputs)  # noqa: E731
 
         phases.enter("compile")
@@ -258,7 +260,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     extra["dynamo_frames_first_call"] = frames_after_first
     if break_reasons:
         extra["graph_break_reasons"] = break_reasons
-    extra["torch_compile_kwargs"] = config.torch_compile_kwargs(device)
+    extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
     extra["compile_caches"] = _cache_counters()
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
         extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
@@ -306,6 +308,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
 
 def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    from .apply import apply_config
     from .artifacts import load_artifacts
     from .config import CompileConfig
     from .measure import synchronizer, timed_call
@@ -323,7 +326,7 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
                              seed=int(job.get("seed", 1234)))
-    run = config.apply(workload.model, device)
+    run = apply_config(config, workload.model, device)
     phases.enter("compile")
     _, first_call_s = timed_call(lambda: run(*workload.example_inputs), synchronizer(device))
     phases.enter("compiled")

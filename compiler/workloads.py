@@ -28,9 +28,9 @@ from typing import Any
 from joulepilot.store import stable_id
 from joulepilot.store.safeio import shorten
 
-from .builtin_models import BUILTIN
-
 ADAPTERS = ("torchvision", "timm", "transformers")
+# The keys of builtin_models.BUILTIN, named here so that checking a spec does not import torch.
+BUILTIN_NAMES = ("mlp", "convnet", "transformer")
 DEFAULT_SEED = 1234
 
 
@@ -86,13 +86,13 @@ def split_spec(spec: str) -> tuple[str, str]:
     if not spec:
         raise WorkloadError("empty workload spec; use mlp, convnet, transformer, torchvision:<name>, "
                             "timm:<name>, transformers:<ConfigClass> or package.module:factory")
-    if spec in BUILTIN:
+    if spec in BUILTIN_NAMES:
         return "builtin", spec
     prefix, sep, rest = spec.partition(":")
     if not sep:
-        guess = difflib.get_close_matches(spec, list(BUILTIN), n=1, cutoff=0.5)
+        guess = difflib.get_close_matches(spec, list(BUILTIN_NAMES), n=1, cutoff=0.5)
         raise WorkloadError(
-            f"workload {quote_spec(spec)} is not a built-in ({', '.join(BUILTIN)}) and has no ':'",
+            f"workload {quote_spec(spec)} is not a built-in ({', '.join(BUILTIN_NAMES)}) and has no ':'",
             f"did you mean {guess[0]!r}?" if guess else
             "write torchvision:<name>, timm:<name>, transformers:<ConfigClass> or package.module:factory",
         )
@@ -271,6 +271,8 @@ def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_le
     import torch
 
     if kind == "builtin":
+        from .builtin_models import BUILTIN  # torch models: loaded when one is built, not to name one
+
         model, inputs = BUILTIN[name](batch_size, generator, seq_len=seq_len, image_size=image_size)
         return model, inputs, {}
     if kind == "torchvision":

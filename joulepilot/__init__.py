@@ -1,7 +1,8 @@
 """joulepilot: energy-aware torch.compile policy controller.
 
-`joulepilot.compile(model, policy=...)` applies the decided compile settings; `joulepilot.EnergyMeter`
-measures windows of energy. Both are imported lazily so `import joulepilot` stays light.
+`joulepilot.compile(model, policy=...)` applies the decided compile settings (`joulepilot.runtime`);
+`joulepilot.EnergyMeter` measures windows of energy. Both are imported lazily so `import joulepilot`
+stays light, and serving a model imports nothing of the agent (`joulepilot.controller`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ __all__ = ["EnergyMeter", "compile", "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name == "compile":
-        from .hook import compile
+        from .runtime import compile
 
         return compile
     if name == "EnergyMeter":

@@ -22,7 +22,7 @@ torch_option = click.option("--torch-version", help="torch major.minor to decide
 def _device_kind(device_name: str | None) -> str:
     if device_name:
         return device_name
-    from .hook import current_device_kind
+    from joulepilot.runtime import current_device_kind
 
     return current_device_kind()
 
@@ -150,8 +150,7 @@ def _provenance_key(device_kind: str, torch_version: str) -> str | None:
     (a decision for another host's device or torch cannot say what software it will run under)."""
     from joulepilot.controller.device_probe import probe_device
     from joulepilot.policies import torch_minor
-
-    from .hook import current_device_kind
+    from joulepilot.runtime import current_device_kind
 
     if torch_version != torch_minor():
         return None

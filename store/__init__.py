@@ -5,6 +5,7 @@ from .commit import commit_run, find_ok_run, run_columns, workload_needs_descrip
 from .daemon_state import (
     HeartbeatRow,
     JobRow,
+    add_host_request,
     add_request,
     claim_job,
     enqueue_job,
@@ -117,6 +118,7 @@ __all__ = [
     "ExportFormatError",
     "export_text",
     "parse_export",
+    "add_host_request",
     "add_request",
     "claim_job",
     "enqueue_job",
@@ -152,6 +154,7 @@ __all__ = [
     "write_export",
     "host_identity",
     "insert_run",
+    "device_kind",
     "latest_decision",
     "list_decisions",
     "write_decision",

@@ -7,6 +7,7 @@ heartbeats come back as `JobRow` and `HeartbeatRow`; requests as plain dicts of 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -17,6 +18,7 @@ import sqlite_utils
 
 from .db import transaction
 from .jsonvalues import json_column
+from .records import upsert_host
 from .rows import StoredRow
 from .safeio import bounded_json_text
 
@@ -253,6 +255,23 @@ def add_request(db: sqlite_utils.Database, policy: str, *, workload: str | None 
         cur = db.execute(
             "INSERT INTO requests (policy, workload, host_id, requested_at, note) VALUES (?, ?, ?, ?, ?)",
             [policy, workload, host_id, time.time(), note],
+        )
+        return cur.lastrowid
+
+
+def add_host_request(db: sqlite_utils.Database, policy: str, *, workload: str | None,
+                     host: Mapping[str, Any], note: Mapping[str, Any]) -> int | None:
+    """A serving process asks the daemon to benchmark `policy` for its host (recorded too), unless an
+    unhandled request for that policy and host is waiting; returns the new request's id, or None."""
+    with transaction(db):
+        host_id = upsert_host(db, host)
+        waiting = db.execute("SELECT 1 FROM requests WHERE policy = ? AND host_id = ? AND handled_at IS NULL",
+                             [policy, host_id]).fetchone()
+        if waiting is not None:
+            return None
+        cur = db.execute(
+            "INSERT INTO requests (policy, workload, host_id, requested_at, note) VALUES (?, ?, ?, ?, ?)",
+            [policy, workload, host_id, time.time(), json.dumps(dict(note), sort_keys=True)],
         )
         return cur.lastrowid
 

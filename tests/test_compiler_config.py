@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from joulepilot.compiler import FUSION_PRESETS, MODES, PRECISIONS, CompileConfig, ConfigError, plan_configs
-from joulepilot.compiler.options import check_presets, mode_options, parse_option_assignments
+from joulepilot.compiler import (
+    FUSION_PRESETS,
+    MODES,
+    PRECISIONS,
+    CompileConfig,
+    ConfigError,
+    apply_config,
+    checked_config,
+    plan_configs,
+)
+from joulepilot.compiler.inductor import (
+    check_presets,
+    effective_key,
+    inductor_options,
+    mode_options,
+    torch_compile_kwargs,
+)
+from joulepilot.compiler.options import parse_option_assignments
 from joulepilot.compiler.precision import precision_scope, strict_fp32
 
 
@@ -21,14 +39,18 @@ def test_every_fusion_preset_exists_in_installed_torch():
 
 def test_mistyped_inductor_option_names_the_closest_knob():
     with pytest.raises(ConfigError) as err:
-        CompileConfig(mode="default", options={"epilog_fusion": False})
+        checked_config(CompileConfig(mode="default", options={"epilog_fusion": False}))
     assert "'epilog_fusion'" in str(err.value)
     assert "did you mean 'epilogue_fusion'" in str(err.value)
 
 
 def test_wrong_option_type_is_refused_with_expected_type():
     with pytest.raises(ConfigError, match=r"'epilogue_fusion' takes bool.*got str 'no'"):
-        CompileConfig(mode="default", options={"epilogue_fusion": "no"})
+        checked_config(CompileConfig(mode="default", options={"epilogue_fusion": "no"}))
+    with pytest.raises(ConfigError, match="did you mean 'epilogue_fusion'"):
+        plan_configs(["default"], options={"epilog_fusion": False})  # `joulepilot bench --option` checks
+    with pytest.raises(ConfigError, match="unknown Inductor option 'epilog_fusion'"):
+        torch_compile_kwargs(CompileConfig(mode="default", options={"epilog_fusion": False}), "cpu")
 
 
 def test_unknown_mode_precision_and_preset_name_the_closest():
@@ -51,6 +73,18 @@ def test_options_accept_dict_and_dashes_and_are_hashable():
     assert a == b and hash(a) == hash(b)
     assert a.options == (("epilogue_fusion", False), ("max_fusion_size", 32))
     assert {a, b} == {a}
+    assert effective_key(a, "cpu") == effective_key(b, "cpu") != effective_key(a.replace(batch_size=2), "cpu")
+
+
+def test_configurations_are_named_without_importing_torch():
+    # The vocabulary is what policies, the CLI and reports need; it must not cost a torch import.
+    code = ("import sys; from joulepilot.compiler.config import CompileConfig; "
+            "c = CompileConfig('max-autotune', fusion='no-epilogue-fusion', options={'max-fusion-size': 16}, "
+            "precision='bf16', batch_size=4); print(c.id, c.label, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    here = CompileConfig("max-autotune", fusion="no-epilogue-fusion", options={"max_fusion_size": 16},
+                         precision="bf16", batch_size=4)
+    assert out == [here.id, here.label, "False"]
 
 
 def test_ids_are_stable_and_labels_readable():
@@ -78,9 +112,9 @@ def test_row_round_trip():
 
 
 def test_plain_modes_pass_mode_to_torch_compile():
-    assert CompileConfig(mode="eager").torch_compile_kwargs() == {}
-    assert CompileConfig(mode="default").torch_compile_kwargs() == {"dynamic": False}
-    assert CompileConfig(mode="reduce-overhead").torch_compile_kwargs("cuda:0") == {
+    assert torch_compile_kwargs(CompileConfig(mode="eager")) == {}
+    assert torch_compile_kwargs(CompileConfig(mode="default")) == {"dynamic": False}
+    assert torch_compile_kwargs(CompileConfig(mode="reduce-overhead"), "cuda:0") == {
         "dynamic": False, "mode": "reduce-overhead"}
 
 
@@ -88,34 +122,34 @@ def test_mode_is_expanded_into_options_when_merged_with_a_preset():
     from torch._inductor import list_mode_options
 
     cfg = CompileConfig(mode="max-autotune", fusion="no-epilogue-fusion", options={"max_fusion_size": 16})
-    kwargs = cfg.torch_compile_kwargs("cuda:0")
+    kwargs = torch_compile_kwargs(cfg, "cuda:0")
     assert "mode" not in kwargs  # torch refuses mode and options together
     expected = {**list_mode_options("max-autotune"), "epilogue_fusion": False, "max_fusion_size": 16}
     assert kwargs["options"] == expected
     assert kwargs["options"]["triton.cudagraphs"] is True
     # raw options win over the mode's own settings
     override = CompileConfig(mode="max-autotune", options={"coordinate_descent_tuning": False})
-    assert override.torch_compile_kwargs("cuda:0")["options"]["coordinate_descent_tuning"] is False
+    assert torch_compile_kwargs(override, "cuda:0")["options"]["coordinate_descent_tuning"] is False
 
 
 def test_cuda_graphs_are_left_out_on_cpu():
     assert mode_options("reduce-overhead") == {"triton.cudagraphs": True}
-    assert CompileConfig(mode="reduce-overhead").torch_compile_kwargs("cpu") == {"dynamic": False}
-    kwargs = CompileConfig(mode="max-autotune").torch_compile_kwargs("cpu")
+    assert torch_compile_kwargs(CompileConfig(mode="reduce-overhead"), "cpu") == {"dynamic": False}
+    kwargs = torch_compile_kwargs(CompileConfig(mode="max-autotune"), "cpu")
     assert kwargs["options"] == {"max_autotune": True, "coordinate_descent_tuning": True}
 
 
 def test_expansion_matches_what_torch_does_with_the_mode():
     for mode in MODES[1:]:
         by_torch = torch._TorchCompileInductorWrapper(mode, None, False).config
-        assert CompileConfig(mode=mode).inductor_options("cuda:0") == by_torch
+        assert inductor_options(CompileConfig(mode=mode), "cuda:0") == by_torch
 
 
 def test_merged_options_are_accepted_by_torch():
     cfg = CompileConfig(mode="max-autotune", fusion="aggressive-fusion", options={"max_fusion_size": 16})
-    kwargs = cfg.torch_compile_kwargs("cuda:0")
+    kwargs = torch_compile_kwargs(cfg, "cuda:0")
     wrapper = torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), kwargs["dynamic"])
-    assert wrapper.config == cfg.inductor_options("cuda:0")
+    assert wrapper.config == inductor_options(cfg, "cuda:0")
     assert wrapper.config["aggressive_fusion"] is True and wrapper.config["max_autotune"] is True
 
 
@@ -159,7 +193,15 @@ def test_precision_scopes_restore_every_switch():
 
 def test_apply_eager_runs_under_precision_and_no_grad():
     model = torch.nn.Linear(4, 4)
-    run = CompileConfig(mode="eager", precision="bf16").apply(model, "cpu")
+    run = apply_config(CompileConfig(mode="eager", precision="bf16"), model, "cpu")
     out = run(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16
     assert not out.requires_grad
+
+
+def test_builtin_workload_names_match_the_models():
+    from joulepilot.compiler.builtin_models import BUILTIN
+    from joulepilot.compiler.workloads import BUILTIN_NAMES, split_spec
+
+    assert tuple(BUILTIN) == BUILTIN_NAMES  # named apart so that checking a spec does not import torch
+    assert [split_spec(name) for name in BUILTIN_NAMES] == [("builtin", name) for name in BUILTIN]

@@ -6,12 +6,11 @@ import time
 import warnings
 
 import torch
-from joulepilot.controller.deployment import MeteredModel
 from joulepilot.controller.report import build_report
+from joulepilot.runtime import MeteredModel
+from joulepilot.runtime import compile as jp_compile
 from joulepilot.store import open_db
 from joulepilot.telemetry import EnergyMeter
-
-from joulepilot.hook import compile as jp_compile
 
 POLICY = """
 name = "tiny"

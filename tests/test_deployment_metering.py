@@ -12,7 +12,8 @@ import time
 
 import pytest
 import torch
-from joulepilot.controller.deployment import _shared_gpu, attach
+from joulepilot.runtime import attach
+from joulepilot.runtime.metered import _shared_gpu
 from joulepilot.store import open_db
 from joulepilot.store.deployments import get_deployment, list_deployments, read_samples
 from joulepilot.telemetry import EnergyMeter, GpuActivity
@@ -139,9 +140,9 @@ def test_registration_and_wrapper_behaviour(tmp_path):
 
 SERVE_SCRIPT = textwrap.dedent("""
     import sys, time, torch
-    from joulepilot.controller.deployment import attach
+    from joulepilot.runtime import attach
     dep = attach(torch.nn.Linear(64, 64), "child", db=sys.argv[1], device="cpu", interval_s=0.2,
-                 flush_interval_s=3600)
+                 flush_interval_s=3600, flush_on_sigterm=sys.argv[3] == "sigterm")
     x = torch.randn(8, 64)
     print("serving", flush=True)
     t_end = time.monotonic() + float(sys.argv[2])
@@ -158,7 +159,7 @@ def test_unflushed_samples_survive_sigterm_and_normal_exit(tmp_path, how):
     script = tmp_path / "serve.py"
     script.write_text(SERVE_SCRIPT)
     seconds = "60" if how == "sigterm" else "1.0"
-    proc = subprocess.Popen([sys.executable, str(script), str(db_path), seconds], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), str(db_path), seconds, how], stdout=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout.readline().strip() == "serving"
     if how == "sigterm":

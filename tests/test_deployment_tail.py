@@ -10,7 +10,7 @@ import math
 import time
 
 import pytest
-from joulepilot.controller.deployment import attach
+from joulepilot.runtime import attach
 from joulepilot.store import open_db
 from joulepilot.store.deployments import get_deployment, read_samples
 

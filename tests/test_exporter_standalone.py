@@ -23,8 +23,8 @@ import pytest
 from click.testing import CliRunner
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
-from joulepilot.controller.deployment import attach
 from joulepilot.controller.exporter import start_exporter
+from joulepilot.runtime import attach
 from joulepilot.store import (
     insert_samples,
     insert_violation,

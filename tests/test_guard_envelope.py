@@ -8,10 +8,16 @@ import warnings
 
 import pytest
 import torch
-from joulepilot.compiler import CompileConfig
-from joulepilot.controller.deployment import Fallback, attach
-from joulepilot.controller.guard import EnvelopeGuard, EnvelopeWarning, guard_from_policy, record_trip
+from joulepilot.compiler import CompileConfig, apply_config
 from joulepilot.policies.schema import validate
+from joulepilot.runtime import (
+    EnvelopeGuard,
+    EnvelopeWarning,
+    Fallback,
+    attach,
+    guard_from_policy,
+    record_trip,
+)
 from joulepilot.store.decisions import write_decision
 from joulepilot.store.deployments import list_violations, violated_config_ids
 
@@ -111,7 +117,7 @@ def test_live_deployment_trips_and_falls_back_at_the_next_call(db, tmp_path):
 
     def build():
         built_on.append(threading.current_thread().name)
-        return eager.apply(model)
+        return apply_config(eager, model)
 
     fallback = Fallback(eager.id, eager.label, build)
     db_path = db.execute("PRAGMA database_list").fetchone()[2]

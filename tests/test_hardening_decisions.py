@@ -13,18 +13,17 @@ import torch
 from click.testing import CliRunner
 from decision_factories import config, db_file, hook_in_new_process, seed_runs, write_policy
 from joulepilot.controller import fit
-from joulepilot.controller.deployment import attach
 from joulepilot.controller.device_probe import probe_device
 from joulepilot.controller.planner import fresh_ok_config_ids, stale_reason
 from joulepilot.controller.redecide import decide_policy
 from joulepilot.policies import load_policy, record_decision, resolve, torch_minor, write_lock
 from joulepilot.policies.lock import lock_path
+from joulepilot.runtime import attach, lookup_decision
+from joulepilot.runtime import compile as jp_compile
 from joulepilot.store import import_runs, read_export
 from joulepilot.store.decisions import latest_decision
 
 from joulepilot.cli import main
-from joulepilot.hook import compile as jp_compile
-from joulepilot.hook import lookup_decision
 
 H200_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
 WARNING = ("calls took 8.6 ms each in the energy window, 1.46x the synchronised p50 of 5.9 ms; something "

@@ -22,9 +22,8 @@ from decision_factories import (
 )
 from joulepilot.policies import load_policy, record_decision, resolve, write_lock
 from joulepilot.policies.lock import lock_path
+from joulepilot.runtime import compile as jp_compile
 from joulepilot.store import import_runs, open_db, read_export
-
-from joulepilot.hook import compile as jp_compile
 
 H200_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
 FIGURES = {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},

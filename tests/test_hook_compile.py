@@ -11,9 +11,8 @@ import pytest
 import torch
 from joulepilot.compiler import CompileConfig, workload_id
 from joulepilot.policies import Decision, load_policy, record_decision, torch_minor, write_lock
-
-from joulepilot.hook import compile as jp_compile
-from joulepilot.hook import lookup_decision, merge_compile_kwargs
+from joulepilot.runtime import compile as jp_compile
+from joulepilot.runtime import lookup_decision, merge_compile_kwargs
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml"
 

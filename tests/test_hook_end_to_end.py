@@ -11,8 +11,7 @@ from joulepilot.compiler import CompileConfig, bench, load_workload
 from joulepilot.controller import fit
 from joulepilot.policies import load_policy, record_decision, resolve
 from joulepilot.policies.resolve import run_flag
-
-from joulepilot.hook import compile as jp_compile
+from joulepilot.runtime import compile as jp_compile
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml"
 

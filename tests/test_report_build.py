@@ -196,7 +196,7 @@ def test_summary_of_all_deployments(gpu_store):
 
 def test_report_of_a_real_cpu_deployment(tmp_path):
     import torch
-    from joulepilot.controller.deployment import attach
+    from joulepilot.runtime import attach
     from joulepilot.store import open_db
 
     db_path = tmp_path / "jp.db"

@@ -1,14 +1,16 @@
 """Live metering of a deployed model: count calls on the hot path, meter energy off it.
 
-`attach(model, "name")` returns a `MeteredModel`. Calling it runs the wrapped model and bumps an
-`itertools.count` (atomic under the GIL, no lock, no device call). A daemon thread wakes every
+`runtime.attach.attach(model, "name")` returns a `MeteredModel`. Calling it runs the wrapped model and
+bumps an `itertools.count` (atomic under the GIL, no lock, no device call). A daemon thread wakes every
 `interval_s`, reads the cumulative energy counter of the deployment's device (plus a few instant
 power reads in between, for the peak), and appends one sample per window. Samples are written to
-the store in batches, one transaction per batch, and flushed on `close()`, at interpreter exit
-(`atexit`) and on SIGTERM (a handler chained to the previous one). A SIGKILL loses at most the
-unflushed batch (`flush_interval_s`, 30 s by default).
+the store in batches, one transaction per batch, and flushed on `close()` and at interpreter exit
+(`atexit`). A SIGTERM handler that flushes (chained to the previous one) is opt-in
+(`flush_on_sigterm()`): a serving process's signals belong to its framework. Without it, a SIGTERM
+that ends the process without a normal exit, like a SIGKILL, loses at most the unflushed batch
+(`flush_interval_s`, 30 s by default).
 
-The envelope guard (`controller.guard`) sees every window. When it trips with `action = "fallback"`,
+The envelope guard (`runtime.guard`) sees every window. When it trips with `action = "fallback"`,
 the metering thread only *requests* a swap; the next call on the caller's thread builds (compiles)
 the fallback configuration and serves with it from then on, so that compile happens where a
 `torch.compile` call would normally happen and never races the model from another thread.
@@ -25,23 +27,18 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, is_dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sqlite_utils
-from joulepilot.store import open_db, transaction, upsert_devices, upsert_host
-from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
-from joulepilot.store.deployments import (
-    insert_samples,
-    register_deployment,
-    set_deployment_config,
-)
+from joulepilot.policies.resolve import torch_minor
+from joulepilot.store import open_db, transaction
+from joulepilot.store.deployments import insert_samples, set_deployment_config
 from joulepilot.store.sample_amend import amend_newest_sample
 
-from .features import device_kind as features_device_kind
-from .guard import EnvelopeGuard, guard_from_policy, record_trip, setting
+from .guard import EnvelopeGuard
+from .trips import record_trip
 
 log = logging.getLogger("joulepilot.deployment")
 
@@ -64,56 +61,8 @@ class Fallback:
     build: Callable[[], Callable[..., Any]]
 
 
-def as_mapping(obj: Any) -> dict[str, Any] | None:
-    """A decision (row dict, dataclass or object with `to_dict`) as a plain dict."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    for method in ("to_dict", "to_row"):
-        if callable(getattr(obj, method, None)):
-            return dict(getattr(obj, method)())
-    if is_dataclass(obj):
-        return asdict(obj)
-    return {k: getattr(obj, k) for k in dir(obj) if not k.startswith("_") and not callable(getattr(obj, k))}
-
-
-def _policy_name(policy: Any) -> str | None:
-    if policy is None:
-        return None
-    if isinstance(policy, str | os.PathLike):
-        path = Path(policy)
-        return path.name.removesuffix(".toml") if path.suffix == ".toml" else str(policy)
-    return setting(policy, "name")
-
-
-def _db_file(db: sqlite_utils.Database) -> str | None:
-    for _seq, name, file in db.execute("PRAGMA database_list").fetchall():
-        if name == "main":
-            return file or None
-    return None
-
-
-def _torch_device(model: Any, device: str | None) -> str:
-    if device:
-        if device == "cuda":
-            import torch
-
-            return f"cuda:{torch.cuda.current_device()}"
-        return str(device)
-    params = getattr(model, "parameters", None)
-    if callable(params):
-        try:
-            return str(next(iter(params())).device)
-        except (StopIteration, TypeError):
-            pass
-    return "cpu"
-
-
 def _torch_version() -> str:
     """major.minor, as decisions record it."""
-    from joulepilot.policies.resolve import torch_minor
-
     try:
         return torch_minor()
     except Exception:  # noqa: BLE001 - torch metadata missing: the decision's own version is used
@@ -133,7 +82,7 @@ def _own_pids() -> set[int]:
 
 def _shared_gpu(index: int) -> tuple[int, float | None]:
     """(other compute processes on the GPU, this process tree's share of their utilisation)."""
-    from joulepilot.telemetry import gpu_activity
+    from joulepilot.telemetry import gpu_activity  # looked up per call: tests stand in a shared GPU
 
     activity = gpu_activity(index)
     pids = set(getattr(activity, "compute_pids", None) or [])
@@ -213,6 +162,7 @@ class MeteredModel:
         self._thread = threading.Thread(target=self._run, name=f"joulepilot-meter:{name}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
+        _flush_at_exit()
 
     # -- hot path ---------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -452,10 +402,10 @@ class MeteredModel:
         return (f"MeteredModel({self.name!r}, device={self.device!r}, config={self.config_label!r}, "
                 f"inferences={self.inferences}, source={self.energy_source!r})")
 
-
 # -- exit paths -----------------------------------------------------------------------------------
 _LIVE: weakref.WeakSet[MeteredModel] = weakref.WeakSet()
-_HANDLERS_INSTALLED = False
+_ATEXIT_REGISTERED = False
+_SIGTERM_INSTALLED = False
 _PREVIOUS_SIGTERM: Any = None
 
 
@@ -468,6 +418,13 @@ def close_all() -> None:
             log.exception("deployment %r: final flush failed", model.name)
 
 
+def _flush_at_exit() -> None:
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        _ATEXIT_REGISTERED = True
+        atexit.register(close_all)
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     close_all()
     previous = _PREVIOUS_SIGTERM
@@ -478,140 +435,21 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
 
 
-def _install_exit_handlers() -> None:
-    global _HANDLERS_INSTALLED, _PREVIOUS_SIGTERM
-    if _HANDLERS_INSTALLED:
-        return
-    _HANDLERS_INSTALLED = True
-    atexit.register(close_all)
-    # signal.signal only works on the main thread; elsewhere atexit and close() remain.
-    if threading.current_thread() is threading.main_thread():
-        try:
-            _PREVIOUS_SIGTERM = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        except (ValueError, OSError):
-            pass
-
-
-# -- attach ---------------------------------------------------------------------------------------
-def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
-    details = (decision or {}).get("details") or {}
-    if isinstance(details, Mapping) and details.get("workload_id"):
-        return str(details["workload_id"])
-    if decision and decision.get("workload_id"):
-        return str(decision["workload_id"])
-    spec = setting(policy, "workload")
-    batch = setting(policy, "batch_size")
-    if not isinstance(spec, str) or batch is None:
-        return None
-    from joulepilot.compiler.workloads import workload_id
-
-    return workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"))
-
-
-def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:
-    if not config_id:
-        return None
-    row = db.execute("SELECT label FROM configs WHERE id = ?", [config_id]).fetchone()
-    return row[0] if row else None
-
-
-def _fallback_from_policy(policy: Any, base_model: Any, device: str) -> Fallback | None:
-    """The policy's `[fallback]` configuration applied to the uncompiled model, built lazily."""
-    if policy is None or base_model is None:
-        return None
-    spec = setting(policy, "fallback")
-    if spec is None:
-        spec = {"mode": "eager"}
-    from joulepilot.compiler import CompileConfig
-
-    if not isinstance(spec, CompileConfig):
-        values = dict(spec) if isinstance(spec, Mapping) else as_mapping(spec) or {}
-        batch = setting(policy, "batch_size")
-        if batch is not None:
-            values.setdefault("batch_size", int(batch))
-        known = {"mode", "fusion", "options", "precision", "dynamic", "batch_size"}
-        spec = CompileConfig(**{k: v for k, v in values.items() if k in known})
-    cfg = spec
-    return Fallback(cfg.id, cfg.label, lambda: cfg.apply(base_model, device=device))
-
-
-def attach(
-    model_callable: Callable[..., Any],
-    deployment_name: str,
-    *,
-    policy: Any = None,
-    decision: Any = None,
-    db: sqlite_utils.Database | str | os.PathLike | None = None,
-    device: str | None = None,
-    interval_s: float = DEFAULT_INTERVAL_S,
-    meter: Any = None,
-    base_model: Any = None,
-    fallback: Fallback | Callable[[], Fallback | None] | None = None,
-    workload_id: str | None = None,
-    config_id: str | None = None,
-    device_kind: str | None = None,
-    guard: EnvelopeGuard | None = None,
-    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-) -> MeteredModel:
-    """Meter `model_callable` as the deployment `deployment_name`; returns the callable wrapper.
-
-    - `policy`: the policy object (or its name); its `[limits] max_avg_power_w` and `[guard]` table
-      configure the envelope guard, its `[fallback]` the configuration to swap to.
-    - `decision`: the decision being served (a decisions row or object); gives the configuration id,
-      device kind and the decision a violation marks.
-    - `base_model`: the uncompiled model, needed to build the fallback configuration.
-    - `meter`: an `EnergyMeter` to read (default: `EnergyMeter(device=device, sampler=False)`).
-    """
-    if interval_s <= 0:
-        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
-    if isinstance(db, sqlite_utils.Database):
-        store, db_path = db, _db_file(db)
-    else:
-        store = open_db(db)
-        db_path = _db_file(store)
-    torch_device = _torch_device(model_callable, device)
-    own_meter = meter is None
-    if meter is None:
-        from joulepilot.telemetry import EnergyMeter
-
-        meter = EnergyMeter(device=torch_device, sampler=False)
-    decision_row = as_mapping(decision)
-    policy_name = _policy_name(policy) or (decision_row or {}).get("policy")
-    config_id = config_id or (decision_row or {}).get("config_id") or \
-        ((decision_row or {}).get("config") or {}).get("id")
-    host_id = upsert_host(store)
-    upsert_devices(store, host_id, [d.to_dict() for d in meter.devices])
-    if device_kind is None:
-        gpu_names = [d.name for d in meter.devices if getattr(d, "kind", "") == "gpu" and d.name]
-        device_kind = (decision_row or {}).get("device_kind") or features_device_kind(
-            {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
-    if decision_row is None and policy_name and device_kind:
-        decision_row = latest_decision(store, policy_name, device_kind, states=APPLICABLE_STATES)
-    workload_id = workload_id or _workload_id(store, policy, decision_row)
-    limits = setting(policy, "limits")
-    deployment_id = register_deployment(
-        store, deployment_name, policy=policy_name, workload_id=workload_id, config_id=config_id,
-        host_id=host_id, device=torch_device,
-        details={"device_kind": device_kind, "energy_source": meter.primary_source,
-                 "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s,
-                 # per deployment, not per host: processes with different CUDA_VISIBLE_DEVICES share `gpu:0`
-                 "gpus": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in meter.devices
-                          if getattr(d, "kind", "") == "gpu"]},
-    )
-    if guard is None and policy is not None and not isinstance(policy, str | os.PathLike):
-        guard = guard_from_policy(policy)
-    if fallback is None and base_model is not None and policy is not None \
-            and not isinstance(policy, str | os.PathLike):
-        fallback = _fallback_from_policy(policy, base_model, torch_device)
-    model = MeteredModel(
-        model_callable, deployment_name, deployment_id=deployment_id, db_path=db_path,
-        shared_db=None if db_path else store, meter=meter, own_meter=own_meter, device=torch_device,
-        interval_s=interval_s, flush_interval_s=flush_interval_s, config_id=config_id,
-        config_label=_config_label(store, config_id), policy_name=policy_name, decision=decision_row,
-        device_kind=device_kind, guard=guard, fallback=fallback,
-    )
-    if db_path and not isinstance(db, sqlite_utils.Database):
-        store.close()
-    _install_exit_handlers()
-    return model
+def flush_on_sigterm() -> bool:
+    """Opt in to flushing every live deployment on SIGTERM, then running the handler that was there
+    before (the default one still ends the process by the signal). Python runs no `atexit` on a
+    SIGTERM it has no handler for, so a process stopped that way (systemd, Kubernetes) otherwise loses
+    the unflushed batch. Not installed by default: a serving framework's own handler decides how its
+    process stops. Idempotent; returns False where no handler can be installed (not the main thread)."""
+    global _SIGTERM_INSTALLED, _PREVIOUS_SIGTERM
+    if _SIGTERM_INSTALLED:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return False
+    _PREVIOUS_SIGTERM, _SIGTERM_INSTALLED = previous, True
+    return True

@@ -1,0 +1,195 @@
+"""`attach(model, "name")`: start metering a deployment and return its `MeteredModel`.
+
+Everything that happens once, before the first call: the store opened (its file reopened by the
+metering thread), the host, its devices and the deployment registered, the decision being served
+looked up when none is given, the envelope guard built from the policy, and the policy's `[fallback]`
+prepared (built lazily, on the caller's thread, when the guard asks for it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+from joulepilot.compiler import CompileConfig, apply_config
+from joulepilot.compiler.workloads import workload_id as spec_workload_id
+from joulepilot.store import open_db, upsert_devices, upsert_host
+from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
+from joulepilot.store.deployments import register_deployment
+from joulepilot.store.devicekind import device_kind as row_device_kind
+from joulepilot.store.pending import database_file
+from joulepilot.store.reports import config_labels
+
+from .guard import EnvelopeGuard, guard_from_policy, setting
+from .metered import DEFAULT_FLUSH_INTERVAL_S, DEFAULT_INTERVAL_S, Fallback, MeteredModel
+from .metered import flush_on_sigterm as install_sigterm_flush
+
+
+def as_mapping(obj: Any) -> dict[str, Any] | None:
+    """A decision (row dict, dataclass or object with `to_dict`) as a plain dict."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    for method in ("to_dict", "to_row"):
+        if callable(getattr(obj, method, None)):
+            return dict(getattr(obj, method)())
+    if is_dataclass(obj):
+        return asdict(obj)
+    return {k: getattr(obj, k) for k in dir(obj) if not k.startswith("_") and not callable(getattr(obj, k))}
+
+
+def _policy_name(policy: Any) -> str | None:
+    if policy is None:
+        return None
+    if isinstance(policy, str | os.PathLike):
+        path = Path(policy)
+        return path.name.removesuffix(".toml") if path.suffix == ".toml" else str(policy)
+    return setting(policy, "name")
+
+
+def _db_file(db: sqlite_utils.Database) -> str | None:
+    path = database_file(db)
+    return str(path) if path is not None else None
+
+
+def _torch_device(model: Any, device: str | None) -> str:
+    if device:
+        if device == "cuda":
+            import torch
+
+            return f"cuda:{torch.cuda.current_device()}"
+        return str(device)
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        try:
+            return str(next(iter(params())).device)
+        except (StopIteration, TypeError):
+            pass
+    return "cpu"
+
+
+def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
+    details = (decision or {}).get("details") or {}
+    if isinstance(details, Mapping) and details.get("workload_id"):
+        return str(details["workload_id"])
+    if decision and decision.get("workload_id"):
+        return str(decision["workload_id"])
+    spec = setting(policy, "workload")
+    batch = setting(policy, "batch_size")
+    if not isinstance(spec, str) or batch is None:
+        return None
+    return spec_workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"))
+
+
+def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:
+    if not config_id:
+        return None
+    return config_labels(db, [config_id]).get(config_id)
+
+
+def _fallback_from_policy(policy: Any, base_model: Any, device: str) -> Fallback | None:
+    """The policy's `[fallback]` configuration applied to the uncompiled model, built lazily."""
+    if policy is None or base_model is None:
+        return None
+    spec = setting(policy, "fallback")
+    if spec is None:
+        spec = {"mode": "eager"}
+    if not isinstance(spec, CompileConfig):
+        values = dict(spec) if isinstance(spec, Mapping) else as_mapping(spec) or {}
+        batch = setting(policy, "batch_size")
+        if batch is not None:
+            values.setdefault("batch_size", int(batch))
+        known = {"mode", "fusion", "options", "precision", "dynamic", "batch_size"}
+        spec = CompileConfig(**{k: v for k, v in values.items() if k in known})
+    cfg = spec
+    return Fallback(cfg.id, cfg.label, lambda: apply_config(cfg, base_model, device))
+
+
+def attach(
+    model_callable: Callable[..., Any],
+    deployment_name: str,
+    *,
+    policy: Any = None,
+    decision: Any = None,
+    db: sqlite_utils.Database | str | os.PathLike | None = None,
+    device: str | None = None,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    meter: Any = None,
+    base_model: Any = None,
+    fallback: Fallback | Callable[[], Fallback | None] | None = None,
+    workload_id: str | None = None,
+    config_id: str | None = None,
+    device_kind: str | None = None,
+    guard: EnvelopeGuard | None = None,
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    flush_on_sigterm: bool = False,
+) -> MeteredModel:
+    """Meter `model_callable` as the deployment `deployment_name`; returns the callable wrapper.
+
+    - `policy`: the policy object (or its name); its `[limits] max_avg_power_w` and `[guard]` table
+      configure the envelope guard, its `[fallback]` the configuration to swap to.
+    - `decision`: the decision being served (a decisions row or object); gives the configuration id,
+      device kind and the decision a violation marks.
+    - `base_model`: the uncompiled model, needed to build the fallback configuration.
+    - `meter`: an `EnergyMeter` to read (default: `EnergyMeter(device=device, sampler=False)`).
+    - `flush_on_sigterm`: also flush on SIGTERM (see `runtime.metered.flush_on_sigterm`); samples are
+      always flushed by `close()` and at a normal interpreter exit.
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+    if isinstance(db, sqlite_utils.Database):
+        store, db_path = db, _db_file(db)
+    else:
+        store = open_db(db)
+        db_path = _db_file(store)
+    torch_device = _torch_device(model_callable, device)
+    own_meter = meter is None
+    if meter is None:
+        from joulepilot.telemetry import EnergyMeter  # loaded when a deployment is metered, not to serve
+
+        meter = EnergyMeter(device=torch_device, sampler=False)
+    decision_row = as_mapping(decision)
+    policy_name = _policy_name(policy) or (decision_row or {}).get("policy")
+    config_id = config_id or (decision_row or {}).get("config_id") or \
+        ((decision_row or {}).get("config") or {}).get("id")
+    host_id = upsert_host(store)
+    upsert_devices(store, host_id, [d.to_dict() for d in meter.devices])
+    if device_kind is None:
+        gpu_names = [d.name for d in meter.devices if getattr(d, "kind", "") == "gpu" and d.name]
+        device_kind = (decision_row or {}).get("device_kind") or row_device_kind(
+            {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
+    if decision_row is None and policy_name and device_kind:
+        decision_row = latest_decision(store, policy_name, device_kind, states=APPLICABLE_STATES)
+    workload_id = workload_id or _workload_id(store, policy, decision_row)
+    limits = setting(policy, "limits")
+    deployment_id = register_deployment(
+        store, deployment_name, policy=policy_name, workload_id=workload_id, config_id=config_id,
+        host_id=host_id, device=torch_device,
+        details={"device_kind": device_kind, "energy_source": meter.primary_source,
+                 "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s,
+                 # per deployment, not per host: processes with different CUDA_VISIBLE_DEVICES share `gpu:0`
+                 "gpus": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in meter.devices
+                          if getattr(d, "kind", "") == "gpu"]},
+    )
+    if guard is None and policy is not None and not isinstance(policy, str | os.PathLike):
+        guard = guard_from_policy(policy)
+    if fallback is None and base_model is not None and policy is not None \
+            and not isinstance(policy, str | os.PathLike):
+        fallback = _fallback_from_policy(policy, base_model, torch_device)
+    model = MeteredModel(
+        model_callable, deployment_name, deployment_id=deployment_id, db_path=db_path,
+        shared_db=None if db_path else store, meter=meter, own_meter=own_meter, device=torch_device,
+        interval_s=interval_s, flush_interval_s=flush_interval_s, config_id=config_id,
+        config_label=_config_label(store, config_id), policy_name=policy_name, decision=decision_row,
+        device_kind=device_kind, guard=guard, fallback=fallback,
+    )
+    if db_path and not isinstance(db, sqlite_utils.Database):
+        store.close()
+    if flush_on_sigterm:
+        install_sigterm_flush()
+    return model

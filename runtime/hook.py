@@ -1,0 +1,223 @@
+"""`joulepilot.compile(model, policy=...)`: a drop-in for torch.compile that applies the policy's decision.
+
+The decision in force comes from `runtime.lookup` (lock files, then the store). A decision whose
+state is not `verified` is applied as decided, and a benchmark request is left for the daemon (once
+per process, without a warning). With no decision: the policy's [fallback] configuration, a warning
+(once per policy, device kind and torch version per process) and a row in `requests` so the daemon
+benchmarks the model.
+
+The hook never raises because of joulepilot's own files: a lock file it cannot read (permissions,
+not UTF-8, corrupt), a store that is missing, read-only, corrupt or of a newer schema, and a policy
+file that cannot be found or parsed all end in one warning naming the file and the fix. An unusable
+policy runs the model uncompiled in fp32 (there is no [fallback] to read). A deployment whose store
+cannot be used is served unmetered.
+
+`torch_compile_kwargs` are merged over the decided ones: `options` entries override the decided
+Inductor options one by one; `mode` replaces the decided mode and options; anything else (`fullgraph`,
+`backend`, `dynamic`, ...) is passed through. When the decision is eager nothing is compiled and the
+keyword arguments are ignored. The returned callable runs the model under `torch.no_grad()` in the
+decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from joulepilot.compiler import CompileConfig, apply_config, artifact_path_for, load_artifacts
+from joulepilot.compiler.inductor import inductor_options, torch_compile_kwargs
+from joulepilot.compiler.provenance import device_name
+from joulepilot.policies.resolve import fallback_config
+from joulepilot.policies.schema import Policy
+from joulepilot.store import StoreError, host_identity, open_db
+from joulepilot.store.daemon_state import add_host_request
+
+from .attach import attach
+from .lookup import (
+    AppliedDecision,
+    Lookup,
+    cached_policy,
+    current_device_kind,
+    db_path,
+    find_decision,
+    torch_version_minor,
+)
+
+log = logging.getLogger("joulepilot.hook")
+
+_warned: set[tuple[str, ...]] = set()
+_write_databases: dict[str, Any] = {}
+
+
+def _write_database(db: Any) -> Any:
+    """An open store to write a request to (created and migrated if needed), cached per path."""
+    if db is not None and not isinstance(db, str | os.PathLike):
+        return db
+    path = db_path(db)
+    key = str(path.resolve())
+    if key not in _write_databases:
+        _write_databases[key] = open_db(path)
+    return _write_databases[key]
+
+
+def _request_benchmark(policy: Policy, kind: str, torch_version: str, db: Any) -> None:
+    """Leave a request for the daemon, unless an unhandled one for this policy and host is waiting."""
+    note = {"policy_path": policy.path, "batch_size": policy.batch_size, "seq_len": policy.seq_len,
+            "image_size": policy.image_size, "device_kind": kind, "torch_version": torch_version,
+            "hostname": socket.gethostname()}
+    try:
+        add_host_request(_write_database(db), policy.name, workload=policy.workload, host=host_identity(),
+                         note=note)
+    except Exception as exc:  # a read-only or locked store must not stop the model from running
+        log.warning("could not record a benchmark request for %s: %s", policy.name, exc)
+
+
+def _warn_once(key: tuple[str, ...], message: str) -> bool:
+    if key in _warned:
+        return False
+    _warned.add(key)
+    warnings.warn(f"joulepilot: {message}", stacklevel=4)
+    return True
+
+
+def _fallback(policy: Policy, kind: str, torch_version: str, db: Any, found: Lookup) -> AppliedDecision:
+    config = fallback_config(policy)
+    if found.notes:
+        reason = (f"no usable decision for policy {policy.name!r} on {kind} with torch {torch_version}: "
+                  f"{'; '.join(found.notes)}; using the fallback {config.label}")
+    else:
+        reason = (f"no decision for policy {policy.name!r} on {kind} with torch {torch_version} (no lock entry, "
+                  f"nothing in the store); using the fallback {config.label} and asking the daemon to benchmark it")
+    if _warn_once((policy.path or policy.name, kind, torch_version), reason) and not found.store_unusable:
+        _request_benchmark(policy, kind, torch_version, db)
+    return AppliedDecision(policy.name, kind, torch_version, config.to_row(), "fallback", "none", reason,
+                           policy.hash, details={"problems": list(found.notes)})
+
+
+def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -> Callable[..., Any]:
+    """The model uncompiled in fp32, for a policy that cannot be found or read, after one warning."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, RecursionError):
+        text = f"{policy}: nested too deeply to be a policy file; flatten it"
+    elif isinstance(exc, UnicodeDecodeError):
+        text = f"{policy}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
+    reason = f"policy {str(policy)!r} cannot be used ({text[:300]}); running the model uncompiled in fp32"
+    _warn_once(("policy", str(policy)), reason)
+    config = CompileConfig("eager", precision="fp32")
+    compiled = apply_config(config, model, device)
+    compiled.decision = AppliedDecision(str(policy), current_device_kind(device), torch_version_minor(),  # type: ignore[attr-defined]
+                                        config.to_row(), "fallback", "none", reason)
+    return compiled
+
+
+def _load_artifacts(applied: AppliedDecision, config: Any, device: str) -> bool:
+    if not applied.workload_id or not config.compiles:
+        return False
+    path = artifact_path_for(applied.workload_id, config.id, device_name(device))
+    try:
+        if not path.is_file():
+            return False
+        return load_artifacts(path)
+    except Exception as exc:  # unreadable, stale or foreign artifacts only cost a cold compile
+        log.warning("could not load compile artifacts %s: %s", path, exc)
+        return False
+
+
+def merge_compile_kwargs(config: CompileConfig, device: str, user: dict[str, Any]) -> dict[str, Any]:
+    """The decided torch.compile kwargs with the caller's on top (see the module docstring)."""
+    kwargs = torch_compile_kwargs(config, device)
+    user = dict(user)
+    if "mode" in user:
+        kwargs.pop("options", None)
+        kwargs.pop("mode", None)
+    if "options" in user:
+        options = {} if "mode" in user else inductor_options(config, device)
+        options.update(user.pop("options") or {})
+        kwargs.pop("mode", None)  # torch refuses mode and options together; the mode is expanded above
+        kwargs["options"] = options
+    kwargs.update(user)
+    return kwargs
+
+
+def _apply(config: CompileConfig, model: Any, device: str, user_kwargs: dict[str, Any]) -> Callable[..., Any]:
+    if not user_kwargs or not config.compiles:
+        if user_kwargs:
+            log.debug("decision is eager; torch.compile arguments %s ignored", sorted(user_kwargs))
+        return apply_config(config, model, device)
+    return apply_config(config, model, device, compile_kwargs=merge_compile_kwargs(config, device, user_kwargs))
+
+
+def _model_device(model: Any, device: Any) -> str:
+    if device is not None:
+        return str(device)
+    try:
+        return str(next(model.parameters()).device)
+    except (AttributeError, StopIteration, TypeError):
+        return "cpu"
+
+
+def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
+    model: Any,
+    policy: str | os.PathLike | Policy,
+    *,
+    device: Any = None,
+    db: Any = None,
+    deployment: str | None = None,
+    flush_on_sigterm: bool = False,
+    **torch_compile_kwargs: Any,
+) -> Callable[..., Any]:
+    """Compile `model` as the policy's decision for this device kind and torch version says.
+
+    `policy`: a policy name (looked up as <name>.toml in $JOULEPILOT_POLICIES, <JOULEPILOT_HOME>/policies,
+    the current directory) or a path. `device`: where the model runs (default: its parameters' device).
+    `db`: the store (path or open Database; default $JOULEPILOT_DB / the home folder's joulepilot.db).
+    `deployment`: meter this live deployment under that name (a `MeteredModel`; its samples are flushed
+    by `.close()` and at a normal exit, and on SIGTERM too with `flush_on_sigterm=True`).
+    Other keyword arguments go to torch.compile (see the module docstring). Returns a callable with
+    `.decision`.
+    """
+    dev = _model_device(model, device)
+    try:
+        pol = cached_policy(policy)
+    except Exception as exc:  # a bad policy file (RecursionError included) must not take the process down
+        return _unusable_policy(policy, model, dev, exc)
+    kind = current_device_kind(dev)
+    torch_version = torch_version_minor()
+    found = find_decision(pol, kind, torch_version, db)
+    if deployment is not None and found.store_unusable:
+        found.notes.append(f"deployment {deployment!r} is not metered")
+    applied = found.applied
+    if applied is None:
+        applied = _fallback(pol, kind, torch_version, db, found)
+    else:
+        if found.notes:
+            _warn_once(("notes", pol.path or pol.name, kind, torch_version),
+                       f"{'; '.join(found.notes)}; applying {applied.config.get('label', applied.config_id)} "
+                       f"from the {applied.source}")
+        if applied.state != "verified":
+            # A decided fallback/provisional still wants measurements: ask the daemon (quietly, once).
+            key = ("request", pol.path or pol.name, kind, torch_version)
+            if key not in _warned:
+                _warned.add(key)
+                _request_benchmark(pol, kind, torch_version, db)
+
+    config = CompileConfig.from_row(applied.config)
+    applied.details["artifacts_loaded"] = _load_artifacts(applied, config, dev)
+    compiled = _apply(config, model, dev, torch_compile_kwargs)
+    compiled.decision = applied  # type: ignore[attr-defined]
+    log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
+    if deployment is None or found.store_unusable:
+        return compiled
+    try:
+        return attach(compiled, deployment, policy=pol, decision=applied, db=db, device=dev, base_model=model,
+                      workload_id=applied.workload_id, config_id=applied.config_id,
+                      device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
+    except (StoreError, sqlite3.Error, OSError) as exc:  # serve unmetered rather than not at all
+        _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")
+        return compiled
+

@@ -1,0 +1,197 @@
+"""The decision in force for (policy, device kind, torch major.minor): lock files first, then the store.
+
+  1. the lock files: `<stem>.lock.json` beside the policy and `<policy name>.lock.json` in the lock
+     directory ($JOULEPILOT_LOCK_DIR, else <JOULEPILOT_HOME>/locks; the daemon writes there when the
+     policy folder is read-only). The newest entry made for this exact policy content (same policy
+     hash) wins;
+  2. the store's newest decision that names a configuration (the database is opened read-only, once
+     per process). After the envelope guard marked the newest decision `violated`, the newest earlier
+     decision whose configuration did not break the envelope applies (`policies.applicable_decision`),
+     with a note, until the daemon decides again. A decision made for other policy content is ignored.
+
+Problems met on the way (a lock file or store that cannot be read) are collected as one-line notes
+naming the file and the fix; nothing here raises because of joulepilot's own files. This is the hot
+path of `joulepilot.compile`: policies are cached per file and modification time, stores per path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from joulepilot.policies.decide import applicable_decision
+from joulepilot.policies.load import find_policy, load_policy
+from joulepilot.policies.lock import default_lock_dir, find_locked
+from joulepilot.policies.resolve import torch_minor
+from joulepilot.policies.schema import Policy
+from joulepilot.store import StoreError, database_error, default_db_path, open_db
+
+_policies: dict[str, tuple[int, Policy]] = {}
+_read_databases: dict[str, Any] = {}
+
+
+@dataclass
+class AppliedDecision:
+    """What `compile` applied: the configuration row, its state and where the decision came from."""
+
+    policy: str
+    device_kind: str
+    torch_version: str
+    config: dict[str, Any]
+    state: str  # verified | provisional | fallback (as decided), or 'fallback' when no decision exists
+    source: str  # 'lock' | 'store' | 'none'
+    reason: str
+    policy_hash: str = ""
+    id: int | None = None  # the decisions row, when the decision came from the store
+    workload_id: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config_id(self) -> str:
+        return self.config["id"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Lookup:
+    """A lookup's result and the problems met on the way (each a line naming a file and a fix)."""
+
+    applied: AppliedDecision | None = None
+    notes: list[str] = field(default_factory=list)
+    store_unusable: bool = False
+
+
+@functools.cache
+def torch_version_minor() -> str:
+    """The installed torch's major.minor (read once per process)."""
+    return torch_minor()
+
+
+def current_device_kind(device: Any = None) -> str:
+    """'cpu', or the CUDA device's name (e.g. 'NVIDIA H200') for a cuda device; None means cuda:0 when
+    CUDA is available, else cpu."""
+    text = str(device) if device is not None else ""
+    if not text:
+        import torch
+
+        text = "cuda" if torch.cuda.is_available() else "cpu"
+    if not text.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(text))
+
+
+def cached_policy(name_or_path: str | os.PathLike | Policy) -> Policy:
+    """The policy by name or path, parsed once per file and modification time (raises as load_policy)."""
+    if isinstance(name_or_path, Policy):
+        return name_or_path
+    path = find_policy(name_or_path)
+    key = str(path.resolve())
+    mtime = path.stat().st_mtime_ns
+    cached = _policies.get(key)
+    if cached and cached[0] == mtime:
+        return cached[1]
+    policy = load_policy(path)
+    _policies[key] = (mtime, policy)
+    return policy
+
+
+def db_path(db: Any) -> Path:
+    """The store's file: `db` as given, else $JOULEPILOT_DB / the home folder's joulepilot.db."""
+    return Path(db).expanduser() if db is not None else default_db_path()
+
+
+def _read_database(db: Any) -> tuple[Any, str | None]:
+    """(an open store to read, or None when there is no database file; a problem line when it cannot
+    be opened). Opened read-only and cached per path: reading needs no write access and no migration."""
+    if db is not None and not isinstance(db, str | os.PathLike):
+        return db, None
+    path = db_path(db)
+    key = str(path.resolve())
+    if key in _read_databases:
+        return _read_databases[key], None
+    if not path.exists():
+        return None, None
+    try:
+        database = open_db(path, read_only=True)
+    except StoreError as exc:
+        return None, str(exc)
+    _read_databases[key] = database
+    return database, None
+
+
+def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> AppliedDecision | None:
+    locked, problems = find_locked(policy.path, policy.name, kind, torch_version, policy_hash=policy.hash,
+                                   lock_dir=default_lock_dir())
+    found.notes.extend(f"ignoring lock file {p}" for p in problems)
+    if locked is None:
+        return None
+    entry = locked.entry
+    return AppliedDecision(policy.name, kind, torch_version, entry["config"], entry["state"], "lock",
+                           entry.get("reason", ""), entry.get("policy_hash", ""), entry.get("decision_id"),
+                           entry.get("workload_id"), {**entry, "lock_file": locked.path})
+
+
+def _violation_note(policy: Policy, violated: dict[str, Any], replacement: dict[str, Any] | None) -> str:
+    config = (replacement or {}).get("details", {}).get("config") or {}
+    then = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(violated["decided_at"])))
+    using = (f"applying the earlier decision {config.get('label', config.get('id'))} (decision "
+             f"{replacement['id']})" if replacement else "applying the policy's fallback")
+    return (f"the decision for policy {policy.name!r} broke its power envelope at {then} (configuration "
+            f"{violated.get('config_id')}, decision {violated['id']}); {using} until the daemon decides again")
+
+
+def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: Lookup) -> AppliedDecision | None:
+    database, problem = _read_database(db)
+    if problem is not None:
+        found.notes.append(problem)
+        found.store_unusable = True
+        return None
+    if database is None:
+        return None
+    try:
+        applicable = applicable_decision(database, policy.name, kind, torch_version)
+    except sqlite3.Error as exc:  # a truncated or damaged file is often found only when read
+        where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
+        found.notes.append(str(database_error(where, exc)))
+        found.store_unusable = True
+        return None
+    row = applicable.row
+    if applicable.violated is not None:
+        found.notes.append(_violation_note(policy, applicable.violated,
+                                           row if row and row["policy_hash"] == policy.hash else None))
+    if row is None or row["policy_hash"] != policy.hash:
+        return None
+    details = row["details"]
+    config = details.get("config")
+    if not isinstance(config, dict) or not config.get("id"):
+        found.notes.append(f"decision {row['id']} in the store names no configuration; ignored "
+                           f"(`joulepilot policy lock` or the daemon will decide again)")
+        return None
+    return AppliedDecision(policy.name, kind, torch_version, config, row["state"], "store",
+                           row["reason"] or "", row["policy_hash"], row["id"], details.get("workload_id"),
+                           {"measured": details.get("measured", {}), "proposed": details.get("proposed")})
+
+
+def find_decision(policy: Policy, device_kind: str, torch_version: str, db: Any) -> Lookup:
+    """The decision in force and the notes gathered finding it (see the module docstring)."""
+    found = Lookup()
+    found.applied = _from_lock(policy, device_kind, torch_version, found) or \
+        _from_store(policy, device_kind, torch_version, db, found)
+    return found
+
+
+def lookup_decision(policy: str | os.PathLike | Policy, device_kind: str, torch_version: str,
+                    db: Any = None) -> AppliedDecision | None:
+    """The decision in force (lock files first, then the store), or None. This is the hot path."""
+    return find_decision(cached_policy(policy), device_kind, torch_version, db).applied
+
+
