@@ -365,7 +365,7 @@ class GuidedSearch:
         return expected_improvement(*fc.log_objective, best.objective.median) * fc.p_feasible / fc.cost_s
 
     def _contenders(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[list[MeasuredConfig], set[str]]:
-        """(contenders, best first; ids of the close calls among them)."""
+        """(contenders, lowest median first; ids of the close calls among them)."""
         state, chosen, _, _, ties = self.decide(summaries)
         if chosen is None:
             return [], set()
@@ -374,33 +374,36 @@ class GuidedSearch:
                           and all(v.startswith("max_avg_power_w") for v in m.violations)]
             return [chosen, *sorted(straddling, key=lambda m: m.objective.median)], {m.config_id for m in straddling}
         best = min(ties, key=lambda m: m.objective.median)
-        group = [best, *[m for m in ties if m is not best]]
+        level = {m.config_id: m.objective.median for m in ties}
         # As good as the best, but over the envelope only within the noise, lacking a figure a limit
         # needs, or resting only on flagged runs: more runs may make them feasible.
-        hopeful = []
+        hopeful = set()
         for m in summaries.values():
-            if m in group:
+            if m.config_id in level:
                 continue
             if m.ok and m.objective.low <= best.objective.high and all(
                     (v.startswith("max_avg_power_w") and m.power_straddles) or "was not measured" in v
                     for v in m.violations):
-                hopeful.append(m)
+                hopeful.add(m.config_id)
+                level[m.config_id] = m.objective.median
             elif not m.ok and m.status == "flagged":
                 values = [run_objective(r, m.config, objective=self.settings.objective,
                                         expected_inferences=self.settings.expected_inferences,
                                         per_sample=self.per_sample) for r in self.arms[m.config_id].ok_runs()]
                 known = [v for v in values if v is not None]
-                if known and min(known) <= best.objective.high:
-                    hopeful.append(m)
-        close = {m.config_id for m in group} if len(group) > 1 else set()
-        close |= {m.config_id for m in hopeful}
-        return [*group, *sorted(hopeful, key=lambda m: m.objective.median if m.objective else math.inf)], close
+                if known and median(known) <= best.objective.high:
+                    hopeful.add(m.config_id)
+                    level[m.config_id] = median(known)
+        close = {m.config_id for m in ties} if len(ties) > 1 else set()
+        ordered = sorted(level, key=lambda cid: (level[cid], cid))
+        return [summaries[cid] for cid in ordered], close | hopeful
 
     def _repeat(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, bool, str] | None:
         """The contender that most needs another run, and whether that run must start a fresh process.
 
-        Contenders short of the minimum come first, best first (confirming the best may end the others'
-        contention), then close calls, fewest runs first."""
+        Contenders short of the minimum come first, lowest median first (confirming the best may end
+        the others' contention, and one that may beat it should not wait), then close calls, fewest runs
+        first."""
         contenders, close = self._contenders(summaries)
         wanted = []
         for rank, summary in enumerate(contenders):
