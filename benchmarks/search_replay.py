@@ -250,6 +250,10 @@ def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None) -> dict[s
             scenarios.append(replay_scenario(workload, scenario, model, seed, medians, predictions))
             search_s += time.perf_counter() - started
     measurements = sum(s["_result"].measurements for s in scenarios)
+    if progress and measurements:
+        progress(f"trade-off model fitted {len(models.fit_s)} times ({sum(models.fit_s):.1f} s in all); the search "
+                 f"took {search_s * 1000 / measurements:.1f} ms per measurement ({measurements} measurements), "
+                 f"its per-measurement update included")
     return {"scenarios": scenarios, "summary": summary(scenarios),
             "_timing": {"fit_s": models.fit_s, "search_s": search_s, "measurements": measurements}}
 

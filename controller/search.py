@@ -38,9 +38,12 @@ The decision (`decide`): among configurations whose counted runs meet every limi
 the upper end of its interval, peak power by the highest instant power seen, the others by their
 median; a figure a limit needs that no run measured fails it), the lowest median objective wins, and
 every configuration whose interval overlaps it ties; a tie goes to lower average power, then the
-cheaper compile, then the simpler mode. When nothing fits, the lowest-power configuration that meets
-the other limits is chosen with state `infeasible` and the shortfall. With several batch sizes in the
-grid the objective is per sample (J / batch size); latency limits apply per call.
+cheaper compile, then the simpler mode, each only where it differs by more than its own noise
+(`policies.noise.break_tie`). The state is `verified` when the choice rests on at least `min_repeats`
+counted runs, two of them in fresh processes, else `provisional`. When nothing fits, the lowest-power
+configuration that meets the other limits is chosen with state `infeasible` and the shortfall; `failed`
+when nothing was measured successfully. With several batch sizes in the grid the objective is per
+sample (J / batch size); latency limits apply per call.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ of a configuration's counted runs, with an interval for that median:
 
 * n >= 3 runs: median +- t(n-1) x 1.2533 x s / sqrt(n), s the runs' sample standard deviation: the
   normal-theory interval for a median (whose standard error is sqrt(pi/2) times a mean's) at
-  `confidence` (default 80%, so that two intervals that do not overlap differ at about the 95% level).
+  `confidence` (default 80%: two such intervals of equal width that do not overlap differ at about
+  the 93% level).
   s is moderated: shrunk towards the typical spread of the workload's other repeated configurations
   as if that came from `PRIOR_DOF` more runs, since s from three runs is itself very uncertain.
   Unlike an order-statistic interval, it narrows as runs are added, so a close call can be settled
@@ -18,8 +19,8 @@ of a configuration's counted runs, with an interval for that median:
 
 Two configurations whose intervals overlap are a tie (`compare`), broken by lower average power, then
 the cheaper compile, then the simpler mode, each criterion deciding only where its own intervals do not
-overlap (`break_tie`). A power envelope is checked on the upper
-end of the average power's interval (`upper_bound`), a peak limit on the highest instant power seen.
+overlap (`break_tie`). A power envelope is checked on the upper end of the average power's interval
+(`upper_bound`), a peak limit on the highest instant power seen.
 
 Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
 `MIN_REPEATS` times, at least two of them in a fresh process (the first run is one); a close call (its
@@ -153,9 +154,9 @@ def assumed_spread_rel(typical_rel_std: float, *, confidence: float = DEFAULT_CO
 
 
 def upper_bound(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
-                spread_rel: float = DEFAULT_SPREAD_REL) -> float:
+                spread_rel: float = DEFAULT_SPREAD_REL, prior_rel_std: float = 0.0) -> float:
     """The upper end of the median's interval: what an average-power envelope is checked against."""
-    return median_interval(values, confidence=confidence, spread_rel=spread_rel).high
+    return median_interval(values, confidence=confidence, spread_rel=spread_rel, prior_rel_std=prior_rel_std).high
 
 
 @dataclass(frozen=True)

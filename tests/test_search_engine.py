@@ -7,6 +7,7 @@ the last test, which fits the real trade-off model on the committed data of the 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
@@ -307,3 +308,28 @@ def test_with_the_real_tradeoff_model_fitted_on_other_workloads(db):
     assert result.state == "verified"
     assert result.skipped, "the model should rule some configurations out"
     assert all(s.reason.startswith("predicted") for s in result.skipped)
+
+
+def test_nothing_measured_successfully_is_state_failed_and_not_repeated():
+    calls = []
+
+    def broken(config, fresh_process):
+        calls.append(config["label"])
+        return Observation(ok=False, wall_s=60, reason="compile exceeded budget of 45 s", fresh_process=fresh_process)
+
+    others = [row("max-autotune-no-cudagraphs", "bf16"), row("max-autotune", "bf16")]
+    result = run_search([EAGER, STOCK, *others], broken, None)
+    assert (result.state, result.chosen_config_id) == ("failed", None)
+    assert sorted(calls) == sorted(c["label"] for c in [EAGER, STOCK, *others])  # each once, none repeated
+    assert {m.status for m in result.measured} == {"failed"}
+
+
+def test_the_result_is_plain_data_for_json():
+    good = row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)]}
+    result = run_search([EAGER, STOCK, good], Bench(table), None, limits=Limits(max_avg_power_w=450))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["chosen_label"] == good["label"]
+    chosen = next(m for m in data["measured"] if m["label"] == good["label"])
+    assert chosen["status"] == "chosen" and chosen["objective"]["n"] == len(chosen["runs"]) >= MIN_REPEATS
+    assert [s["kind"] for s in data["steps"]][:2] == ["baseline", "baseline"]
