@@ -1,0 +1,354 @@
+"""Replay recorded sweeps through the guided search and score its choices against an oracle.
+
+    python benchmarks/search_replay.py EXPORT.json [EXPORT.json ...] [--json] [--seed N]
+
+EXPORT files are in the `store.exchange` format (`joulepilot runs export`). A workload is one workload
+(spec, batch, shape) measured on one host (device kind and torch version); its grid is the set of
+configurations recorded for it. For every workload and each scenario:
+
+* `free`: no power limit; `power_p25`, `power_p50`, `power_p75`: `max_avg_power_w` at that percentile
+  (numpy's linear interpolation) of the medians of average power of the workload's configurations
+  with an ok run; always `max_rel_error = 2e-2` and 10,000,000 expected inferences, energy objective;
+* the real guided search (`controller.search`) runs on the grid; measuring a configuration returns one
+  of its recorded ok runs, drawn with a seeded RNG with replacement (a configuration whose runs all
+  failed returns one of its failed runs); its wall seconds (finished_at - started_at) are the cost;
+* the trade-off model (`controller.tradeoff`) is fitted on the runs of the *other* workload specs only:
+  those of the exports and of the repository's committed data (`tests/data/*.json`), never any run of
+  the replayed spec (at any batch size or on any device);
+* oracle: the configuration with the lowest median objective over all its recorded ok runs among those
+  whose median average power and median relative error are within the limits (a configuration whose
+  runs never measured the error cannot be verified, so it is not within them), or `none`;
+* regret = median(chosen) / median(oracle) - 1 by those recorded medians; a choice outside the limits
+  by the recorded medians is infinite regret (`null` in JSON, `inf` in the table); where the oracle is
+  `none` the search must answer `infeasible` (regret 0), and answering `infeasible` where something was
+  feasible is infinite regret. `chosen` is the configuration's label, or `infeasible`;
+* `measured` counts distinct configurations measured, `cost_s` the drawn runs' wall seconds (repeats
+  included), `exhaustive_cost_s` one run per configuration (the median wall seconds of the runs a draw
+  could return).
+
+`--json` prints {"scenarios": [...], "summary": {"scenarios", "cost_fraction", "regret_p90",
+"regret_max"}}; `cost_fraction` is the sum of cost_s over the sum of exhaustive_cost_s. Progress goes
+to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from joulepilot.controller.features import device_kind
+from joulepilot.controller.search import Observation, SearchSettings, run_objective, run_search
+from joulepilot.controller.tradeoff import TradeoffError, fit_samples, training_samples
+from joulepilot.policies.resolve import torch_minor
+from joulepilot.policies.schema import Limits
+from joulepilot.store import ExportFormatError, StoreError, import_runs, open_db, read_export
+from joulepilot.store.replay import runs_with_rows
+
+COMMITTED_DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+SCENARIOS = {"free": None, "power_p25": 25, "power_p50": 50, "power_p75": 75}
+MAX_REL_ERROR = 2e-2
+EXPECTED_INFERENCES = 10_000_000
+TARGET_REGRET = 0.02
+TARGET_REGRET_MAX = 0.05
+TARGET_COST_FRACTION = 0.35
+LARGE_GRID = 16
+
+
+@dataclass
+class ReplayWorkload:
+    key: tuple[str, str, str, str]  # workload id, device kind, torch minor, host id
+    label: str
+    spec: str
+    workload_row: dict[str, Any]
+    device: str
+    hostname: str
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # config id -> configs row
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # config id -> runs rows
+
+    def ok_runs(self, config_id: str) -> list[dict[str, Any]]:
+        return [r for r in self.runs[config_id] if Observation.from_run(r).ok]
+
+
+def _objective(run: Mapping[str, Any], config: Mapping[str, Any]) -> float | None:
+    return run_objective(Observation.from_run(run), config, objective="energy",
+                         expected_inferences=EXPECTED_INFERENCES, per_sample=False)
+
+
+def _medians(workload: ReplayWorkload) -> dict[str, dict[str, float | None]]:
+    """config id -> median objective, average power and relative error over its recorded ok runs."""
+    out = {}
+    for config_id, config in workload.configs.items():
+        ok = workload.ok_runs(config_id)
+        if not ok:
+            continue
+        objectives = [v for v in (_objective(r, config) for r in ok) if v is not None]
+        powers = [r["avg_power_w"] for r in ok if r.get("avg_power_w") is not None]
+        errors = [r["max_rel_error"] for r in ok if r.get("max_rel_error") is not None]
+        out[config_id] = {"objective": statistics.median(objectives) if objectives else None,
+                          "power": statistics.median(powers) if powers else None,
+                          "error": statistics.median(errors) if errors else None}
+    return out
+
+
+def _feasible(figures: Mapping[str, float | None], power_limit: float | None) -> bool:
+    if figures["objective"] is None or figures["error"] is None or figures["error"] > MAX_REL_ERROR:
+        return False
+    return power_limit is None or (figures["power"] is not None and figures["power"] <= power_limit)
+
+
+def _wall_s(run: Mapping[str, Any]) -> float:
+    return Observation.from_run(run).wall_s
+
+
+def exhaustive_cost_s(workload: ReplayWorkload) -> float:
+    total = 0.0
+    for config_id in workload.configs:
+        pool = workload.ok_runs(config_id) or workload.runs[config_id]
+        total += statistics.median(_wall_s(r) for r in pool)
+    return total
+
+
+def load(paths: Sequence[Path], db: Any) -> tuple[list[ReplayWorkload], set[int]]:
+    """Import the exports, then the committed data (training only); the exports' workloads to replay."""
+    replay_ids: set[int] = set()
+    for path in paths:
+        replay_ids.update(import_runs(db, read_export(path), source=str(path)))
+    for path in sorted(COMMITTED_DATA.glob("*.json")):
+        import_runs(db, read_export(path), source=str(path))
+    workloads: dict[tuple[str, str, str, str], ReplayWorkload] = {}
+    for record in runs_with_rows(db, replay_ids):
+        run, workload_row, config = record["run"], record["workload"], record["config"]
+        kind = device_kind(run)
+        key = (run["workload_id"], kind, torch_minor(run.get("torch_version") or "0.0"), run["host_id"])
+        if key not in workloads:
+            label = f"{workload_row['spec']}/b{workload_row['batch_size']}"
+            hostname = str((record["host"] or {}).get("hostname") or run["host_id"])
+            workloads[key] = ReplayWorkload(key, label, workload_row["spec"], workload_row, kind, hostname)
+        wl = workloads[key]
+        wl.configs.setdefault(config["id"], config)
+        wl.runs.setdefault(config["id"], []).append(run)
+    labels = [w.label for w in workloads.values()]
+    for wl in workloads.values():  # the same workload on several hosts: say which
+        if labels.count(wl.label) > 1:
+            wl.label = f"{wl.label} ({wl.device}, {wl.hostname})"
+    return list(workloads.values()), replay_ids
+
+
+class ModelCache:
+    """The trade-off model fitted without one workload spec, once per spec."""
+
+    def __init__(self, db: Any) -> None:
+        self.samples = training_samples(db)
+        self.models: dict[str, Any] = {}
+        self.fit_s: list[float] = []
+
+    def without(self, spec: str) -> Any:
+        if spec not in self.models:
+            started = time.perf_counter()
+            try:
+                self.models[spec] = fit_samples([s for s in self.samples if s.group != spec])
+            except TradeoffError:
+                self.models[spec] = None  # no other workload: the search runs without predictions
+            self.fit_s.append(time.perf_counter() - started)
+        return self.models[spec]
+
+
+def replay_scenario(workload: ReplayWorkload, scenario: str, model: Any, seed: int,
+                    medians: Mapping[str, Mapping[str, float | None]], predictions: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+    percentile = SCENARIOS[scenario]
+    powers = [f["power"] for f in medians.values() if f["power"] is not None]
+    power_limit = float(np.percentile(powers, percentile)) if percentile is not None else None
+    rng = random.Random(f"{seed}/{'/'.join(workload.key)}/{scenario}")
+    cost = [0.0]
+
+    def measure(config: Mapping[str, Any], fresh_process: bool) -> Observation:
+        pool = workload.ok_runs(config["id"]) or workload.runs[config["id"]]
+        run = rng.choice(pool)
+        cost[0] += _wall_s(run)
+        return Observation.from_run(run, fresh_process=fresh_process)
+
+    def predict(configs: Sequence[Mapping[str, Any]]) -> list[Any]:
+        return [predictions.get(c["id"], {}) for c in configs]
+
+    limits = Limits(max_avg_power_w=power_limit, max_rel_error=MAX_REL_ERROR)
+    settings = SearchSettings(objective="energy", expected_inferences=EXPECTED_INFERENCES)
+    result = run_search(list(workload.configs.values()), measure, predict if model is not None else None,
+                        limits=limits, settings=settings)
+    feasible = {cid: f for cid, f in medians.items() if _feasible(f, power_limit)}
+    oracle = min(feasible, key=lambda cid: feasible[cid]["objective"]) if feasible else None
+    answered_infeasible = result.state in ("infeasible", "failed")
+    if answered_infeasible:
+        chosen_label = "infeasible"
+        regret = 0.0 if oracle is None else math.inf
+    else:
+        chosen_label = result.chosen_label
+        if result.chosen_config_id in feasible and oracle is not None:
+            regret = feasible[result.chosen_config_id]["objective"] / feasible[oracle]["objective"] - 1.0
+        else:
+            regret = math.inf
+    return {
+        "workload": workload.label, "scenario": scenario, "grid": len(workload.configs),
+        "measured": len({s.config_id for s in result.steps}), "cost_s": round(cost[0], 1),
+        "exhaustive_cost_s": round(exhaustive_cost_s(workload), 1), "chosen": chosen_label,
+        "oracle": workload.configs[oracle]["label"] if oracle else "none", "regret": regret,
+        "_power_limit_w": power_limit, "_result": result,
+    }
+
+
+def percentile_with_inf(values: Sequence[float], q: float) -> float:
+    """numpy's linear percentile, where an infinite neighbour makes the result infinite."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(pos), math.ceil(pos)
+    if math.isinf(ordered[low]) or math.isinf(ordered[high]):
+        return math.inf
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    """Every scenario of every workload in the exports; see the module docstring."""
+    with tempfile.TemporaryDirectory(prefix="joulepilot-replay-") as tmp:
+        db = open_db(Path(tmp) / "replay.db")
+        try:
+            workloads, _ = load(paths, db)
+            models = ModelCache(db)
+        finally:
+            db.close()
+    scenarios = []
+    search_s = 0.0
+    for workload in workloads:
+        medians = _medians(workload)
+        if not medians:
+            if progress:
+                progress(f"{workload.label}: no ok run in {len(workload.configs)} configurations, skipped")
+            continue
+        model = models.without(workload.spec)
+        predictions = {}
+        if model is not None:
+            configs = list(workload.configs.values())
+            predictions = {c["id"]: p for c, p in
+                           zip(configs, model.predict_many(workload.workload_row, configs, workload.device),
+                               strict=True)}
+        if progress:
+            progress(f"{workload.label} on {workload.device}: {len(workload.configs)} configurations")
+        for scenario in SCENARIOS:
+            started = time.perf_counter()
+            scenarios.append(replay_scenario(workload, scenario, model, seed, medians, predictions))
+            search_s += time.perf_counter() - started
+    measurements = sum(s["_result"].measurements for s in scenarios)
+    if progress and measurements:
+        progress(f"trade-off model fitted {len(models.fit_s)} times ({sum(models.fit_s):.1f} s in all); the search "
+                 f"took {search_s * 1000 / measurements:.1f} ms per measurement ({measurements} measurements), "
+                 f"its per-measurement update included")
+    return {"scenarios": scenarios, "summary": summary(scenarios),
+            "_timing": {"fit_s": models.fit_s, "search_s": search_s, "measurements": measurements}}
+
+
+def summary(scenarios: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    exhaustive = sum(s["exhaustive_cost_s"] for s in scenarios)
+    regrets = [s["regret"] for s in scenarios]
+    return {"scenarios": len(scenarios),
+            "cost_fraction": sum(s["cost_s"] for s in scenarios) / exhaustive if exhaustive else None,
+            "regret_p90": percentile_with_inf(regrets, 90) if regrets else None,
+            "regret_max": max(regrets) if regrets else None}
+
+
+def targets(scenarios: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The issue's targets, checked where they apply, as lines of text."""
+    lines = []
+    large = [s for s in scenarios if s["grid"] >= LARGE_GRID]
+    if large:
+        fraction = sum(s["cost_s"] for s in large) / sum(s["exhaustive_cost_s"] for s in large)
+        within = sum(1 for s in large if s["regret"] <= TARGET_REGRET) / len(large)
+        worst = max(s["regret"] for s in large)
+        lines.append(f"grids of >= {LARGE_GRID} configurations ({len(large)} scenarios): cost_fraction "
+                     f"{fraction:.2f} (target <= {TARGET_COST_FRACTION}), regret <= 2% in {within:.0%} "
+                     f"(target >= 90%), max {_pct(worst)} (target <= 5%)")
+    small = [s for s in scenarios if 6 <= s["grid"] <= 10]
+    if small:
+        within = sum(1 for s in small if s["regret"] <= TARGET_REGRET)
+        lines.append(f"grids of 6-10 configurations ({len(small)} scenarios): regret <= 2% in {within} of "
+                     f"{len(small)} (target: all)")
+    return lines
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.1%}"
+
+
+def public(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The documented JSON: private keys dropped, infinities as null."""
+    from joulepilot.store import json_safe
+
+    scenarios = [{k: v for k, v in s.items() if not k.startswith("_")} for s in result["scenarios"]]
+    return json_safe({"scenarios": scenarios, "summary": result["summary"]})
+
+
+def table(result: Mapping[str, Any]) -> str:
+    header = ("workload", "scenario", "limit W", "grid", "measured", "cost s", "exhaustive s", "chosen",
+              "oracle", "regret")
+    rows = [header]
+    for s in result["scenarios"]:
+        limit = s["_power_limit_w"]
+        rows.append((s["workload"], s["scenario"], "-" if limit is None else f"{limit:.0f}", str(s["grid"]),
+                     str(s["measured"]), f"{s['cost_s']:.0f}", f"{s['exhaustive_cost_s']:.0f}", s["chosen"],
+                     s["oracle"], _pct(s["regret"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    summ = result["summary"]
+    fraction = summ["cost_fraction"]
+    lines.append("")
+    lines.append(f"{summ['scenarios']} scenarios: cost_fraction {'-' if fraction is None else f'{fraction:.2f}'}, "
+                 f"regret p90 {_pct(summ['regret_p90'])}, max {_pct(summ['regret_max'])}")
+    lines.extend(targets(result["scenarios"]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("exports", nargs="+", type=Path, help="runs export files (store.exchange format)")
+    parser.add_argument("--json", action="store_true", help="print JSON on stdout")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draws of recorded runs (default 0)")
+    args = parser.parse_args(argv)
+    for path in args.exports:
+        if not path.is_file():
+            print(f"search_replay: {path}: no such file; give a runs export (joulepilot runs export FILE)",
+                  file=sys.stderr)
+            return 2
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        result = replay(args.exports, args.seed, progress)
+    except (ExportFormatError, StoreError) as exc:
+        print(f"search_replay: {exc}", file=sys.stderr)
+        return 2
+    if not result["scenarios"]:
+        print("search_replay: the exports hold no workload with an ok run to replay", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(public(result), indent=1))
+    else:
+        print(table(result), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,503 @@
+"""Guided search: which configuration of a grid to measure next, when to stop, and which one to choose.
+
+A pure engine: the caller gives the grid (configs rows), a `measure(config, fresh_process)` callback that
+returns one `Observation`, and optionally a `predict(configs)` callback that returns the trade-off model's
+{target: (mean, std)} per configuration (`TradeoffModel.predict_many`); the daemon, `bench` and
+`benchmarks/search_replay.py` all drive it the same way.
+
+How it searches (`strategy = "guided"`):
+
+1. Baselines first: eager fp32 and stock compile (default mode, default fusion) fp32, at the baseline
+   batch size, when the grid has them: reports need them, and they calibrate the model for this workload.
+2. The model's predictions for this workload are corrected by what was measured so far, more by
+   similar configurations, and grow surer as similar ones are measured (`search_forecast`): the
+   forest is fitted once per search, and this correction is what is updated after every measurement
+   (milliseconds, whatever the size of the store).
+3. Each unmeasured configuration gets an acquisition value: the expected improvement of the amortised
+   objective over the best measured configuration within every limit (lognormal prediction), times the
+   predicted probability that it meets the limits (with `margin_pct`), divided by the predicted seconds
+   to measure it (compile seconds plus the workload's measured overhead per run). Before anything
+   feasible is measured it is the probability of meeting the limits per second, scaled by 1/objective.
+4. A configuration is skipped, with its reason recorded, when its optimistic bound (prediction / exp(k
+   std), k = `optimism_k`) cannot beat the best measured median by more than that median's noise, when
+   it is predicted to break a limit (probability below `min_feasible_probability`), or, for the energy
+   objective, when its expected saving over `expected_inferences` is less than the energy measuring it
+   costs (so max-autotune is measured only when it is predicted to be worth its compile time).
+5. Contenders are measured again (`policies.noise.repeat_advice`): the best measured configuration
+   within the limits and every one whose interval overlaps it, at least `min_repeats` times with a
+   fresh process among them, close calls (a tie, or an average power whose interval straddles the
+   envelope) one run at a time up to `max_repeats`.
+6. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
+   or after `max_measurements` measurements; a measurement predicted to overrun the budget is not
+   started.
+
+`strategy = "exhaustive"` measures every configuration once, cheapest compile first, then repeats the
+contenders the same way.
+
+The decision (`decide`): among configurations whose counted runs meet every limit (average power by
+the upper end of its interval, peak power by the highest instant power seen, the others by their
+median; a figure a limit needs that no run measured fails it), the lowest median objective wins, and
+every configuration whose interval overlaps it ties; a tie goes to lower average power, then the
+cheaper compile, then the simpler mode, each only where it differs by more than its own noise
+(`policies.noise.break_tie`). The state is `verified` when the choice rests on at least `min_repeats`
+counted runs, two of them in fresh processes, else `provisional`. When nothing fits, the lowest-power
+configuration that meets the other limits is chosen with state `infeasible` and the shortfall; `failed`
+when nothing was measured successfully. With several batch sizes in the grid the objective is per
+sample (J / batch size); latency limits apply per call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from joulepilot.policies.noise import (
+    MIN_FRESH_PROCESSES,
+    TIE,
+    assumed_spread_rel,
+    break_tie,
+    compare,
+    median,
+    median_interval,
+    mode_rank,
+    repeat_advice,
+    typical_rel_std,
+)
+from joulepilot.policies.schema import Limits
+from joulepilot.store.jsonvalues import json_column
+
+from .features import config_row
+from .search_forecast import DEFAULT_OVERHEAD_S, Arm, Forecast, Forecaster, expected_improvement
+from .search_types import (
+    LIMIT_UNITS,
+    POWER_LIMITS,
+    STATES,
+    STRATEGIES,
+    MeasuredConfig,
+    Measurer,
+    Observation,
+    Predictor,
+    SearchResult,
+    SearchSettings,
+    SearchStep,
+    SkippedConfig,
+    fmt,
+    limit_value,
+    objective_unit,
+    per_sample_objective,
+    run_objective,
+)
+
+__all__ = ["STATES", "STRATEGIES", "GuidedSearch", "MeasuredConfig", "Observation", "SearchResult",
+           "SearchSettings", "SearchStep", "SkippedConfig", "run_objective", "run_search"]
+
+Decision = tuple[str, MeasuredConfig | None, str, str, list[MeasuredConfig]]
+
+
+def _is_baseline(config: Mapping[str, Any], batch_size: int) -> bool:
+    return (config.get("precision") == "fp32" and config.get("fusion") == "default"
+            and not bool(config.get("dynamic")) and json_column(config.get("options"), {}) in ({}, None)
+            and int(config.get("batch_size") or 1) == batch_size and config.get("mode") in ("eager", "default"))
+
+
+def _cost_rank(config: Mapping[str, Any]) -> tuple:
+    precision_order = ("fp32", "tf32", "bf16", "fp16")
+    precision = config.get("precision")
+    return (mode_rank(str(config.get("mode"))), config.get("fusion") != "default",
+            precision_order.index(precision) if precision in precision_order else len(precision_order),
+            int(config.get("batch_size") or 1), str(config.get("label") or config.get("id")))
+
+
+class GuidedSearch:
+    """One search over one grid; `run()` measures until the stop rule holds and returns the result."""
+
+    def __init__(self, candidates: Sequence[Any], measure: Measurer, predict: Predictor | None = None, *,
+                 limits: Limits | None = None, settings: SearchSettings | None = None,
+                 prior: Mapping[str, Sequence[Observation]] | None = None,
+                 refresh_predictions: bool = False) -> None:
+        rows = [config_row(c) for c in candidates]
+        if not rows:
+            raise ValueError("the search needs at least one candidate configuration")
+        self.arms: dict[str, Arm] = {}
+        for row in rows:
+            self.arms.setdefault(str(row["id"]), Arm(row))
+        for config_id, observations in (prior or {}).items():
+            if config_id in self.arms:
+                self.arms[config_id].runs.extend(observations)
+        self.measure = measure
+        self.predict = predict
+        self.limits = limits or Limits()
+        self.settings = settings or SearchSettings()
+        self.refresh_predictions = refresh_predictions
+        self.per_sample = per_sample_objective(rows)
+        self.unit = objective_unit(self.settings.objective, self.per_sample)
+        self.forecaster = Forecaster(self.arms, self.limits, self.settings, self.per_sample)
+        batch = self.settings.baseline_batch_size or int(rows[0].get("batch_size") or 1)
+        self.baselines = [a for a in sorted(self.arms.values(), key=lambda a: mode_rank(a.config["mode"]))
+                          if _is_baseline(a.config, batch)]
+        self.steps: list[SearchStep] = []
+        self.spent_s = 0.0
+        self.skip_reasons: dict[str, tuple[str, Forecast | None]] = {}
+        self._predicted = False
+        self._budget_blocked = False
+
+    # -- predictions -----------------------------------------------------------------------------------
+    def _refresh_raw(self) -> None:
+        if self.predict is None or (self._predicted and not self.refresh_predictions):
+            return
+        arms = list(self.arms.values())
+        for arm, pred in zip(arms, self.predict([a.config for a in arms]), strict=True):
+            arm.raw = {t: (float(m), float(s)) for t, (m, s) in dict(pred).items()
+                       if isinstance(m, int | float) and math.isfinite(m) and m > 0
+                       and isinstance(s, int | float) and math.isfinite(s) and s >= 0}
+        self._predicted = True
+
+    # -- measured summaries ----------------------------------------------------------------------------
+    def summaries(self) -> dict[str, MeasuredConfig]:
+        """Every arm with at least one run, summarised with the noise of this workload's repeats."""
+        s = self.settings
+        objectives: dict[str, list[float]] = {}
+        powers: dict[str, list[float]] = {}
+        for arm in self.arms.values():
+            runs = arm.counted_runs()
+            values = (run_objective(r, arm.config, objective=s.objective, expected_inferences=s.expected_inferences,
+                                    per_sample=self.per_sample) for r in runs)
+            objectives[arm.id] = [v for v in values if v is not None]
+            powers[arm.id] = [r.avg_power_w for r in runs if r.avg_power_w is not None]
+        typical_obj = typical_rel_std(list(objectives.values()))
+        typical_pow = typical_rel_std(list(powers.values()))
+        spread_obj = assumed_spread_rel(typical_obj, confidence=s.confidence)
+        spread_pow = assumed_spread_rel(typical_pow, confidence=s.confidence)
+        out: dict[str, MeasuredConfig] = {}
+        for arm in self.arms.values():
+            if not arm.runs:
+                continue
+            runs = arm.counted_runs()
+            summary = MeasuredConfig(arm.id, arm.label, arm.config, list(arm.runs))
+            out[arm.id] = summary
+            if objectives[arm.id]:
+                summary.objective = median_interval(objectives[arm.id], confidence=s.confidence,
+                                                    spread_rel=spread_obj, prior_rel_std=typical_obj)
+            if not summary.ok:
+                summary.status = "flagged" if arm.ok_runs() else "failed"
+                continue
+            if powers[arm.id]:
+                summary.avg_power_w = median_interval(powers[arm.id], confidence=s.confidence,
+                                                      spread_rel=spread_pow, prior_rel_std=typical_pow)
+            peaks = [r.peak_power_w for r in runs if r.peak_power_w is not None]
+            summary.peak_power_w = max(peaks) if peaks else None
+            latencies = [r.latency_ms_p95 for r in runs if r.latency_ms_p95 is not None]
+            summary.latency_ms_p95 = median(latencies) if latencies else None
+            errors = [r.max_rel_error for r in runs if r.max_rel_error is not None]
+            summary.max_rel_error = median(errors) if errors else None
+            compiles = [r.compile_s for r in runs if r.compile_s is not None]
+            if compiles:
+                summary.compile_s = median(compiles)
+                summary.compile_s_interval = median_interval(compiles, confidence=s.confidence)
+            self._check_limits(summary)
+        return out
+
+    def _check_limits(self, summary: MeasuredConfig) -> None:
+        figures = {
+            "max_avg_power_w": (summary.avg_power_w.high if summary.avg_power_w else None,
+                                "average power (upper bound)"),
+            "max_peak_power_w": (summary.peak_power_w, "peak power (highest seen)"),
+            "max_p95_latency_ms": (summary.latency_ms_p95, "p95 latency (median)"),
+            "max_compile_s": (summary.compile_s, "compile seconds (median)"),
+            "max_rel_error": (summary.max_rel_error, "relative error (median)"),
+        }
+        for limit, value in self.limits.items():
+            bound = limit_value(limit, value, self.settings.margin_pct)
+            measured, what = figures[limit]
+            unit = LIMIT_UNITS[limit]
+            if measured is None:
+                summary.violations.append(f"{limit}: {what} was not measured, so {fmt(bound, unit)} cannot be "
+                                          f"verified")
+            elif measured > bound:
+                summary.violations.append(f"{limit}: {what} {fmt(measured, unit)} > {fmt(bound, unit)}")
+                if limit == "max_avg_power_w" and summary.avg_power_w and summary.avg_power_w.median <= bound:
+                    summary.power_straddles = True
+
+    # -- the decision -----------------------------------------------------------------------------------
+    def decide(self, summaries: Mapping[str, MeasuredConfig]) -> Decision:
+        """(state, chosen, reason, confidence, ties): see the module docstring."""
+        ok = [m for m in summaries.values() if m.ok]
+        if not ok:
+            return "failed", None, "no configuration was measured successfully", "", []
+        feasible = sorted((m for m in ok if m.feasible), key=lambda m: (m.objective.median, m.label))
+        if not feasible:
+            return self._infeasible(ok)
+        best = feasible[0]
+        ties = [m for m in feasible if m is best or m.objective.overlaps(best.objective)]
+        winner, criterion = break_tie([m.tie_entry() for m in ties])
+        chosen = next(m for m in ties if m.config_id == winner.key)
+        state = "verified" if self._confirmed(chosen) else "provisional"
+        if chosen is best:
+            reason = (f"{chosen.label} has the lowest median {self._objective_text()} "
+                      f"({fmt(chosen.objective.median, self.unit)}) within every limit")
+        else:
+            reason = (f"{chosen.label} ties with {best.label} (lowest median, {fmt(best.objective.median, self.unit)})"
+                      f" and wins the tie-break on {self._tie_text(criterion, chosen, best)}")
+        reason += f"; {len(feasible)} of {len(ok)} measured configurations within every limit"
+        if state == "provisional":
+            reason += (f"; it has {len(self.arms[chosen.config_id].counted_runs())} of the "
+                       f"{self.settings.min_repeats} runs a verified decision needs")
+        return state, chosen, reason, self._confidence(chosen, feasible), ties
+
+    def _confirmed(self, summary: MeasuredConfig) -> bool:
+        runs = self.arms[summary.config_id].counted_runs()
+        fresh = sum(1 for r in runs if r.fresh_process)
+        return len(runs) >= self.settings.min_repeats and fresh >= min(MIN_FRESH_PROCESSES, self.settings.min_repeats)
+
+    def _objective_text(self) -> str:
+        return {"energy": "amortised energy", "latency": "p95 latency", "edp": "energy-delay product"}[
+            self.settings.objective]
+
+    @staticmethod
+    def _tie_text(criterion: str, chosen: MeasuredConfig, other: MeasuredConfig) -> str:
+        if criterion == "lower average power" and chosen.avg_power_w and other.avg_power_w:
+            return f"{criterion} ({fmt(chosen.avg_power_w.median, 'W')} vs {fmt(other.avg_power_w.median, 'W')})"
+        if criterion == "cheaper compile":
+            return f"{criterion} ({fmt(chosen.compile_s or 0.0, 's')} vs {fmt(other.compile_s or 0.0, 's')})"
+        if criterion == "simpler mode":
+            return f"{criterion} ({chosen.config['mode']} vs {other.config['mode']})"
+        return "lower median (average power, compile and mode within the noise)"
+
+    def _confidence(self, chosen: MeasuredConfig, feasible: list[MeasuredConfig]) -> str:
+        rivals = [m for m in feasible if m is not chosen]
+        if not rivals:
+            return f"{chosen.label} is the only measured configuration within every limit"
+        rival = rivals[0]
+        comparison = compare(chosen.objective, rival.objective)
+        text = comparison.text(chosen.label, rival.label)
+        if comparison.verdict == TIE:
+            _, criterion = break_tie([chosen.tie_entry(), rival.tie_entry()])
+            text += f"; {chosen.label} wins the tie-break on {self._tie_text(criterion, chosen, rival)}"
+        return f"{text} ({self._objective_text()}, medians of {chosen.objective.n} and {rival.objective.n} runs)"
+
+    def _infeasible(self, ok: list[MeasuredConfig]) -> Decision:
+        def other_limits_met(m: MeasuredConfig) -> bool:
+            return all(v.split(":")[0] in POWER_LIMITS for v in m.violations)
+
+        pool = [m for m in ok if other_limits_met(m)] or ok
+        chosen = min(pool, key=lambda m: (m.avg_power_w.median if m.avg_power_w else math.inf, m.objective.median))
+        shortfalls = []
+        for limit, value in self.limits.items():
+            bound = limit_value(limit, value, self.settings.margin_pct)
+            power = chosen.avg_power_w
+            if limit == "max_avg_power_w" and power and power.high > bound:
+                shortfalls.append(f"lowest measured average power {fmt(power.high, 'W')} (upper bound of {power.n} "
+                                  f"run{'s' if power.n > 1 else ''}) exceeds {fmt(bound, 'W')} by "
+                                  f"{power.high / bound - 1:.0%}")
+            elif limit == "max_peak_power_w" and chosen.peak_power_w and chosen.peak_power_w > bound:
+                shortfalls.append(f"its peak power {fmt(chosen.peak_power_w, 'W')} exceeds {fmt(bound, 'W')} by "
+                                  f"{chosen.peak_power_w / bound - 1:.0%}")
+        others = [v for v in chosen.violations if v.split(":")[0] not in POWER_LIMITS]
+        reason = (f"no measured configuration meets every limit; {chosen.label} is the lowest-power one"
+                  + (" that meets the other limits" if not others else "") + ": " + "; ".join(shortfalls + others))
+        return "infeasible", chosen, reason, "; ".join(shortfalls + others), []
+
+    # -- what to measure next ---------------------------------------------------------------------------
+    def _remaining_s(self) -> float:
+        return math.inf if self.settings.budget_s is None else self.settings.budget_s - self.spent_s
+
+    def _unmeasured(self) -> list[Arm]:
+        return [a for a in self.arms.values() if not a.runs]
+
+    def _explore(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, str] | None:
+        """The unmeasured arm with the highest acquisition value, recording why the others are skipped."""
+        candidates = self._unmeasured()
+        if not candidates:
+            return None
+        if self.settings.strategy == "exhaustive":
+            return min(candidates, key=lambda a: _cost_rank(a.config)), "exhaustive: every configuration once"
+        self._refresh_raw()
+        feasible = [m for m in summaries.values() if m.feasible]
+        best = min(feasible, key=lambda m: m.objective.median) if feasible else None
+        scored: list[tuple[float, Arm, Forecast]] = []
+        for arm in candidates:
+            fc = self.forecaster.forecast(arm)
+            reason = self._skip_reason(arm, fc, best)
+            if reason:
+                self.skip_reasons[arm.id] = (reason, fc)
+            else:
+                self.skip_reasons.pop(arm.id, None)
+                scored.append((self._acquisition(fc, best), arm, fc))
+        scored.sort(key=lambda t: (-t[0], _cost_rank(t[1].config)))
+        for value, arm, fc in scored:
+            if fc.cost_s > self._remaining_s():
+                self._budget_blocked = True
+                self.skip_reasons[arm.id] = (f"not measured: about {fc.cost_s:.0f} s to measure, more than the "
+                                             f"{max(0.0, self._remaining_s()):.0f} s left of budget_s", fc)
+                continue
+            why = (f"acquisition {value:.3g}/s: predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, "
+                   f"P(within limits) {fc.p_feasible:.0%}, about {fc.cost_s:.0f} s to measure")
+            return arm, why
+        return None
+
+    def _skip_reason(self, arm: Arm, fc: Forecast, best: MeasuredConfig | None) -> str:
+        s = self.settings
+        if not fc.known:
+            return ""  # no prediction at all: measure it rather than guess
+        if fc.p_feasible < s.min_feasible_probability:
+            return f"{fc.limiting} (P(within limits) {fc.p_feasible:.0%})"
+        if best is None:
+            return ""
+        noise = best.objective.median - best.objective.low
+        optimistic = fc.optimistic(s.optimism_k)
+        if optimistic >= best.objective.median - noise:
+            return (f"predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, measured best "
+                    f"{fmt(best.objective.median, self.unit)} ({best.label}): even {fmt(optimistic, self.unit)} "
+                    f"would not beat it by more than the noise ({fmt(noise, self.unit)})")
+        if s.objective == "energy" and fc.power_w:
+            calls = s.expected_inferences * (max(1, int(arm.config.get("batch_size") or 1)) if self.per_sample else 1)
+            saving_j = expected_improvement(*fc.log_objective, best.objective.median) * fc.p_feasible * calls
+            cost_j = fc.cost_s * fc.power_w
+            if saving_j < cost_j:
+                return (f"expected saving {fmt(saving_j / 1000, 'kJ')} over {s.expected_inferences:,} inferences is "
+                        f"less than measuring it costs (about {fc.cost_s:.0f} s, {fmt(cost_j / 1000, 'kJ')})")
+        return ""
+
+    @staticmethod
+    def _acquisition(fc: Forecast, best: MeasuredConfig | None) -> float:
+        if not fc.known:
+            return 0.0
+        if best is None:
+            return fc.p_feasible / (fc.cost_s * fc.mean)
+        return expected_improvement(*fc.log_objective, best.objective.median) * fc.p_feasible / fc.cost_s
+
+    def _contenders(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[list[MeasuredConfig], set[str]]:
+        """(contenders, lowest median first; ids of the close calls among them)."""
+        state, chosen, _, _, ties = self.decide(summaries)
+        if chosen is None:
+            return [], set()
+        if state == "infeasible":
+            straddling = [m for m in summaries.values() if m.power_straddles and m is not chosen
+                          and all(v.startswith("max_avg_power_w") for v in m.violations)]
+            return [chosen, *sorted(straddling, key=lambda m: m.objective.median)], {m.config_id for m in straddling}
+        best = min(ties, key=lambda m: m.objective.median)
+        level = {m.config_id: m.objective.median for m in ties}
+        # As good as the best, but over the envelope only within the noise, lacking a figure a limit
+        # needs, or resting only on flagged runs: more runs may make them feasible.
+        hopeful = set()
+        for m in summaries.values():
+            if m.config_id in level:
+                continue
+            if m.ok and m.objective.low <= best.objective.high and all(
+                    (v.startswith("max_avg_power_w") and m.power_straddles) or "was not measured" in v
+                    for v in m.violations):
+                hopeful.add(m.config_id)
+                level[m.config_id] = m.objective.median
+            elif not m.ok and m.status == "flagged":
+                values = [run_objective(r, m.config, objective=self.settings.objective,
+                                        expected_inferences=self.settings.expected_inferences,
+                                        per_sample=self.per_sample) for r in self.arms[m.config_id].ok_runs()]
+                known = [v for v in values if v is not None]
+                if known and median(known) <= best.objective.high:
+                    hopeful.add(m.config_id)
+                    level[m.config_id] = median(known)
+        close = {m.config_id for m in ties} if len(ties) > 1 else set()
+        ordered = sorted(level, key=lambda cid: (level[cid], cid))
+        return [summaries[cid] for cid in ordered], close | hopeful
+
+    def _repeat(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, bool, str] | None:
+        """The contender that most needs another run, and whether that run must start a fresh process.
+
+        Contenders short of the minimum come first, lowest median first (confirming the best may end
+        the others' contention, and one that may beat it should not wait), then close calls, fewest runs
+        first."""
+        contenders, close = self._contenders(summaries)
+        wanted = []
+        for rank, summary in enumerate(contenders):
+            arm = self.arms[summary.config_id]
+            advice = repeat_advice([r.mark() for r in arm.runs], close_call=summary.config_id in close,
+                                   min_repeats=self.settings.min_repeats, max_repeats=self.settings.max_repeats)
+            if advice.more <= 0:
+                continue
+            if median([r.wall_s for r in arm.runs]) > self._remaining_s():
+                self._budget_blocked = True
+                continue
+            below_minimum = len(arm.counted_runs()) < self.settings.min_repeats
+            wanted.append(((0, rank, 0) if below_minimum else (1, len(arm.runs), rank), arm, advice))
+        if not wanted:
+            return None
+        _, arm, advice = min(wanted, key=lambda w: w[0])
+        return arm, advice.fresh_process, f"repeat: {advice.why}"
+
+    def _next(self) -> tuple[Arm, bool, str, str] | None:
+        for arm in self.baselines:
+            if not arm.runs:
+                if DEFAULT_OVERHEAD_S > self._remaining_s():
+                    self._budget_blocked = True
+                    break
+                return arm, True, "baseline", "baseline that reports compare against"
+        summaries = self.summaries()
+        picked = self._explore(summaries)
+        if picked is not None:
+            return picked[0], True, "exhaustive" if self.settings.strategy == "exhaustive" else "guided", picked[1]
+        repeat = self._repeat(summaries)
+        if repeat is not None:
+            return repeat[0], repeat[1], "repeat", repeat[2]
+        return None
+
+    def run(self) -> SearchResult:
+        s = self.settings
+        stop = "nothing left that could beat the best measured configuration by more than the noise"
+        while True:
+            if s.budget_s is not None and self.spent_s >= s.budget_s:
+                stop = f"budget_s spent ({self.spent_s:.0f} of {s.budget_s:g} s)"
+                break
+            if s.max_measurements is not None and len(self.steps) >= s.max_measurements:
+                stop = f"max_measurements reached ({len(self.steps)})"
+                break
+            self._budget_blocked = False
+            step = self._next()
+            if step is None:
+                if self._budget_blocked:
+                    stop = (f"budget_s: what is left to measure would not fit in the "
+                            f"{max(0.0, self._remaining_s()):.0f} s left")
+                break
+            arm, fresh, kind, why = step
+            observation = self.measure(arm.config, fresh)
+            arm.runs.append(observation)
+            self.spent_s += observation.wall_s
+            self.steps.append(SearchStep(len(self.steps) + 1, arm.id, arm.label, kind, fresh, why,
+                                         observation.ok, observation.wall_s))
+        return self._result(stop)
+
+    def _result(self, stop: str) -> SearchResult:
+        summaries = self.summaries()
+        state, chosen, reason, confidence, ties = self.decide(summaries)
+        for m in summaries.values():
+            if m.ok:
+                m.status = "rejected" if m.violations else "kept"
+        for m in ties:
+            m.status = "tied"
+        if chosen is not None:
+            chosen.status = "chosen"
+        skipped = []
+        for arm in self._unmeasured():
+            why, fc = self.skip_reasons.get(arm.id) or (f"not measured: the search stopped ({stop})", None)
+            skipped.append(SkippedConfig(arm.id, arm.label, why, (fc.mean, fc.std) if fc and fc.known else None,
+                                         fc.p_feasible if fc else None))
+        return SearchResult(state=state, chosen_config_id=chosen.config_id if chosen else None,
+                            chosen_label=chosen.label if chosen else None, reason=reason, confidence=confidence,
+                            objective_unit=self.unit, measured=list(summaries.values()), skipped=skipped,
+                            steps=list(self.steps), spent_s=self.spent_s, measurements=len(self.steps),
+                            stop_reason=stop)
+
+
+def run_search(candidates: Sequence[Any], measure: Measurer, predict: Predictor | None = None, *,
+               limits: Limits | None = None, settings: SearchSettings | None = None,
+               prior: Mapping[str, Sequence[Observation]] | None = None,
+               refresh_predictions: bool = False) -> SearchResult:
+    """Search `candidates` (configs rows or CompileConfigs) and decide; see the module docstring.
+
+    `measure(config_row, fresh_process)` measures one configuration once and returns an Observation;
+    `predict(config_rows)` returns {target: (mean, std)} per row (the trade-off model's `predict_many`
+    for this workload and device; None: search without a model); `prior` holds runs already stored, by
+    config id (they count, but cost nothing); with `refresh_predictions` the predictor is asked again
+    before every choice (e.g. when it refits)."""
+    return GuidedSearch(candidates, measure, predict, limits=limits, settings=settings, prior=prior,
+                        refresh_predictions=refresh_predictions).run()

@@ -1,0 +1,289 @@
+"""Statistics over repeated measurements of one configuration: medians, intervals, comparisons, repeats.
+
+One window is not a measurement of a configuration. Every figure the decision rests on is the median
+of a configuration's counted runs, with an interval for that median:
+
+* n >= 3 runs: median +- t(n-1) x 1.2533 x s / sqrt(n), s the runs' sample standard deviation: the
+  normal-theory interval for a median (whose standard error is sqrt(pi/2) times a mean's) at
+  `confidence` (default 80%: two such intervals of equal width that do not overlap differ at about
+  the 93% level).
+  s is moderated: shrunk towards the typical spread of the workload's other repeated configurations
+  as if that came from `PRIOR_DOF` more runs, since s from three runs is itself very uncertain.
+  Unlike an order-statistic interval, it narrows as runs are added, so a close call can be settled
+  by measuring more. No random numbers: the same runs always give the same decision.
+* n < 3 runs: no spread can be estimated, so a conservative one is assumed: +- `spread_rel`, which the
+  caller sets from the typical spread of the same workload's repeated configurations
+  (`assumed_spread_rel`), never below `DEFAULT_SPREAD_REL` (5%: repeats of one configuration in the
+  committed H200 sweep differ by up to +-7% in J per call, about 4% typically). With two runs the
+  interval also covers both.
+
+Two configurations whose intervals overlap are a tie (`compare`), broken by lower average power, then
+the cheaper compile, then the simpler mode, each criterion deciding only where its own intervals do not
+overlap (`break_tie`). A power envelope is checked on the upper end of the average power's interval
+(`upper_bound`), a peak limit on the highest instant power seen.
+
+Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
+`MIN_REPEATS` times, at least two of them in a fresh process (the first run is one); a close call (its
+interval still overlaps a rival's, or straddles a limit) gets one more run at a time up to `MAX_REPEATS`.
+A run flagged with a window warning counts only once the configuration has a clean run (`counted`).
+
+Pure Python: no SQL, no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+DEFAULT_SPREAD_REL = 0.05
+DEFAULT_CONFIDENCE = 0.8
+MIN_REPEATS = 3
+MAX_REPEATS = 5
+MIN_FRESH_PROCESSES = 2
+# Standard error of a median is about sqrt(pi / 2) = 1.2533 times that of a mean (normal noise).
+MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
+# Weight, in runs, of the workload's typical spread when moderating one configuration's spread.
+PRIOR_DOF = 3
+# Simplest first: the tie-break prefers a mode earlier in this list.
+MODE_SIMPLICITY = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
+BETTER_A = "a better"
+BETTER_B = "b better"
+TIE = "tie"
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of `values` (the mean of the middle two for an even count); ValueError when empty."""
+    if not values:
+        raise ValueError("median of no values")
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def relative_std(values: Sequence[float]) -> float:
+    """Sample standard deviation relative to the median (0 for fewer than two values or a zero median)."""
+    if len(values) < 2:
+        return 0.0
+    mid = median(values)
+    if mid == 0:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) / abs(mid)
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile (Cornish-Fisher expansion around the normal's; within 1% for dof >= 2)."""
+    z = NormalDist().inv_cdf(p)
+    if dof <= 0:
+        return math.inf
+    if dof == 1:  # Cauchy, exactly
+        return math.tan(math.pi * (p - 0.5))
+    v = float(dof)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The median of n runs of one figure and an interval for it, in the figure's own units."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+    method: str
+
+    @property
+    def half_width_rel(self) -> float:
+        """The larger side of the interval relative to the median (0 for a zero median)."""
+        if self.median == 0:
+            return 0.0
+        return max(self.high - self.median, self.median - self.low) / abs(self.median)
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {"median": self.median, "low": self.low, "high": self.high, "n": self.n, "method": self.method}
+
+
+def median_interval(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
+                    spread_rel: float = DEFAULT_SPREAD_REL, prior_rel_std: float = 0.0,
+                    prior_dof: int = PRIOR_DOF) -> Interval:
+    """The median of `values` with an interval for it (see the module's rules); ValueError when empty.
+
+    `prior_rel_std`: the typical relative spread of the same workload's other repeated configurations;
+    the runs' own spread is shrunk towards it as if it came from `prior_dof` more runs (a moderated
+    variance), so three runs that happen to agree closely do not give a falsely narrow interval."""
+    if not values:
+        raise ValueError("no runs to summarise")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
+    ordered = sorted(float(v) for v in values)
+    n = len(ordered)
+    mid = median(ordered)
+    if n < MIN_REPEATS:
+        spread = max(spread_rel, DEFAULT_SPREAD_REL)
+        half = abs(mid) * spread
+        return Interval(mid, min(ordered[0], mid - half), max(ordered[-1], mid + half), n,
+                        f"assumed +-{spread:.0%} (fewer than {MIN_REPEATS} runs)")
+    own = relative_std(ordered)
+    dof = n - 1
+    if prior_rel_std > 0 and prior_dof > 0:
+        own = math.sqrt((prior_dof * prior_rel_std ** 2 + dof * own ** 2) / (prior_dof + dof))
+        dof += prior_dof
+    half = t_quantile((1 + confidence) / 2, dof) * MEDIAN_EFFICIENCY * own * abs(mid) / math.sqrt(n)
+    return Interval(mid, mid - half, mid + half, n, f"{confidence:.0%} interval of the median of {n} runs")
+
+
+def typical_rel_std(runs_per_config: Sequence[Sequence[float]]) -> float:
+    """The median relative spread among configurations with at least MIN_REPEATS runs (0 if none)."""
+    spreads = [relative_std(v) for v in runs_per_config if len(v) >= MIN_REPEATS]
+    return median(spreads) if spreads else 0.0
+
+
+def assumed_spread_rel(typical_rel_std: float, *, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The half-width assumed for a configuration with fewer than MIN_REPEATS runs: how far one run may
+    lie from its median given the workload's typical relative spread (`typical_rel_std`), never below
+    DEFAULT_SPREAD_REL."""
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    return max(DEFAULT_SPREAD_REL, z * typical_rel_std)
+
+
+def upper_bound(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
+                spread_rel: float = DEFAULT_SPREAD_REL, prior_rel_std: float = 0.0) -> float:
+    """The upper end of the median's interval: what an average-power envelope is checked against."""
+    return median_interval(values, confidence=confidence, spread_rel=spread_rel, prior_rel_std=prior_rel_std).high
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How configuration a compares with b on a lower-is-better figure.
+
+    `diff_rel` is how much lower the better one's median is, relative to the other's median;
+    `plus_minus_rel` the sum of the two intervals' facing sides, relative to the same median, so that
+    the verdict is a tie exactly when diff_rel <= plus_minus_rel (the intervals overlap)."""
+
+    verdict: str  # BETTER_A | BETTER_B | TIE
+    diff_rel: float
+    plus_minus_rel: float
+    lower: str  # "a" or "b": whose median is lower
+
+    def text(self, name_a: str, name_b: str) -> str:
+        low, high = (name_a, name_b) if self.lower == "a" else (name_b, name_a)
+        figures = f"{self.diff_rel:.0%} +- {self.plus_minus_rel:.0%}"
+        if self.verdict == TIE:
+            return f"{low} and {high} tie within the noise ({low} lower by {figures})"
+        return f"{low} beats {high} by {figures}"
+
+
+def compare(a: Interval, b: Interval) -> Comparison:
+    """Compare two configurations' intervals of a lower-is-better figure (J, ms)."""
+    a_lower = a.median <= b.median
+    low, high = (a, b) if a_lower else (b, a)
+    base = abs(high.median) or 1.0
+    diff = (high.median - low.median) / base
+    plus_minus = ((low.high - low.median) + (high.median - high.low)) / base
+    if a.overlaps(b):
+        verdict = TIE
+    else:
+        verdict = BETTER_A if a_lower else BETTER_B
+    return Comparison(verdict, diff, plus_minus, "a" if a_lower else "b")
+
+
+def mode_rank(mode: str) -> int:
+    return MODE_SIMPLICITY.index(mode) if mode in MODE_SIMPLICITY else len(MODE_SIMPLICITY)
+
+
+@dataclass(frozen=True)
+class TieEntry:
+    """A configuration in a tie: its objective, average power and compile seconds (intervals) and mode."""
+
+    key: str
+    objective: Interval
+    avg_power_w: Interval | None
+    compile_s: Interval | None
+    mode: str
+
+
+def break_tie(entries: Sequence[TieEntry]) -> tuple[TieEntry, str]:
+    """The winner of a tie and the criterion that decided it.
+
+    In order: lower average power, then cheaper compile, then simpler mode (MODE_SIMPLICITY), then the
+    lower median objective. Each criterion is itself noisy, so it decides only between entries whose
+    intervals do not overlap: the entries whose interval overlaps the lowest one's stay in the running
+    for the next criterion. An entry lacking a figure loses on that criterion to one that has it."""
+    if not entries:
+        raise ValueError("no entries to break a tie between")
+    pool = list(entries)
+    for criterion, figure in (("lower average power", "avg_power_w"), ("cheaper compile", "compile_s")):
+        known = [e for e in pool if getattr(e, figure) is not None]
+        if not known:
+            continue
+        lowest = min(known, key=lambda e: getattr(e, figure).median)
+        pool = [e for e in known if getattr(e, figure).overlaps(getattr(lowest, figure))]
+        if len(pool) == 1:
+            return pool[0], criterion
+    simplest = min(mode_rank(e.mode) for e in pool)
+    pool = [e for e in pool if mode_rank(e.mode) == simplest]
+    if len(pool) == 1:
+        return pool[0], "simpler mode"
+    return min(pool, key=lambda e: (e.objective.median, e.key)), "lower median"
+
+
+@dataclass(frozen=True)
+class RunMark:
+    """What the repeat rules need of one run: did it succeed, was it flagged, did it start a process."""
+
+    ok: bool
+    flagged: bool = False
+    fresh_process: bool = True
+
+
+def counted(runs: Sequence[RunMark]) -> list[int]:
+    """Indexes of the runs that count: ok runs, flagged ones only once there is a clean ok run."""
+    ok = [i for i, r in enumerate(runs) if r.ok]
+    if any(not runs[i].flagged for i in ok):
+        return ok
+    return []
+
+
+@dataclass(frozen=True)
+class RepeatAdvice:
+    """Whether to measure a contender again: `more` is how many runs it still needs at least (0: none),
+    `fresh_process` whether the next one must start a new process, `why` a sentence for the log."""
+
+    more: int
+    fresh_process: bool
+    why: str
+
+
+def repeat_advice(runs: Sequence[RunMark], *, close_call: bool, min_repeats: int = MIN_REPEATS,
+                  max_repeats: int = MAX_REPEATS) -> RepeatAdvice:
+    """How many more runs a configuration that contends for the decision needs.
+
+    At least `min_repeats` counted clean runs, at least MIN_FRESH_PROCESSES of them in a fresh process;
+    a close call one more at a time up to `max_repeats` runs in all (flagged and failed runs included
+    in that cap, so a noisy host cannot keep a configuration in the loop forever)."""
+    total = len(runs)
+    if total >= max_repeats:
+        return RepeatAdvice(0, False, f"cap of {max_repeats} runs reached")
+    clean = [r for r in runs if r.ok and not r.flagged]
+    fresh = sum(1 for r in runs if r.ok and r.fresh_process)
+    need_fresh = fresh < min(MIN_FRESH_PROCESSES, min_repeats)
+    if not clean and any(r.ok for r in runs):
+        return RepeatAdvice(1, True, "its runs were flagged with a window warning; they count after a clean repeat")
+    n_counted = len(counted(runs))
+    if n_counted < min_repeats:
+        missing = min(min_repeats - n_counted, max_repeats - total)
+        # Same-process windows are cheaper; the fresh process comes when no run is left to put it off to.
+        fresh_next = need_fresh and missing <= MIN_FRESH_PROCESSES - fresh
+        return RepeatAdvice(missing, fresh_next, f"contender with {n_counted} of {min_repeats} runs")
+    if need_fresh:
+        return RepeatAdvice(1, True, "no repeat in a fresh process yet")
+    if close_call:
+        return RepeatAdvice(1, False, f"close call, {total} of at most {max_repeats} runs")
+    return RepeatAdvice(0, False, "enough runs")

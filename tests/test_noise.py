@@ -1,0 +1,180 @@
+"""Statistics over repeats of one configuration (policies.noise): intervals, ties, tie-breaks, repeats."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from joulepilot.policies.noise import (
+    BETTER_A,
+    BETTER_B,
+    DEFAULT_SPREAD_REL,
+    MAX_REPEATS,
+    MIN_REPEATS,
+    MODE_SIMPLICITY,
+    TIE,
+    Interval,
+    RunMark,
+    TieEntry,
+    assumed_spread_rel,
+    break_tie,
+    compare,
+    counted,
+    median,
+    median_interval,
+    repeat_advice,
+    t_quantile,
+    typical_rel_std,
+    upper_bound,
+)
+
+
+def test_median_of_odd_and_even_counts():
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(ValueError):
+        median([])
+
+
+@pytest.mark.parametrize(("p", "dof", "table"), [(0.9, 2, 1.886), (0.9, 5, 1.476), (0.975, 5, 2.571),
+                                                  (0.975, 30, 2.042), (0.95, 1, 6.314)])
+def test_t_quantile_matches_the_table(p, dof, table):
+    assert t_quantile(p, dof) == pytest.approx(table, rel=0.01)
+
+
+def test_fewer_than_three_runs_get_the_conservative_spread():
+    one = median_interval([2.0])
+    assert (one.low, one.high) == pytest.approx((2.0 * (1 - DEFAULT_SPREAD_REL), 2.0 * (1 + DEFAULT_SPREAD_REL)))
+    assert "assumed" in one.method
+    # A larger spread seen on this workload's repeats widens it; a smaller one never narrows it.
+    assert median_interval([2.0], spread_rel=0.12).high == pytest.approx(2.24)
+    assert median_interval([2.0], spread_rel=0.01).high == pytest.approx(one.high)
+    two = median_interval([1.0, 1.5])
+    assert two.low <= 1.0 and two.high >= 1.5  # both runs inside
+
+
+def test_interval_narrows_as_runs_are_added():
+    runs = [1.00, 1.04, 0.96]
+    three = median_interval(runs)
+    nine = median_interval(runs * 3)
+    assert three.low < three.median < three.high
+    assert nine.high - nine.low < (three.high - three.low) / 2
+    assert three.low <= median(runs) <= three.high
+
+
+def test_agreeing_runs_are_moderated_by_the_workloads_typical_spread():
+    identical = [2.0, 2.0, 2.0]
+    assert median_interval(identical).high == pytest.approx(2.0)  # nothing to moderate with
+    moderated = median_interval(identical, prior_rel_std=0.04)
+    assert moderated.high > 2.0 and moderated.low < 2.0
+    assert typical_rel_std([[1.0, 1.1, 0.9], [5.0], [2.0, 2.0, 2.0]]) == pytest.approx(
+        median([0.1, 0.0]))
+
+
+def test_assumed_spread_follows_the_typical_spread_but_not_below_the_default():
+    assert assumed_spread_rel(0.0) == DEFAULT_SPREAD_REL
+    assert assumed_spread_rel(0.10) > 0.10
+
+
+def test_upper_bound_is_what_the_envelope_is_checked_against():
+    powers = [440.0, 452.0, 446.0]
+    assert median(powers) < 450.0 < upper_bound(powers)  # median within 450 W, upper bound over it
+    assert upper_bound([300.0]) == pytest.approx(300.0 * (1 + DEFAULT_SPREAD_REL))
+
+
+def test_overlapping_intervals_are_a_tie_and_the_text_says_so():
+    a = Interval(1.00, 0.95, 1.05, 3, "")
+    b = Interval(1.03, 0.99, 1.07, 3, "")
+    result = compare(a, b)
+    assert result.verdict == TIE
+    assert result.diff_rel <= result.plus_minus_rel
+    assert "tie within the noise" in result.text("A", "B")
+
+
+def test_a_clear_win_states_the_difference_and_its_uncertainty():
+    fast = Interval(0.79, 0.78, 0.80, 3, "")
+    slow = Interval(1.00, 0.98, 1.02, 3, "")
+    result = compare(slow, fast)
+    assert result.verdict == BETTER_B
+    assert result.diff_rel == pytest.approx(0.21)
+    assert result.plus_minus_rel == pytest.approx(0.03)
+    assert result.text("default bf16", "reduce-overhead bf16") == \
+        "reduce-overhead bf16 beats default bf16 by 21% +- 3%"
+    assert compare(fast, slow).verdict == BETTER_A
+
+
+def _entry(key, power, compile_s, mode, objective=1.0, spread=0.01):
+    def interval(v):
+        return None if v is None else Interval(v, v * (1 - spread), v * (1 + spread), 3, "")
+    return TieEntry(key, interval(objective), interval(power), interval(compile_s), mode)
+
+
+def test_tie_break_prefers_lower_average_power():
+    winner, why = break_tie([_entry("a", 400, 10, "default"), _entry("b", 300, 90, "max-autotune")])
+    assert (winner.key, why) == ("b", "lower average power")
+
+
+def test_tie_break_goes_to_the_cheaper_compile_when_power_is_within_the_noise():
+    winner, why = break_tie([_entry("a", 400, 90, "default"), _entry("b", 401, 12, "reduce-overhead")])
+    assert (winner.key, why) == ("b", "cheaper compile")
+
+
+def test_tie_break_then_prefers_the_simpler_mode_in_order():
+    for simpler, harder in zip(MODE_SIMPLICITY, MODE_SIMPLICITY[1:], strict=False):
+        winner, why = break_tie([_entry("hard", 400, 20, harder), _entry("simple", 401, 20.1, simpler)])
+        assert (winner.key, why) == ("simple", "simpler mode")
+
+
+def test_tie_break_falls_back_to_the_lower_median():
+    winner, why = break_tie([_entry("a", 400, 20, "default", objective=1.01),
+                             _entry("b", 400, 20, "default", objective=1.00)])
+    assert (winner.key, why) == ("b", "lower median")
+
+
+def test_flagged_runs_count_only_after_a_clean_repeat():
+    flagged = RunMark(ok=True, flagged=True)
+    clean = RunMark(ok=True)
+    failed = RunMark(ok=False)
+    assert counted([flagged]) == []
+    assert counted([flagged, failed]) == []
+    assert counted([flagged, clean, failed]) == [0, 1]
+    advice = repeat_advice([flagged], close_call=False)
+    assert advice.more == 1 and advice.fresh_process
+
+
+def test_a_contender_is_measured_three_times_with_a_fresh_process_among_them():
+    first = RunMark(ok=True, fresh_process=True)
+    advice = repeat_advice([first], close_call=False)
+    assert advice.more == MIN_REPEATS - 1
+    assert not advice.fresh_process  # a second window in the same process is cheaper
+    second = RunMark(ok=True, fresh_process=False)
+    advice = repeat_advice([first, second], close_call=False)
+    assert advice.more == 1 and advice.fresh_process  # the last one needed must start a process
+    third = RunMark(ok=True, fresh_process=True)
+    assert repeat_advice([first, second, third], close_call=False).more == 0
+
+
+def test_three_same_process_runs_still_need_a_fresh_one():
+    runs = [RunMark(ok=True, fresh_process=True)] + [RunMark(ok=True, fresh_process=False)] * 2
+    advice = repeat_advice(runs, close_call=False)
+    assert advice.more == 1 and advice.fresh_process
+
+
+def test_close_calls_get_more_runs_up_to_the_cap():
+    runs = [RunMark(ok=True, fresh_process=True)] * MIN_REPEATS
+    assert repeat_advice(runs, close_call=True).more == 1
+    capped = [RunMark(ok=True, fresh_process=True)] * MAX_REPEATS
+    assert repeat_advice(capped, close_call=True).more == 0
+    # Failed and flagged runs count towards the cap: a noisy host cannot keep a configuration forever.
+    noisy = [RunMark(ok=True, flagged=True)] * MAX_REPEATS
+    assert repeat_advice(noisy, close_call=True).more == 0
+
+
+def test_intervals_reject_bad_input():
+    with pytest.raises(ValueError):
+        median_interval([])
+    with pytest.raises(ValueError):
+        median_interval([1.0], confidence=1.5)
+    with pytest.raises(ValueError):
+        break_tie([])
+    assert math.isinf(t_quantile(0.9, 0))

@@ -1,0 +1,335 @@
+"""The guided search engine (controller.search) driven through its callbacks.
+
+`measure` is a bench stand-in that returns recorded figures (the engine's contract is "measure this
+configuration once"; the test is not about compiling); `predict` is a table of predictions, except in
+the last test, which fits the real trade-off model on the committed data of the other workloads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from joulepilot.compiler import CompileConfig
+from joulepilot.controller.search import Observation, SearchSettings, run_search
+from joulepilot.controller.tradeoff import fit_samples, training_samples
+from joulepilot.policies.noise import MAX_REPEATS, MIN_REPEATS
+from joulepilot.policies.schema import Limits
+from joulepilot.store import import_runs, read_export
+
+DATA = Path(__file__).parent / "data"
+
+
+def row(mode: str, precision: str = "fp32", fusion: str = "default", batch: int = 8) -> dict:
+    return CompileConfig(mode=mode, fusion=fusion, precision=precision, batch_size=batch).to_row()
+
+
+def figures(energy: float, power: float, *, compile_s: float = 10.0, wall_s: float = 30.0, err: float = 1e-4,
+            latency: float = 5.0, peak: float | None = None, flagged: str | None = None) -> dict:
+    return {"energy_j_per_inference": energy, "avg_power_w": power, "compile_s": compile_s, "wall_s": wall_s,
+            "max_rel_error": err, "latency_ms_p95": latency, "peak_power_w": peak or power * 1.1,
+            "flagged": flagged}
+
+
+class Bench:
+    """Measures a configuration by returning its next recorded figures (cycling); logs every call."""
+
+    def __init__(self, table: dict[str, list[dict]]) -> None:
+        self.table = table
+        self.calls: list[tuple[str, bool]] = []
+        self.seen: dict[str, int] = defaultdict(int)
+
+    def __call__(self, config: dict, fresh_process: bool) -> Observation:
+        label = config["label"]
+        self.calls.append((label, fresh_process))
+        runs = self.table[label]
+        f = runs[self.seen[label] % len(runs)]
+        self.seen[label] += 1
+        return Observation(ok=True, wall_s=f["wall_s"], energy_j_per_inference=f["energy_j_per_inference"],
+                           avg_power_w=f["avg_power_w"], peak_power_w=f["peak_power_w"],
+                           latency_ms_p95=f["latency_ms_p95"], compile_s=f["compile_s"],
+                           max_rel_error=f["max_rel_error"], fresh_process=fresh_process, flagged=f["flagged"])
+
+
+def predictor(table: dict[str, dict[str, tuple[float, float]]]):
+    def predict(configs):
+        return [table.get(c["label"], {}) for c in configs]
+    return predict
+
+
+def prediction(energy: float, power: float, compile_s: float = 10.0, sd_rel: float = 0.05) -> dict:
+    return {"energy_j_per_inference": (energy, energy * sd_rel), "avg_power_w": (power, power * sd_rel),
+            "compile_s": (compile_s, compile_s * sd_rel), "latency_ms_p95": (5.0, 0.25)}
+
+
+EAGER = row("eager")
+STOCK = row("default")
+BASELINE_RUNS = {EAGER["label"]: [figures(2.0, 480, compile_s=0.2, wall_s=12)],
+                 STOCK["label"]: [figures(1.6, 520, compile_s=12, wall_s=30)]}
+BASELINE_PREDICTIONS = {EAGER["label"]: prediction(2.0, 480, 0.2), STOCK["label"]: prediction(1.6, 520, 12)}
+
+
+def guided_steps(result) -> list[str]:
+    return [s.label for s in result.steps if s.kind == "guided"]
+
+
+def test_baselines_come_first_then_the_best_predicted_value_per_second():
+    # The slow one would come first in compile-cost order (simpler mode, default fusion) and is even
+    # predicted slightly better, but takes 25 times longer to measure.
+    slow, quick = row("default", "bf16"), row("reduce-overhead", "bf16", "no-epilogue-fusion")
+    table = {**BASELINE_RUNS, quick["label"]: [figures(0.62, 400, compile_s=12, wall_s=30)],
+             slow["label"]: [figures(0.60, 400, compile_s=300, wall_s=320)]}
+    per_second = {**BASELINE_PREDICTIONS, quick["label"]: prediction(0.62, 400, 12),
+                  slow["label"]: prediction(0.60, 400, 300)}
+    result = run_search([EAGER, STOCK, slow, quick], Bench(table), predictor(per_second),
+                        settings=SearchSettings(expected_inferences=10_000_000))
+    assert [s.kind for s in result.steps[:2]] == ["baseline", "baseline"]
+    assert {s.label for s in result.steps[:2]} == {EAGER["label"], STOCK["label"]}
+    assert guided_steps(result)[0] == quick["label"]
+    # Its predicted cost: compile seconds plus the median overhead (wall - compile) of the baselines' runs.
+    overhead_s = statistics.median([12 - 0.2, 30 - 12])
+    assert "acquisition" in result.steps[2].why and f"about {12 + overhead_s:.0f} s to measure" in result.steps[2].why
+
+    better = {**BASELINE_PREDICTIONS, quick["label"]: prediction(0.6, 400, 12), slow["label"]: prediction(0.3, 400, 12)}
+    result = run_search([EAGER, STOCK, quick, slow], Bench(table), predictor(better),
+                        settings=SearchSettings(expected_inferences=10_000_000))
+    assert guided_steps(result)[0] == slow["label"]  # same predicted cost, predicted twice as good
+
+
+def test_a_candidate_that_cannot_plausibly_win_is_skipped_with_its_reason():
+    good, hopeless = row("reduce-overhead", "bf16"), row("reduce-overhead", "fp32", "no-epilogue-fusion")
+    table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)], hopeless["label"]: [figures(3.0, 600)]}
+    predictions = {**BASELINE_PREDICTIONS, good["label"]: prediction(0.5, 380),
+                   hopeless["label"]: prediction(3.0, 600, sd_rel=0.03)}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, good, hopeless], bench, predictor(predictions))
+    assert hopeless["label"] not in bench.seen
+    (skipped,) = result.skipped
+    assert skipped.label == hopeless["label"]
+    found = re.match(r"predicted ([\d.]+) J \+- ([\d.]+) J, measured best ([\d.]+) J \((.+?)\): even ([\d.]+) J "
+                     r"would not beat it by more than the noise", skipped.reason)
+    assert found, skipped.reason
+    mean, std, best, best_label, optimistic = found.groups()
+    assert float(mean) == pytest.approx(3.0, rel=0.02) and float(best) == pytest.approx(0.5, rel=0.02)
+    assert best_label == good["label"]
+    # The optimistic bound is two log-space spreads below the prediction, and still far above the best.
+    assert float(optimistic) == pytest.approx(float(mean) * math.exp(-2 * float(std) / float(mean)), rel=0.01)
+    assert float(optimistic) > 0.5
+    assert result.chosen_label == good["label"] and result.state == "verified"
+    assert "nothing left" in result.stop_reason
+
+
+def test_budget_stops_the_search_before_a_measurement_that_would_overrun_it():
+    others = [row("reduce-overhead", "bf16"), row("default", "bf16"), row("eager", "bf16")]
+    table = {**BASELINE_RUNS, **{c["label"]: [figures(1.0, 400)] for c in others}}
+    predictions = {**BASELINE_PREDICTIONS, **{c["label"]: prediction(1.0, 400) for c in others}}
+    result = run_search([EAGER, STOCK, *others], Bench(table), predictor(predictions),
+                        settings=SearchSettings(budget_s=50))
+    assert [s.kind for s in result.steps] == ["baseline", "baseline"]
+    assert result.spent_s == pytest.approx(42)
+    assert "budget_s" in result.stop_reason
+    assert all("budget_s" in s.reason for s in result.skipped)
+    assert result.state == "provisional"  # its choice rests on one run
+
+
+def test_max_measurements_stops_the_search():
+    others = [row("reduce-overhead", "bf16"), row("default", "bf16"), row("eager", "bf16")]
+    table = {**BASELINE_RUNS, **{c["label"]: [figures(1.0, 400)] for c in others}}
+    result = run_search([EAGER, STOCK, *others], Bench(table), None, settings=SearchSettings(max_measurements=3))
+    assert result.measurements == 3 == len(result.steps)
+    assert result.stop_reason == "max_measurements reached (3)"
+    assert {s.reason for s in result.skipped} == {"not measured: the search stopped (max_measurements reached (3))"}
+
+
+def test_infeasible_envelope_chooses_the_lowest_power_config_that_meets_the_other_limits():
+    bf16 = row("eager", "bf16")
+    fp16 = row("eager", "fp16")  # lower power still, but breaks the accuracy limit
+    hot = row("reduce-overhead", "fp32")
+    table = {**BASELINE_RUNS, bf16["label"]: [figures(1.2, 282, compile_s=0.3, wall_s=12, err=0.01)],
+             fp16["label"]: [figures(1.1, 270, compile_s=0.3, wall_s=12, err=0.05)],
+             hot["label"]: [figures(1.5, 640)]}
+    predictions = {**BASELINE_PREDICTIONS, bf16["label"]: prediction(1.2, 282, 0.3),
+                   fp16["label"]: prediction(1.1, 270, 0.3), hot["label"]: prediction(1.5, 640)}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, bf16, fp16, hot], bench, predictor(predictions),
+                        limits=Limits(max_avg_power_w=250, max_rel_error=0.02))
+    assert result.state == "infeasible"
+    assert result.chosen_label == bf16["label"]
+    assert "lowest measured average power 282 W" in result.reason
+    assert "exceeds 250 W by 13%" in result.reason
+    assert bench.seen[bf16["label"]] >= MIN_REPEATS  # the choice contends, so it is repeated
+    assert hot["label"] not in bench.seen  # predicted far over the envelope: not measured
+    (skipped,) = result.skipped
+    assert "predicted average power 640 W" in skipped.reason and "max_avg_power_w 250 W" in skipped.reason
+
+
+def test_envelope_is_checked_on_the_upper_bound_and_a_straddler_is_repeated_to_the_cap():
+    near = row("reduce-overhead", "bf16")  # median 449 W, but its spread reaches over 450 W
+    safe = row("default", "bf16")
+    table = {**BASELINE_RUNS, near["label"]: [figures(0.8, 440), figures(0.8, 449), figures(0.8, 458)],
+             safe["label"]: [figures(1.0, 350)]}
+    predictions = {**BASELINE_PREDICTIONS, near["label"]: prediction(0.8, 449), safe["label"]: prediction(1.0, 350)}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, near, safe], bench, predictor(predictions),
+                        limits=Limits(max_avg_power_w=450))
+    straddler = next(m for m in result.measured if m.label == near["label"])
+    assert straddler.avg_power_w.median <= 450 < straddler.avg_power_w.high
+    assert any("average power (upper bound)" in v for v in straddler.violations)
+    assert bench.seen[near["label"]] == MAX_REPEATS  # a close call on the envelope: repeated up to the cap
+    assert result.chosen_label == safe["label"] and result.state == "verified"
+
+
+def test_peak_limit_uses_the_highest_instant_power_seen():
+    spiky = row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, spiky["label"]: [figures(0.5, 300, peak=390), figures(0.5, 300, peak=520)]}
+    result = run_search([EAGER, STOCK, spiky], Bench(table), None, limits=Limits(max_peak_power_w=500))
+    measured = next(m for m in result.measured if m.label == spiky["label"])
+    assert measured.peak_power_w == 520
+    assert any(v.startswith("max_peak_power_w") for v in measured.violations)
+
+
+def test_a_tie_within_the_noise_goes_to_lower_power_and_the_confidence_says_why():
+    busy, frugal = row("reduce-overhead", "bf16"), row("default", "bf16", "no-epilogue-fusion")
+    table = {**BASELINE_RUNS, busy["label"]: [figures(e, 400) for e in (1.00, 1.02, 0.98)],
+             frugal["label"]: [figures(e, 300) for e in (1.01, 0.99, 1.03)]}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, busy, frugal], bench, None)
+    assert result.chosen_label == frugal["label"]
+    assert result.state == "verified"
+    assert "tie within the noise" in result.confidence and "lower average power (300 W vs 400 W)" in result.confidence
+    for label in (busy["label"], frugal["label"]):  # both contend: three runs each, a fresh process among them
+        calls = [fresh for name, fresh in bench.calls if name == label]
+        assert len(calls) >= MIN_REPEATS and sum(calls) >= 2
+
+
+def test_a_clear_win_states_how_much_better_it_is():
+    fast, slow = row("reduce-overhead", "bf16"), row("default", "bf16")
+    table = {**BASELINE_RUNS, fast["label"]: [figures(e, 420) for e in (0.79, 0.80, 0.78)],
+             slow["label"]: [figures(e, 300) for e in (1.00, 1.01, 0.99)]}
+    result = run_search([EAGER, STOCK, fast, slow], Bench(table), None)
+    assert result.chosen_label == fast["label"]
+    assert result.confidence.startswith(f"{fast['label']} beats {slow['label']} by 21% +- ")
+
+
+def test_a_flagged_run_counts_only_after_a_clean_repeat():
+    flagged = row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, flagged["label"]: [figures(0.4, 400, flagged="energy window 3x slower"),
+                                                 figures(0.5, 400)]}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, flagged], bench, None)
+    index = [name for name, _ in bench.calls].index(flagged["label"])
+    assert bench.calls[index + 1] == (flagged["label"], True)  # repeated at once, in a fresh process
+    assert result.chosen_label == flagged["label"] and result.state == "verified"
+    chosen = next(m for m in result.measured if m.label == flagged["label"])
+    assert chosen.objective.n == len(chosen.runs)  # with a clean run, the flagged one counts too
+
+
+def test_several_batch_sizes_rank_by_energy_per_sample_and_limit_latency_per_call():
+    b8, b16, b32 = (row("default", "bf16", batch=b) for b in (8, 16, 32))
+    table = {**BASELINE_RUNS, b8["label"]: [figures(0.40, 300, latency=3)],
+             b16["label"]: [figures(0.70, 320, latency=6)], b32["label"]: [figures(1.20, 340, latency=12)]}
+    result = run_search([EAGER, STOCK, b8, b16, b32], Bench(table), None,
+                        limits=Limits(max_p95_latency_ms=10), settings=SearchSettings(baseline_batch_size=8))
+    assert result.objective_unit == "J/sample"
+    assert result.chosen_label == b16["label"]  # 0.044 J/sample; b32 is 0.0375 but 12 ms per call
+    big = next(m for m in result.measured if m.label == b32["label"])
+    # per sample: (J per call + compile seconds x average power / expected inferences) / batch size
+    assert big.objective.median == pytest.approx((1.20 + 10.0 * 340 / 1_000_000) / 32)
+    assert any(v.startswith("max_p95_latency_ms") for v in big.violations)
+
+
+def test_exhaustive_measures_every_configuration():
+    others = [row("reduce-overhead", "bf16"), row("reduce-overhead", "fp32", "no-epilogue-fusion")]
+    table = {**BASELINE_RUNS, others[0]["label"]: [figures(0.5, 380)], others[1]["label"]: [figures(3.0, 600)]}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, *others], bench, None, settings=SearchSettings(strategy="exhaustive"))
+    assert set(bench.seen) == set(table) and not result.skipped
+    assert result.chosen_label == others[0]["label"]
+
+
+def test_runs_already_stored_count_and_cost_nothing():
+    good = row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)]}
+    stored = {EAGER["id"]: [Observation(ok=True, wall_s=12, energy_j_per_inference=2.0, avg_power_w=480,
+                                        max_rel_error=0.0)]}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, good], bench, None, prior=stored)
+    assert EAGER["label"] not in bench.seen
+    assert result.spent_s == pytest.approx(sum(s.wall_s for s in result.steps))
+
+
+def test_observation_from_a_stored_run():
+    run = {"status": "ok", "started_at": 100.0, "finished_at": 130.5, "energy_j_per_inference": 1.5,
+           "avg_power_w": 400.0, "compile_s": 12.0, "extra": '{"window_warning": "window 4x slower"}', "id": 7}
+    obs = Observation.from_run(run, fresh_process=False)
+    assert (obs.ok, obs.wall_s, obs.flagged, obs.run_id, obs.fresh_process) == (True, 30.5, "window 4x slower", 7,
+                                                                               False)
+    failed = Observation.from_run({"status": "failed", "reason": "compile exceeded budget", "started_at": 1.0,
+                                   "finished_at": 61.0})
+    assert not failed.ok and failed.wall_s == 60.0 and failed.reason == "compile exceeded budget"
+
+
+def test_settings_reject_bad_values_in_one_message():
+    with pytest.raises(ValueError, match="strategy must be one of guided, exhaustive.*budget_s must be"):
+        SearchSettings(strategy="random", budget_s=-1)
+
+
+def test_with_the_real_tradeoff_model_fitted_on_other_workloads(db):
+    """GPT-2 on the H200 sweep, the model fitted on the committed runs of every other workload."""
+    for path in sorted(DATA.glob("*.json")):
+        import_runs(db, read_export(path))
+    spec = "transformers:GPT2Config"
+    samples = training_samples(db)
+    model = fit_samples([s for s in samples if s.group != spec])
+    records = [r for r in read_export(DATA / "gpu_sweep_h200.json") if r["workload"]["spec"] == spec]
+    workload = records[0]["workload"]
+    configs = {r["config"]["id"]: r["config"] for r in records}
+    runs = defaultdict(list)
+    for r in records:
+        runs[r["config"]["id"]].append(r["run"])
+
+    def measure(config, fresh_process):  # the median run of the recorded ones, or a failure
+        ok = sorted((r for r in runs[config["id"]] if r["status"] == "ok"), key=lambda r: r["energy_j_per_inference"])
+        return Observation.from_run(ok[len(ok) // 2] if ok else runs[config["id"]][0], fresh_process=fresh_process)
+
+    def predict(rows):
+        return model.predict_many(workload, rows, "NVIDIA H200")
+
+    result = run_search(list(configs.values()), measure, predict,
+                        limits=Limits(max_rel_error=2e-2), settings=SearchSettings(expected_inferences=10_000_000))
+    medians = {cid: statistics.median(r["energy_j_per_inference"] for r in rs if r["status"] == "ok")
+               for cid, rs in runs.items() if any(r["status"] == "ok" for r in rs)}
+    assert result.chosen_config_id == min(medians, key=medians.get)
+    assert result.state == "verified"
+    assert result.skipped, "the model should rule some configurations out"
+    assert all(s.reason.startswith("predicted") for s in result.skipped)
+
+
+def test_nothing_measured_successfully_is_state_failed_and_not_repeated():
+    calls = []
+
+    def broken(config, fresh_process):
+        calls.append(config["label"])
+        return Observation(ok=False, wall_s=60, reason="compile exceeded budget of 45 s", fresh_process=fresh_process)
+
+    others = [row("max-autotune-no-cudagraphs", "bf16"), row("max-autotune", "bf16")]
+    result = run_search([EAGER, STOCK, *others], broken, None)
+    assert (result.state, result.chosen_config_id) == ("failed", None)
+    assert sorted(calls) == sorted(c["label"] for c in [EAGER, STOCK, *others])  # each once, none repeated
+    assert {m.status for m in result.measured} == {"failed"}
+
+
+def test_the_result_is_plain_data_for_json():
+    good = row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)]}
+    result = run_search([EAGER, STOCK, good], Bench(table), None, limits=Limits(max_avg_power_w=450))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["chosen_label"] == good["label"]
+    chosen = next(m for m in data["measured"] if m["label"] == good["label"])
+    assert chosen["status"] == "chosen" and chosen["objective"]["n"] == len(chosen["runs"]) >= MIN_REPEATS
+    assert [s["kind"] for s in data["steps"]][:2] == ["baseline", "baseline"]
