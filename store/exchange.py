@@ -20,6 +20,7 @@ import sqlite_utils
 
 from .db import transaction
 from .errors import ExportFormatError
+from .files import write_file_atomic
 from .jsonvalues import json_output, row_from_json
 
 PARTS = ("run", "workload", "config", "host")
@@ -137,20 +138,11 @@ def write_export(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) 
         with open(target, "w", encoding="utf-8") as f:
             f.write(text)
         return
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        write_file_atomic(target, text.encode("utf-8"))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.filename in (None, str(tmp)):  # name the file the user asked for, not our temporary one
+        if exc.filename is None or str(exc.filename).endswith(".tmp"):  # name the user's file, not ours
             raise OSError(exc.errno, exc.strerror, str(target)) from exc
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -10,7 +10,6 @@ imports a run twice.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 import uuid
@@ -24,6 +23,7 @@ import sqlite_utils
 from .commit import commit_run
 from .daemon_state import get_job
 from .errors import StoreError
+from .files import write_file_atomic
 
 PENDING_SUFFIX = ".pending"
 
@@ -64,17 +64,7 @@ def pending_dir(db: sqlite_utils.Database) -> Path | None:
 def _write_side_file(folder: Path, record: Mapping[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"run-{time.strftime('%Y%m%dT%H%M%S')}-{record['pending_id'][:8]}.json"
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return target
+    return write_file_atomic(target, json.dumps(record, default=str).encode("utf-8"))
 
 
 def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
