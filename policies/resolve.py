@@ -34,7 +34,7 @@ import importlib.metadata
 import json
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -247,9 +247,7 @@ class _Repeats:
 
 
 def _repeats(policy: Policy, ok_runs: list[RunRow]) -> _Repeats:
-    marks = [RunMark(ok=True, flagged=run_flag(r) is not None) for r in ok_runs]
-    kept = counted(marks)
-    runs = [ok_runs[i] for i in kept] if kept else list(ok_runs)
+    runs, clean = counted_runs(ok_runs)
     objective, amortised = [], []
     for run in runs:
         if run.energy_j_per_inference is None:
@@ -260,11 +258,29 @@ def _repeats(policy: Policy, ok_runs: list[RunRow]) -> _Repeats:
         if score is not None:
             objective.append(score)
     power = [r.avg_power_w for r in runs if r.avg_power_w is not None]
-    return _Repeats(runs, bool(kept), objective, amortised, power)
+    return _Repeats(runs, clean, objective, amortised, power)
+
+
+def counted_runs(ok_runs: Sequence[RunRow]) -> tuple[list[RunRow], bool]:
+    """(the runs of one configuration that count, whether any is clean): every ok run once a clean one
+    exists (`noise.counted`), else all of them, every one flagged "repeat this run"."""
+    kept = counted([RunMark(ok=run.ok, flagged=run_flag(run) is not None) for run in ok_runs])
+    return ([ok_runs[i] for i in kept], True) if kept else ([r for r in ok_runs if r.ok], False)
+
+
+def repeat_intervals(values_per_config: Mapping[str, Sequence[float]]) -> dict[str, Interval]:
+    """config_id -> the median of its values and an interval for it, each configuration's spread moderated
+    by the typical spread of the others with repeats (`policies.noise`); configurations with no value
+    are left out."""
+    typical = typical_rel_std(list(values_per_config.values()))
+    spread = assumed_spread_rel(typical)
+    return {cid: median_interval(values, spread_rel=spread, prior_rel_std=typical)
+            for cid, values in values_per_config.items() if values}
 
 
 def _intervals(all_repeats: Mapping[str, _Repeats]) -> None:
-    """Each configuration's intervals, its spread moderated by the workload's typical spread (noise rules)."""
+    """Each configuration's intervals (objective and average power); flagged-only ones do not shape the
+    typical spread."""
     for figure, target in (("objective", "objective_ci"), ("power_w", "power_ci")):
         typical = typical_rel_std([getattr(r, figure) for r in all_repeats.values() if r.clean])
         spread = assumed_spread_rel(typical)
