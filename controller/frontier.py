@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.noise import median
+from joulepilot.policies.resolve import counted_runs, repeat_intervals
 from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.runs import RunRow, latest_per_config, ok_runs
 
@@ -51,13 +53,43 @@ def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[A
     return out
 
 
+def _median_of(runs: Sequence[RunRow], figure: str) -> float | None:
+    values = [getattr(r, figure) for r in runs if getattr(r, figure) is not None]
+    return median(values) if values else None
+
+
+def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> list[dict[str, Any]]:
+    """One point per measured configuration over every run that counts (flagged runs once a clean one
+    exists): median figures, and for J/inference the median's interval and the number of repeats."""
+    counted_per_config = {cid: counted_runs([r for r in runs if r.config_id == cid])[0] for cid in latest}
+    intervals = repeat_intervals({cid: [r.energy_j_per_inference for r in rs if r.energy_j_per_inference is not None]
+                                  for cid, rs in counted_per_config.items()})
+    points = []
+    for cid, newest in latest.items():
+        mine, ci = counted_per_config[cid], intervals.get(cid)
+        points.append({
+            "label": newest.config_label, "config_id": cid, "mode": newest.mode, "fusion": newest.fusion,
+            "precision": newest.precision, "source": "measured", "run_id": newest.id,
+            "run_ids": [r.id for r in mine], "repeats": len(mine),
+            "latency_ms_p95": _median_of(mine, "latency_ms_p95"),
+            "energy_j_per_inference": ci.median if ci else None,
+            "median": ci.median if ci else None, "ci_low": ci.low if ci else None,
+            "ci_high": ci.high if ci else None,
+            "spread_pct": 100.0 * ci.half_width_rel if ci else None,
+            "avg_power_w": _median_of(mine, "avg_power_w"), "compile_s": _median_of(mine, "compile_s"),
+            "energy_source": newest.energy_source,
+        })
+    return points
+
+
 def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | None = None,
              batch_size: int | None = None, model: TradeoffModel | None = None, search: Any = None,
              predict: bool = True) -> dict[str, Any]:
     """Measured and predicted (latency p95, J/inference) points of `workload` (a spec) on one device kind.
 
     Defaults: the device kind and batch size with the most ok runs of the workload. Measured points are
-    the latest ok run per configuration; predicted points are allowed configurations never measured
+    the medians over every counted ok run per configuration (`median`, `ci_low`, `ci_high`: J/inference
+    and its interval; `repeats`: how many runs); predicted points are allowed configurations never measured
     (with the model's uncertainty). `frontier` lists the Pareto-optimal labels over all points,
     `measured_frontier` over measured points only.
     """
@@ -77,14 +109,9 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
         raise TradeoffError(f"workload {workload!r} has no runs at batch size {batch_size} on {device_name!r}")
     workload_id = Counter(r.workload_id for r in at_batch).most_common(1)[0][0]
 
-    latest = latest_per_config(r for r in at_batch if r.workload_id == workload_id)
-    points = [
-        {"label": r.config_label, "config_id": r.config_id, "mode": r.mode, "fusion": r.fusion,
-         "precision": r.precision, "source": "measured", "run_id": r.id,
-         "latency_ms_p95": r.latency_ms_p95, "energy_j_per_inference": r.energy_j_per_inference,
-         "avg_power_w": r.avg_power_w, "compile_s": r.compile_s, "energy_source": r.energy_source}
-        for r in latest.values()
-    ]
+    mine = [r for r in at_batch if r.workload_id == workload_id]
+    latest = latest_per_config(mine)
+    points = _measured_points(mine, latest)
 
     notes = []
     if predict:

@@ -70,6 +70,7 @@ def report_md(r: DeploymentReport) -> str:
             lines.append(f"| {md(b.label)} | – | – | – | – | {md(b.note)} |")
     lines += ["", "## Envelope", "",
               f"- Limits from: {md(e.limits_from or 'no envelope known')}",
+              *([f"- **{md(e.cannot_be_met)}**"] if e.cannot_be_met else []),
               f"- Windows above the average-power limit: {e.windows_above_avg_limit}",
               f"- Windows above the peak-power limit: {e.windows_above_peak_limit}",
               f"- Violations: {len(e.violations)}"]

@@ -155,6 +155,9 @@ class Envelope(Section):
     windows_above_avg_limit: int
     windows_above_peak_limit: int
     violations: list[Violation]
+    # Set when the decision in force is `infeasible`: no measured configuration meets the power envelope
+    # ("the envelope cannot be met: lowest measured ... exceeds 250 W by 13%").
+    cannot_be_met: str | None = None
 
     @property
     def has_limits(self) -> bool:
@@ -451,8 +454,17 @@ def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: 
         decided_at=iso(decision.decided_at if decision else None), served_config_ids=served, history=history)
 
 
+def _cannot_be_met(decision: DecisionRow | None) -> str | None:
+    """The statement that the envelope cannot be met, when the decision in force says so."""
+    if decision is None or decision.state != "infeasible":
+        return None
+    shortfall = decision.details.get("confidence") or decision.reason or ""
+    return f"the envelope cannot be met: {shortfall}".rstrip(": ")
+
+
 def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_from: str | None,
-              windows: Sequence[Window], violations: Sequence[Mapping[str, Any]]) -> Envelope:
+              windows: Sequence[Window], violations: Sequence[Mapping[str, Any]],
+              decision: DecisionRow | None = None) -> Envelope:
     avg_limit, peak_limit = limits.get("max_avg_power_w"), limits.get("max_peak_power_w")
     labels = store_reports.config_labels(db, (v.get("config_id") for v in violations))
     return Envelope(
@@ -465,6 +477,7 @@ def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_fro
                               limit_value=v["limit_value"], measured_value=v["measured_value"],
                               config_id=v.get("config_id"), config_label=labels.get(v.get("config_id") or ""),
                               decision_id=v.get("decision_id")) for v in violations],
+        cannot_be_met=_cannot_be_met(decision),
     )
 
 
@@ -550,7 +563,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                       start_t=windows[0].t_start if windows else None, end_t=windows[-1].t_end if windows else None,
                       samples=len(windows)),
         totals=totals,
-        envelope=_envelope(db, limits, limits_from, windows, violations),
+        envelope=_envelope(db, limits, limits_from, windows, violations, decision),
         configuration=configuration,
         baselines=baselines,
         co2=None if intensity is None else Co2(grid_gco2_per_kwh=intensity,

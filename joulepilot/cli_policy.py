@@ -83,10 +83,10 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
         return
     click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}  "
                f"(* = on the Pareto frontier)")
-    rows = [p | {"front": "*" if p["pareto"] else ""} for p in result["points"]]
-    echo_table(rows, ["front", "label", "source", "latency_ms_p95", "energy_j_per_inference",
-                      "energy_j_per_inference_std", "avg_power_w"],
-               ["", "config", "source", "p95 ms", "J/call", "± J", "avg W"])
+    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p)} for p in result["points"]]
+    echo_table(rows, ["front", "label", "source", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
+                      "avg_power_w"],
+               ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"])
     for note in result["notes"]:
         click.echo(note, err=True)
     if plot_path:
@@ -182,6 +182,20 @@ def _decide(file: str, db: str | None, device_name: str | None, torch_version: s
         database.close()
 
 
+def _plus_minus(point: dict[str, Any]) -> float | None:
+    """± of a frontier point's J/call: the median's interval (measured), one std (predicted)."""
+    if point.get("median") is not None:
+        return max(point["ci_high"] - point["median"], point["median"] - point["ci_low"])
+    return point.get("energy_j_per_inference_std")
+
+
+def _spread_text(cand: Any) -> str | None:
+    """'±4% (3)': the median objective's interval in percent and how many runs it rests on."""
+    if cand.source != "measured" or cand.spread_pct is None:
+        return None
+    return f"±{cand.spread_pct:.0f}% ({cand.repeats})"
+
+
 def _elsewhere_hint(decision: Any) -> str | None:
     """What to pass to decide for a device kind / torch pair that has runs, when this one has none."""
     if not decision.measured_elsewhere:
@@ -193,7 +207,7 @@ def _elsewhere_hint(decision: Any) -> str | None:
             f"{decision.workload} exist for {pairs}")
 
 
-CANDIDATE_COLUMNS = ["status", "label", "source", "score", "amortised_energy_j", "latency_ms_p95", "avg_power_w",
+CANDIDATE_COLUMNS = ["status", "label", "source", "score", "spread", "amortised_energy_j", "latency_ms_p95", "avg_power_w",
                      "compile_s", "max_rel_error", "break_even", "why"]
 
 
@@ -202,6 +216,7 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
     for c in decision.candidates:
         fig = c.figures if c.source == "measured" else {k: v[0] for k, v in c.predicted.items()}
         rows.append({"status": c.status, "label": c.label, "source": c.source, "score": c.score,
+                     "spread": _spread_text(c),
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
                      "max_rel_error": fig.get("max_rel_error"), "break_even": c.break_even_inferences,
@@ -215,6 +230,8 @@ def _echo_decision(decision: Any) -> None:
     click.echo(f"device     {decision.device_kind}, torch {decision.torch_version}")
     click.echo(f"decision   {decision.label}  [{decision.state}]")
     click.echo(f"reason     {decision.reason}")
+    if decision.confidence:
+        click.echo(f"confidence {decision.confidence}")
     if decision.proposed:
         click.echo(f"proposed   {decision.proposed['label']} (prediction only: benchmark it to verify)")
     flagged = [c.label for c in decision.candidates if c.flagged]
@@ -231,7 +248,7 @@ def _echo_decision(decision: Any) -> None:
         click.echo(f"break-even vs eager fp32: {decision.break_even_inferences:,.0f} inferences")
     click.echo("")
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
-               ["status", "config", "source", "score", "J/call amortised", "p95 ms", "avg W", "compile s",
+               ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",
                 "rel err", "break-even", "why"])
 
 

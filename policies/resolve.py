@@ -34,7 +34,7 @@ import importlib.metadata
 import json
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +46,19 @@ from joulepilot.store.jsonvalues import json_object
 from joulepilot.store.runs import RunRow, latest_per_config, workload_runs
 from joulepilot.store.torchversion import torch_major_minor
 
+from .noise import (
+    TIE,
+    Interval,
+    RunMark,
+    TieEntry,
+    assumed_spread_rel,
+    break_tie,
+    compare,
+    counted,
+    median,
+    median_interval,
+    typical_rel_std,
+)
 from .schema import Policy
 
 LIMIT_FIGURES = {
@@ -61,7 +74,7 @@ PREDICTED_LIMITS = {"max_avg_power_w": "avg_power_w", "max_p95_latency_ms": "lat
 FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "latency_ms_p50", "latency_ms_p95",
            "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
            "energy_source", "window_s", "torch_version")
-STATES = ("verified", "provisional", "fallback")
+STATES = ("verified", "provisional", "infeasible", "fallback")
 # A configuration whose runs were flagged this many times is not repeated again (the host is noisy).
 REPEAT_LIMIT = 2
 
@@ -85,6 +98,16 @@ class Candidate:
     amortised_energy_j: float | None = None
     break_even_inferences: float | None = None
     flagged: str | None = None  # the run's "repeat this run" warning, when bench flagged it
+    # Over the counted repeats (measured candidates): the median objective and its interval, the
+    # interval's larger half-width in percent of the median, how the interval was made, and the runs.
+    median: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    spread_pct: float | None = None
+    interval: str | None = None
+    repeats: int = 0
+    run_ids: list[int] = field(default_factory=list)
+    avg_power_w_high: float | None = None  # upper end of the average power's interval (the envelope's figure)
 
     @property
     def config_id(self) -> str:
@@ -118,6 +141,9 @@ class Decision:
     # (device kind, torch) pairs with ok runs of this workload, when none is measured for this pair
     measured_elsewhere: list[dict[str, Any]] = field(default_factory=list)
     excluded_violated: list[str] = field(default_factory=list)  # config ids left out: they broke the envelope
+    # The chosen configuration against the runner-up ("X beats Y by 21% +- 3% ..."), or, when `infeasible`,
+    # the shortfall ("lowest measured average power 282 W ... exceeds 250 W by 13%").
+    confidence: str = ""
 
     @property
     def config_id(self) -> str:
@@ -133,7 +159,9 @@ class Decision:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:
         values = dict(data)
-        values["candidates"] = [c if isinstance(c, Candidate) else Candidate(**c)
+        fields = set(Candidate.__dataclass_fields__)
+        values["candidates"] = [c if isinstance(c, Candidate) else Candidate(**{k: v for k, v in c.items()
+                                                                                 if k in fields})
                                 for c in values.get("candidates", [])]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in values.items() if k in known})
@@ -185,22 +213,100 @@ def needs_repeat(flagged_runs: int) -> bool:
 
 
 def _scan_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str
-               ) -> tuple[dict[str, RunRow], dict[str, int], set[str]]:
-    """(config_id -> latest ok run, else latest failed run; config_id -> how many ok runs were flagged;
-    configurations whose newest run failed)."""
+               ) -> tuple[dict[str, list[RunRow]], dict[str, RunRow], dict[str, int], set[str]]:
+    """(config_id -> every ok run, newest first; config_id -> latest ok run, else latest failed run;
+    config_id -> how many ok runs were flagged; configurations whose newest run failed)."""
     runs = workload_runs(db, workload_id, device_kind, torch_version)  # newest first
     flagged: dict[str, int] = {}
     newest: dict[str, RunRow] = {}
+    ok_by_config: dict[str, list[RunRow]] = {}
     for run in runs:
         newest.setdefault(run.config_id, run)
-        if run.ok and run_flag(run):
-            flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
+        if run.ok:
+            ok_by_config.setdefault(run.config_id, []).append(run)
+            if run_flag(run):
+                flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
     newest_failed = {config_id for config_id, run in newest.items() if not run.ok}
-    return latest_per_config(runs, failed_if_no_ok=True), flagged, newest_failed
+    return ok_by_config, latest_per_config(runs, failed_if_no_ok=True), flagged, newest_failed
 
 
-def _figures(run: RunRow) -> dict[str, Any]:
-    return {k: getattr(run, k) for k in FIGURES}
+@dataclass
+class _Repeats:
+    """What a configuration's ok runs say together: the runs that count (every ok run, flagged ones
+    included, once a clean one exists; all of them, flagged, while none is clean), their medians and
+    intervals."""
+
+    runs: list[RunRow]  # newest first
+    clean: bool  # False: every run is flagged, so none counts yet
+    objective: list[float]  # per run: the objective (amortised J, ms or J x ms)
+    amortised_j: list[float]
+    power_w: list[float]
+    objective_ci: Interval | None = None
+    power_ci: Interval | None = None
+    compile_ci: Interval | None = None
+
+
+def _repeats(policy: Policy, ok_runs: list[RunRow]) -> _Repeats:
+    runs, clean = counted_runs(ok_runs)
+    objective, amortised = [], []
+    for run in runs:
+        if run.energy_j_per_inference is None:
+            continue
+        energy = run.energy_j_per_inference + (run.compile_energy_j or 0.0) / policy.objective.expected_inferences
+        score = _score(policy.objective.minimize, energy, run.latency_ms_p95)
+        amortised.append(energy)
+        if score is not None:
+            objective.append(score)
+    power = [r.avg_power_w for r in runs if r.avg_power_w is not None]
+    return _Repeats(runs, clean, objective, amortised, power)
+
+
+def counted_runs(ok_runs: Sequence[RunRow]) -> tuple[list[RunRow], bool]:
+    """(the runs of one configuration that count, whether any is clean): every ok run once a clean one
+    exists (`noise.counted`), else all of them, every one flagged "repeat this run"."""
+    kept = counted([RunMark(ok=run.ok, flagged=run_flag(run) is not None) for run in ok_runs])
+    return ([ok_runs[i] for i in kept], True) if kept else ([r for r in ok_runs if r.ok], False)
+
+
+def repeat_intervals(values_per_config: Mapping[str, Sequence[float]]) -> dict[str, Interval]:
+    """config_id -> the median of its values and an interval for it, each configuration's spread moderated
+    by the typical spread of the others with repeats (`policies.noise`); configurations with no value
+    are left out."""
+    typical = typical_rel_std(list(values_per_config.values()))
+    spread = assumed_spread_rel(typical)
+    return {cid: median_interval(values, spread_rel=spread, prior_rel_std=typical)
+            for cid, values in values_per_config.items() if values}
+
+
+def _intervals(all_repeats: Mapping[str, _Repeats]) -> None:
+    """Each configuration's intervals (objective and average power); flagged-only ones do not shape the
+    typical spread."""
+    for figure, target in (("objective", "objective_ci"), ("power_w", "power_ci")):
+        typical = typical_rel_std([getattr(r, figure) for r in all_repeats.values() if r.clean])
+        spread = assumed_spread_rel(typical)
+        for rep in all_repeats.values():
+            values = getattr(rep, figure)
+            if values:
+                setattr(rep, target, median_interval(values, spread_rel=spread, prior_rel_std=typical))
+    for rep in all_repeats.values():
+        compiles = [r.compile_s for r in rep.runs if r.compile_s is not None]
+        if compiles:
+            rep.compile_ci = median_interval(compiles)
+
+
+def _figures(runs: list[RunRow]) -> dict[str, Any]:
+    """The figures of a configuration's counted runs: medians, the highest peak power, and the newest
+    run's energy source and torch version."""
+    out: dict[str, Any] = {}
+    for key in FIGURES:
+        values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+        if key in ("energy_source", "torch_version"):
+            out[key] = values[0] if values else None
+        elif key == "peak_power_w":
+            out[key] = max(values) if values else None
+        else:
+            out[key] = median(values) if values else None
+    return out
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -215,15 +321,37 @@ def _score(objective: str, energy_j: float, latency_ms: float | None) -> float |
     return latency_ms if objective == "latency" else energy_j * latency_ms
 
 
-def _check_measured(cand: Candidate, policy: Policy) -> None:
+def _limit_text(policy: Policy, limit: str, value: float) -> str:
+    bound, unit = policy.limits.bound(limit, value), LIMIT_FIGURES[limit][1]
+    if bound == value:
+        return _fmt(value, unit)
+    return f"{_fmt(bound, unit)} ({_fmt(value, unit)} less the {policy.limits.margin_pct:g}% margin)"
+
+
+def _check_measured(cand: Candidate, policy: Policy, rep: _Repeats) -> None:
+    """Average power on the upper end of its median's interval, peak power on the highest peak seen, the
+    others on their median over the counted runs; each limit less the policy's margin."""
+    n = len(rep.runs)
+    runs_text = f"{n} run{'s' if n != 1 else ''}"
     for limit, value in policy.limits.items():
         figure, unit = LIMIT_FIGURES[limit]
-        measured = cand.figures.get(figure)
+        bound = policy.limits.bound(limit, value)
+        if limit == "max_avg_power_w":
+            measured = rep.power_ci.high if rep.power_ci else None
+            what = (f"{figure} upper bound (median {_fmt(rep.power_ci.median, unit)}, {runs_text})"
+                    if rep.power_ci else figure)
+        elif limit == "max_peak_power_w":
+            measured = cand.figures.get(figure)
+            what = f"{figure} highest of {runs_text}"
+        else:
+            measured = cand.figures.get(figure)
+            what = f"{figure} median of {runs_text}"
         if measured is None:
-            cand.reasons.append(f"{limit}: {figure} was not measured, so the limit {_fmt(value, unit)} "
-                                f"cannot be verified")
-        elif measured > value:
-            cand.reasons.append(f"{limit}: measured {figure} {_fmt(measured, unit)} > limit {_fmt(value, unit)}")
+            cand.reasons.append(f"{limit}: {figure} was not measured, so the limit {_limit_text(policy, limit, value)}"
+                                f" cannot be verified")
+        elif measured > bound:
+            cand.reasons.append(f"{limit}: measured {what} {_fmt(measured, unit)} > limit "
+                                f"{_limit_text(policy, limit, value)}")
 
 
 def _check_predicted(cand: Candidate, policy: Policy) -> list[str]:
@@ -236,9 +364,9 @@ def _check_predicted(cand: Candidate, policy: Policy) -> list[str]:
             notes.append(f"{limit} cannot be predicted; needs a measurement")
             continue
         mean, std = cand.predicted[figure]
-        if mean > value:
+        if mean > policy.limits.bound(limit, value):
             cand.reasons.append(f"{limit}: predicted {figure} {_fmt(mean, unit)} ± {_fmt(std, unit)} "
-                                f"> limit {_fmt(value, unit)}")
+                                f"> limit {_limit_text(policy, limit, value)}")
     return notes
 
 
@@ -262,7 +390,111 @@ def _key_figures(cand: Candidate | None) -> dict[str, Any]:
         return {}
     keep = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "peak_power_w", "compile_s",
             "compile_energy_j", "max_rel_error", "energy_source", "torch_version")
-    return {k: cand.figures.get(k) for k in keep} | {"run_id": cand.run_id}
+    return ({k: cand.figures.get(k) for k in keep} | {"run_id": cand.run_id, "median": cand.median,
+            "ci_low": cand.ci_low, "ci_high": cand.ci_high, "repeats": cand.repeats})
+
+
+def _set_measured(cand: Candidate, policy: Policy, rep: _Repeats, eager_j: float | None, compiles: bool) -> None:
+    cand.source, cand.run_id = "measured", rep.runs[0].id
+    cand.run_ids = [r.id for r in rep.runs]
+    cand.repeats = len(rep.runs)
+    cand.figures = _figures(rep.runs)
+    ci = rep.objective_ci
+    if ci is not None:
+        cand.score, cand.median, cand.ci_low, cand.ci_high = ci.median, ci.median, ci.low, ci.high
+        cand.spread_pct = 100.0 * ci.half_width_rel
+        cand.interval = ci.method
+    cand.amortised_energy_j = median(rep.amortised_j) if rep.amortised_j else None
+    if rep.power_ci is not None:
+        cand.avg_power_w_high = rep.power_ci.high
+    _check_measured(cand, policy, rep)
+    energy = cand.figures.get("energy_j_per_inference")
+    cand.break_even_inferences = (_break_even(cand.figures.get("compile_energy_j"), energy, eager_j, not compiles)
+                                  if energy is not None else None)
+
+
+def _tie_entry(cand: Candidate, rep: _Repeats) -> TieEntry:
+    assert rep.objective_ci is not None
+    return TieEntry(cand.config_id, rep.objective_ci, rep.power_ci, rep.compile_ci, cand.config.get("mode", ""))
+
+
+def _tie_text(criterion: str, chosen: Candidate, other: Candidate) -> str:
+    if criterion == "lower average power":
+        return (f"{criterion} ({_fmt(chosen.figures.get('avg_power_w') or 0.0, 'W')} vs "
+                f"{_fmt(other.figures.get('avg_power_w') or 0.0, 'W')})")
+    if criterion == "cheaper compile":
+        return (f"{criterion} ({_fmt(chosen.figures.get('compile_s') or 0.0, 's')} vs "
+                f"{_fmt(other.figures.get('compile_s') or 0.0, 's')})")
+    if criterion == "simpler mode":
+        return f"{criterion} ({chosen.config.get('mode')} vs {other.config.get('mode')})"
+    return "lower median (average power, compile and mode within the noise)"
+
+
+def _rank(feasible: list[Candidate], repeats: Mapping[str, _Repeats]) -> tuple[Candidate, str, str]:
+    """(the chosen candidate, the tie-break criterion or '' when it is the lowest median outright, the
+    confidence sentence comparing it with the runner-up). `feasible` is sorted by median objective."""
+    best = feasible[0]
+    best_ci = repeats[best.config_id].objective_ci
+    ties = [c for c in feasible if c is best or repeats[c.config_id].objective_ci.overlaps(best_ci)]
+    criterion = ""
+    chosen = best
+    if len(ties) > 1:
+        winner, criterion = break_tie([_tie_entry(c, repeats[c.config_id]) for c in ties])
+        chosen = next(c for c in ties if c.config_id == winner.key)
+    rivals = [c for c in feasible if c is not chosen]
+    if not rivals:
+        return chosen, criterion, f"{chosen.label} is the only measured configuration within every limit"
+    rival = rivals[0]
+    chosen_ci, rival_ci = repeats[chosen.config_id].objective_ci, repeats[rival.config_id].objective_ci
+    comparison = compare(chosen_ci, rival_ci)
+    if comparison.verdict == TIE:
+        _, pair_criterion = break_tie([_tie_entry(chosen, repeats[chosen.config_id]),
+                                       _tie_entry(rival, repeats[rival.config_id])])
+        text = (f"{chosen.label} ties {rival.label} within noise ({comparison.diff_rel:.0%} +- "
+                f"{comparison.plus_minus_rel:.0%}); chosen for {_tie_text(pair_criterion, chosen, rival)}")
+    else:
+        text = comparison.text(chosen.label, rival.label)
+    return chosen, criterion, f"{text} (median of {chosen_ci.n} vs {rival_ci.n} runs)"
+
+
+POWER_LIMITS = ("max_avg_power_w", "max_peak_power_w")
+
+
+def _only_power(cand: Candidate) -> bool:
+    """A measured candidate rejected by power limits alone (nothing else in its reasons)."""
+    return bool(cand.reasons) and all(r.split(":")[0] in POWER_LIMITS for r in cand.reasons)
+
+
+def _infeasible_pick(candidates: list[Candidate], exclude: Collection[str]) -> Candidate | None:
+    """The lowest-power measured configuration that meets every limit but the power ones, or None."""
+    pool = [c for c in candidates if c.status == "rejected" and c.source == "measured" and c.repeats
+            and c.config_id not in exclude and _only_power(c)]
+    if not pool:
+        return None
+
+    def power(c: Candidate) -> tuple:
+        avg = c.avg_power_w_high if c.avg_power_w_high is not None else c.figures.get("avg_power_w")
+        return (avg if avg is not None else math.inf, c.figures.get("peak_power_w") or math.inf,
+                c.score if c.score is not None else math.inf, c.label)
+
+    return min(pool, key=power)
+
+
+def _shortfall(cand: Candidate, policy: Policy) -> str:
+    """'lowest measured 282 W exceeds 250 W by 13%', per power limit the candidate breaks."""
+    parts = []
+    for limit, value in policy.limits.items():
+        bound = policy.limits.bound(limit, value)
+        if limit == "max_avg_power_w":
+            measured, what = cand.avg_power_w_high, f"average power (upper bound, {cand.repeats} runs)"
+        elif limit == "max_peak_power_w":
+            measured, what = cand.figures.get("peak_power_w"), "peak power"
+        else:
+            continue
+        if measured is not None and measured > bound:
+            parts.append(f"lowest measured {what} {_fmt(measured, 'W')} exceeds {_limit_text(policy, limit, value)} "
+                         f"by {measured / bound - 1:.0%}")
+    return "; ".join(parts)
 
 
 def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: Any = None, *,
@@ -274,15 +506,18 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
     workload_row = stored_workload(db, workload_id)
-    runs, flagged_counts, newest_failed = _scan_runs(db, workload_id, device_name, torch_version)
+    ok_by_config, runs, flagged_counts, newest_failed = _scan_runs(db, workload_id, device_name, torch_version)
     coverage = run_coverage(db, workload_id)
     fallback = fallback_config(policy)
+    repeats = {cid: _repeats(policy, ok) for cid, ok in ok_by_config.items()}
+    _intervals(repeats)
 
-    eager_run = runs.get(fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id)
-    eager_j = eager_run.energy_j_per_inference if eager_run and eager_run.ok else None
+    eager_id = fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id
+    eager_rep = repeats.get(eager_id)
+    eager_j = _figures(eager_rep.runs)["energy_j_per_inference"] if eager_rep else None
 
     configs = candidate_configs(policy)
-    unmeasured = [c for c in configs if c.id not in runs or not runs[c.id].ok]
+    unmeasured = [c for c in configs if c.id not in repeats]
     predictions: dict[str, dict[str, tuple[float, float]]] = {}
     device_known = device_name in coverage.device_kinds
     if model is not None and workload_row is not None and unmeasured and device_known:
@@ -292,20 +527,19 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     candidates: list[Candidate] = []
     for cfg in configs:
         run = runs.get(cfg.id)
+        rep = repeats.get(cfg.id)
         cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none")
         candidates.append(cand)
-        if run is not None and run.ok:
-            cand.source, cand.run_id = "measured", run.id
-            cand.figures = _figures(run)
-            _check_measured(cand, policy)
-            _amortise(cand, policy, run.energy_j_per_inference, run.compile_energy_j, run.latency_ms_p95)
-            cand.break_even_inferences = _break_even(run.compile_energy_j, run.energy_j_per_inference,
-                                                     eager_j, not cfg.compiles)
+        if rep is not None:
+            _set_measured(cand, policy, rep, eager_j, cfg.compiles)
+            if cand.score is None:
+                cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
             cand.status = "rejected" if cand.reasons else "kept"
-            cand.flagged = run_flag(run)
-            if cand.flagged:
+            if not rep.clean:
+                newest = rep.runs[0]
+                cand.flagged = run_flag(newest)
                 times = flagged_counts.get(cfg.id, 1)
-                cand.reasons.append(f"run {run.id} was flagged by bench, \"repeat this run\" ({cand.flagged})"
+                cand.reasons.append(f"run {newest.id} was flagged by bench, \"repeat this run\" ({cand.flagged})"
                                     + ("" if needs_repeat(times) else
                                        f"; flagged in {times} runs, so it is not repeated again: look for "
                                        f"contention on the host and bench it by hand"))
@@ -350,7 +584,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     feasible = sorted((c for c in candidates if c.status == "kept"), key=order)
     hopeful = sorted((c for c in candidates if c.status == "unverified" and c.score is not None
                       and math.isfinite(c.score)), key=order)
-    chosen = feasible[0] if feasible else None
+    chosen, criterion, confidence = _rank(feasible, repeats) if feasible else (None, "", "")
     proposed = hopeful[0] if hopeful and (chosen is None or order(hopeful[0]) < order(chosen)) else None
     # Flagged runs within every limit that would beat the chosen one: measure them again.
     worth_repeating = sorted((c for c in candidates if c.status == "flagged"
@@ -358,6 +592,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     # A repeat that failed is not tried again: the flagged run stays what is known of it.
     repeat = [c for c in worth_repeating if needs_repeat(flagged_counts.get(c.config_id, 1))
               and c.config_id not in newest_failed]
+    lowest_power = None if chosen is not None or worth_repeating else _infeasible_pick(candidates, exclude)
 
     objective = policy.objective.minimize
     measured_any = any(c.source == "measured" for c in candidates)
@@ -366,21 +601,34 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     if chosen is not None:
         chosen.status = "chosen"
         state, applied = "verified", chosen.config
-        reason = (f"{chosen.label} is the measured configuration with the lowest {_objective_text(objective)} "
-                  f"({chosen.score:.4g}) within every limit; {len(feasible)} of {len(candidates)} candidates "
-                  f"measured within limits")
-    elif worth_repeating or proposed is not None:
+        reason = (f"{chosen.label} is the measured configuration with the lowest median "
+                  f"{_objective_text(objective)} ({chosen.score:.4g}, {chosen.repeats} "
+                  f"run{'s' if chosen.repeats != 1 else ''}) within every limit")
+        if criterion:
+            reason = (f"{chosen.label} ties with {feasible[0].label} (lowest median {_objective_text(objective)} "
+                      f"{feasible[0].score:.4g}) within noise and wins the tie-break on "
+                      f"{_tie_text(criterion, chosen, feasible[0])}")
+        reason += f"; {len(feasible)} of {len(candidates)} candidates measured within limits"
+    elif worth_repeating:
         state, applied = "provisional", fallback.to_row()
-        if worth_repeating:
-            labels = ", ".join(c.label for c in worth_repeating)
-            reason = (f"the only measured configurations within every limit ({labels}) rest on runs flagged "
-                      f"\"repeat this run\", so the fallback {fallback.label} is applied until a clean run "
-                      f"confirms them")
-        else:
-            assert proposed is not None
-            reason = (f"no measured configuration meets every limit; {proposed.label} is predicted to "
-                      f"({_objective_text(objective)} {proposed.score:.4g}) but is unmeasured, so the fallback "
-                      f"{fallback.label} is applied until it is benchmarked")
+        labels = ", ".join(c.label for c in worth_repeating)
+        reason = (f"the only measured configurations within every limit ({labels}) rest on runs flagged "
+                  f"\"repeat this run\", so the fallback {fallback.label} is applied until a clean run "
+                  f"confirms them")
+    elif lowest_power is not None:
+        lowest_power.status = "chosen"
+        state, applied = "infeasible", lowest_power.config
+        confidence = _shortfall(lowest_power, policy)
+        reason = (f"the power envelope cannot be met: no measured configuration is within it, so "
+                  f"{lowest_power.label}, the lowest-power one that meets the other limits, is applied: "
+                  f"{confidence}")
+        if proposed is not None:
+            reason += f"; {proposed.label} is predicted to fit and should be measured"
+    elif proposed is not None:
+        state, applied = "provisional", fallback.to_row()
+        reason = (f"no measured configuration meets every limit; {proposed.label} is predicted to "
+                  f"({_objective_text(objective)} {proposed.score:.4g}) but is unmeasured, so the fallback "
+                  f"{fallback.label} is applied until it is benchmarked")
     else:
         state, applied = "fallback", fallback.to_row()
         reason = f"no configuration is feasible, so the fallback {fallback.label} is applied: " + \
@@ -396,10 +644,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                    f"so it cannot be verified" + (" until it is measured again" if repeat else ""))
 
     applied_cand = next((c for c in candidates if c.config_id == applied["id"]), None)
-    applied_run = runs.get(applied["id"])
-    if applied_cand is None and applied_run is not None and applied_run.ok:
-        applied_cand = Candidate(config=applied, label=applied["label"], source="measured",
-                                 figures=_figures(applied_run), run_id=applied_run.id)
+    applied_rep = repeats.get(applied["id"])
+    if applied_cand is None and applied_rep is not None:
+        applied_cand = Candidate(config=applied, label=applied["label"], source="measured")
+        _set_measured(applied_cand, policy, applied_rep, eager_j, applied.get("mode") != "eager")
     return Decision(
         policy=policy.name, policy_hash=policy.hash, device_kind=device_name, torch_version=torch_version,
         workload=policy.workload, workload_id=workload_id, config=applied, state=state, reason=reason,
@@ -409,7 +657,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
         eager_energy_j_per_inference=eager_j,
         repeat=[c.config_id for c in repeat], measured_elsewhere=elsewhere,
-        excluded_violated=sorted(set(exclude)),
+        excluded_violated=sorted(set(exclude)), confidence=confidence,
     )
 
 

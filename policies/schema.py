@@ -81,9 +81,16 @@ class Limits:
     max_p95_latency_ms: float | None = None
     max_compile_s: float | None = None
     max_rel_error: float | None = None
+    # Every limit but max_rel_error is held this many percent below its value (a safety margin).
+    margin_pct: float = 0.0
 
     def items(self) -> list[tuple[str, float]]:
-        return [(k, v) for k, v in asdict(self).items() if v is not None]
+        """The limits set, (name, value); the margin is not a limit."""
+        return [(k, v) for k, v in asdict(self).items() if v is not None and k != "margin_pct"]
+
+    def bound(self, limit: str, value: float) -> float:
+        """What a measurement is held to for `limit`: its value less the margin (not for max_rel_error)."""
+        return value if limit == "max_rel_error" else value * (1.0 - self.margin_pct / 100.0)
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,12 @@ def _choice(choices: tuple[str, ...]) -> Check:
     return check
 
 
+def _margin_pct(value: Any):
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 50:
+        return float(value), None
+    return None, ("a number from 0 to 50 (percent below each limit)", _found(value), "e.g. margin_pct = 5")
+
+
 def _choices(choices: tuple[str, ...]) -> Check:
     one = _choice(choices)
 
@@ -225,6 +238,7 @@ def schema() -> dict[str, Any]:
             "max_p95_latency_ms": _positive_number,
             "max_compile_s": _positive_number,
             "max_rel_error": _positive_number,
+            "margin_pct": _margin_pct,
         },
         "search": {
             "modes": _choices(vocab["modes"]),

@@ -43,7 +43,7 @@ class AppliedDecision:
     device_kind: str
     torch_version: str
     config: dict[str, Any]
-    state: str  # verified | provisional | fallback (as decided), or 'fallback' when no decision exists
+    state: str  # verified | provisional | infeasible | fallback (as decided), or 'fallback' when no decision exists
     source: str  # 'lock' | 'store' | 'none'
     reason: str
     policy_hash: str = ""

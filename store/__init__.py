@@ -73,7 +73,15 @@ from .records import (
     upsert_host,
     upsert_workload,
 )
-from .runs import RunRow, latest_per_config, latest_runs, ok_runs, recent_ok_runs, workload_runs
+from .runs import (
+    RunRow,
+    latest_per_config,
+    latest_runs,
+    ok_runs,
+    ok_runs_per_config,
+    recent_ok_runs,
+    workload_runs,
+)
 from .schema import SCHEMA_VERSION
 from .timevalues import iso_utc, parse_since
 from .torchversion import torch_major_minor
@@ -95,6 +103,7 @@ __all__ = [
     "latest_runs",
     "ok_runs",
     "recent_ok_runs",
+    "ok_runs_per_config",
     "workload_runs",
     "torch_major_minor",
     "commit_run",

@@ -25,7 +25,9 @@ from .rows import StoredRow
 DECISION_COLUMNS = ("policy", "policy_hash", "device_kind", "torch_version", "config_id", "state", "reason",
                     "decided_at", "details")
 # States whose row names a configuration to apply (`violated` only records what broke the envelope).
-APPLICABLE_STATES = ("verified", "provisional", "fallback")
+# `infeasible`: nothing measured meets the power envelope, and the lowest-power configuration that
+# meets the other limits is applied all the same.
+APPLICABLE_STATES = ("verified", "provisional", "infeasible", "fallback")
 NEWEST_FIRST = "decided_at DESC, id DESC"
 
 

@@ -129,6 +129,17 @@ def latest_per_config(runs: Iterable[RunRow], *, failed_if_no_ok: bool = False) 
     return latest
 
 
+def ok_runs_per_config(db: sqlite_utils.Database, workload_id: str, device_kind: str,
+                       torch_version: str | None = None) -> dict[str, list[RunRow]]:
+    """config_id -> every ok run of the workload on `device_kind` under torch major.minor `torch_version`
+    (None: any torch), newest first: each repeat of a configuration, not only its latest."""
+    grouped: dict[str, list[RunRow]] = {}
+    for run in workload_runs(db, workload_id, device_kind, torch_version):
+        if run.ok:
+            grouped.setdefault(run.config_id, []).append(run)
+    return grouped
+
+
 def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str | None = None,
                 *, failed_if_no_ok: bool = False) -> dict[str, RunRow]:
     """config_id -> the latest ok run of the workload on `device_kind` under torch major.minor

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -182,7 +183,9 @@ def test_prediction_only_candidate_is_provisional_never_verified(sweep):
 def test_decision_reports_break_even_against_eager(sweep):
     row, kind, tv, runs = next(_cases(sweep))
     decision = resolve(_policy(row, runs), sweep, kind, torch_version=tv)
-    eager = next(r for r in runs if r["mode"] == "eager" and r["precision"] == "fp32")
+    # Every repeat counts: eager fp32's figure is the median over all its ok runs, not the latest one.
+    eager_runs = [r["energy_j_per_inference"] for r in runs if r["mode"] == "eager" and r["precision"] == "fp32"]
+    eager = {"energy_j_per_inference": statistics.median(eager_runs)}
     assert decision.eager_energy_j_per_inference == pytest.approx(eager["energy_j_per_inference"])
     chosen = next(c for c in decision.candidates if c.status == "chosen")
     if chosen.config["mode"] != "eager" and chosen.figures["energy_j_per_inference"] < eager["energy_j_per_inference"]:

@@ -1,0 +1,115 @@
+"""The resolver ranks configurations by the median of every counted repeat, with an interval: overlapping
+intervals are a tie broken by lower average power, then the cheaper compile, then the simpler mode;
+the decision states its confidence against the runner-up. Real SQLite stores seeded with repeated runs
+(`decision_factories.seed_runs`, one call per repeat); nothing is compiled."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from decision_factories import config, db_file, seed_runs, write_policy
+from joulepilot.policies import load_policy, resolve
+from joulepilot.policies.noise import Interval, compare, median
+from joulepilot.store import open_db
+
+from joulepilot.cli import main
+
+# Eager runs compile nothing; default-mode runs carry compile_s 5 and compile_energy_j 50 (seed_runs).
+EAGER32, EAGER16, DEF32 = ("eager", "fp32"), ("eager", "bf16"), ("default", "fp32")
+
+
+def _seed(db, series: dict[tuple[str, str], list[dict]]) -> None:
+    """Repeat i of every configuration is stored in round i (oldest first)."""
+    for i in range(max(len(v) for v in series.values())):
+        seed_runs(db, {key: runs[i] for key, runs in series.items() if i < len(runs)})
+
+
+def _policy(tmp_path, limit_w: float = 1000.0):
+    return load_policy(write_policy(tmp_path / "policies", limit_w=limit_w))
+
+
+def _cand(decision, key):
+    return next(c for c in decision.candidates if c.config_id == config(*key).id)
+
+
+def test_overlapping_intervals_tie_and_lower_average_power_wins(tmp_path, db):
+    # eager bf16 has the lower median energy, but within the noise; eager fp32 draws clearly less power.
+    _seed(db, {EAGER16: [{"energy_j_per_inference": e, "avg_power_w": 40.0} for e in (0.96, 1.00, 1.04)],
+               EAGER32: [{"energy_j_per_inference": e, "avg_power_w": 20.0} for e in (0.99, 1.03, 1.07)]})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    fp32, bf16 = _cand(decision, EAGER32), _cand(decision, EAGER16)
+    assert bf16.median < fp32.median and bf16.ci_high >= fp32.ci_low  # a tie by the intervals
+    assert decision.state == "verified" and decision.config_id == fp32.config_id
+    assert "lower average power" in decision.reason
+    assert decision.confidence.startswith(f"{fp32.label} ties {bf16.label} within noise")
+    assert "chosen for lower average power" in decision.confidence
+    assert fp32.repeats == bf16.repeats == 3 and len(fp32.run_ids) == 3
+
+
+def test_equal_power_goes_to_the_cheaper_compile_then_the_simpler_mode(tmp_path, db):
+    same = [{"energy_j_per_inference": e, "avg_power_w": 30.0} for e in (0.98, 1.00, 1.02)]
+    compiled = [{**r, "energy_j_per_inference": r["energy_j_per_inference"] - 0.01} for r in same]
+    _seed(db, {EAGER32: same, DEF32: compiled})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    assert _cand(decision, DEF32).median < _cand(decision, EAGER32).median
+    assert decision.config_id == config(*EAGER32).id and "cheaper compile" in decision.reason
+
+    # Same compile seconds too (both compile nothing): the simpler mode decides.
+    db2_path = tmp_path / "two.db"
+    db2 = open_db(db2_path)
+    _seed(db2, {EAGER32: same, DEF32: [{**r, "compile_s": 0.0, "compile_energy_j": 0.0} for r in compiled]})
+    decision = resolve(_policy(tmp_path), db2, "cpu")
+    assert decision.config_id == config(*EAGER32).id and "simpler mode" in decision.reason
+    db2.close()
+
+
+def test_a_clear_win_states_by_how_much_and_every_repeat_counts(tmp_path, db):
+    # eager bf16's newest run is an outlier: the median of its five runs still beats eager fp32.
+    bf16 = [0.70, 0.70, 0.71, 0.70, 1.05]
+    fp32 = [1.00, 1.01, 1.02]
+    _seed(db, {EAGER16: [{"energy_j_per_inference": e, "avg_power_w": 20.0} for e in bf16],
+               EAGER32: [{"energy_j_per_inference": e, "avg_power_w": 20.0} for e in fp32]})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    chosen, other = _cand(decision, EAGER16), _cand(decision, EAGER32)
+    assert decision.config_id == chosen.config_id  # the latest run alone (1.05 J) would lose to fp32
+    assert chosen.median == median(bf16) and chosen.repeats == 5
+    assert decision.measured["median"] == chosen.median and decision.measured["repeats"] == 5
+    expected = compare(Interval(chosen.median, chosen.ci_low, chosen.ci_high, 5, ""),
+                       Interval(other.median, other.ci_low, other.ci_high, 3, "")).text(chosen.label, other.label)
+    assert decision.confidence.startswith(expected) and " beats " in decision.confidence
+
+
+def test_explain_shows_median_spread_repeats_and_confidence(tmp_path, db):
+    _seed(db, {EAGER16: [{"energy_j_per_inference": e, "avg_power_w": 20.0} for e in (0.70, 0.71, 0.72)],
+               EAGER32: [{"energy_j_per_inference": e, "avg_power_w": 20.0} for e in (1.00, 1.01, 1.02)]})
+    path = write_policy(tmp_path / "policies", limit_w=1000.0)
+    runner = CliRunner()
+    out = runner.invoke(main, ["policy", "explain", str(path), "--db", db_file(db), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert " beats " in data["confidence"]
+    measured = [c for c in data["candidates"] if c["source"] == "measured"]
+    assert measured and all(c["repeats"] == 3 and c["ci_low"] <= c["median"] <= c["ci_high"] for c in measured)
+    text = runner.invoke(main, ["policy", "explain", str(path), "--db", db_file(db)], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    assert f"confidence {data['confidence']}" in text.stdout
+    spread = next(c for c in measured if c["status"] == "chosen")
+    assert f"±{spread['spread_pct']:.0f}% (3)" in text.stdout
+
+
+def test_a_flagged_run_counts_once_a_clean_repeat_exists(tmp_path, db):
+    flag = {"extra": {"window_warning": "energy window ran 3x slower than the latency pass"}}
+    # eager bf16: a clean run, then a newer flagged one. Both count; it is not held back as flagged.
+    _seed(db, {EAGER16: [{"energy_j_per_inference": 0.70, "avg_power_w": 20.0},
+                         {"energy_j_per_inference": 0.72, "avg_power_w": 20.0, **flag}],
+               EAGER32: [{"energy_j_per_inference": 1.0, "avg_power_w": 20.0}]})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    bf16 = _cand(decision, EAGER16)
+    assert bf16.flagged is None and bf16.repeats == 2
+    assert decision.state == "verified" and decision.config_id == bf16.config_id
+
+    # A configuration whose only runs are flagged never makes the decision verified.
+    seed_runs(db, {DEF32: {"energy_j_per_inference": 0.30, "avg_power_w": 20.0, **flag}})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    assert _cand(decision, DEF32).status == "flagged" and decision.config_id == bf16.config_id
