@@ -65,8 +65,9 @@ def decisions(path: Path, envelopes: list[float | None], max_rel_error: float | 
                 if max_rel_error is not None:
                     limits["max_rel_error"] = max_rel_error
                 decision = resolve(_policy(model, runs, limits, expected), db, device, torch_version=torch_version)
-                chosen = next((c for c in decision.candidates if c.status == "chosen"), None)
-                figures = chosen.figures if chosen is not None and decision.state == "verified" else {}
+                applied = decision.config_id if decision.state in ("verified", "infeasible") else None
+                chosen = next((c for c in decision.candidates if c.config_id == applied), None)
+                figures = chosen.figures if chosen is not None else {}
                 energy = figures.get("energy_j_per_inference")
                 rows.append({
                     "model": name, "device": device, "torch": torch_version, "envelope_w": envelope,
