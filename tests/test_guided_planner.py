@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from joulepilot.cli import main
 from joulepilot.compiler import CompileConfig, workload_id
 from joulepilot.controller.guided import plan_guided
 from joulepilot.controller.planner import ordered_candidates, plan_policy
@@ -22,8 +21,18 @@ from joulepilot.controller.search import Observation, run_search
 from joulepilot.controller.tradeoff import fit
 from joulepilot.policies import decide
 from joulepilot.policies.schema import PolicyError, validate
-from joulepilot.store import import_runs, insert_run, open_db, read_export, upsert_config, upsert_host, upsert_workload
+from joulepilot.store import (
+    import_runs,
+    insert_run,
+    open_db,
+    read_export,
+    upsert_config,
+    upsert_host,
+    upsert_workload,
+)
 from joulepilot.store.decisions import latest_decision
+
+from joulepilot.cli import main
 
 DATA = Path(__file__).parent / "data"
 KIND = "NVIDIA H200"
