@@ -10,7 +10,7 @@ from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, 
 from joulepilot.policies import PolicyError, load_policy
 from joulepilot.store import open_db, open_for_reading
 
-from .clikit import db_option, echo_json, echo_table, reading_store
+from .clikit import db_option, echo_json, echo_table, reading_store, table_width
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 device_name_option = click.option(
@@ -244,18 +244,25 @@ def _echo_decision(decision: Any) -> None:
 
 def _echo_search(search: dict[str, Any] | None) -> None:
     """Where the guided search stands: what it measures next or why it stopped, and each skipped candidate."""
+    import textwrap
+
     if search is None:
         return
+    width = table_width()
+
+    def line(head: str, text: str) -> None:
+        click.echo(textwrap.fill(text, width, initial_indent=f"{head:<11}", subsequent_indent=" " * 11))
+
     click.echo("")
     runs = sum(m["runs"] for m in search["measured"])
-    click.echo(f"search     guided: {len(search['measured'])} configurations measured ({runs} runs; "
-               f"{search['measurements']} by the daemon, {search['spent_s']:g} s)")
+    line("search", f"guided: {len(search['measured'])} configurations measured ({runs} runs; "
+                   f"{search['measurements']} by the daemon, {search['spent_s']:g} s)")
     for step in search["next"]:
-        click.echo(f"next       {step['label']} ({step['kind']}): {step['why']}")
+        line("next", f"{step['label']} ({step['kind']}): {step['why']}")
     if search["stop_reason"]:
-        click.echo(f"stopped    {search['stop_reason']}")
+        line("stopped", search["stop_reason"])
     for skipped in search["skipped"]:
-        click.echo(f"skipped    {skipped['label']}: {skipped['reason']}")
+        line("skipped", f"{skipped['label']}: {skipped['reason']}")
 
 
 @policy_group.command("explain")

@@ -238,7 +238,7 @@ def test_the_decision_keeps_the_search_summary_and_explain_prints_skipped(db: An
                     f'[search]\nmodes = {json.dumps(MODES)}\nprecisions = ["fp32", "bf16"]\n')
     db_path = db.execute("PRAGMA database_list").fetchone()[2]
     args = ["policy", "explain", str(file), "--db", db_path, "--device-name", KIND, "--torch-version", TORCH]
-    text = CliRunner().invoke(main, args)
+    text = CliRunner(env={"COLUMNS": "1000"}).invoke(main, args)  # one line per skipped candidate
     assert text.exit_code == 0, text.output
     # explain plans afresh, with a model fitted on the whole store (the MLP's runs too): its reasons
     # may differ from the daemon's, so its text is checked against its own JSON.
