@@ -65,6 +65,7 @@ from joulepilot.store.decisions import latest_decision
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, allowed_devices, probe_device
+from .guided import GuidedPlan, plan_guided
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome, JobRunner
@@ -87,6 +88,15 @@ HEARTBEAT_EVERY_S = 30.0
 HEARTBEAT_LIST_ITEMS = 10
 HEARTBEAT_ERROR_CHARS = 300
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class GuidedState:
+    """A guided policy during one pass: what it may not measure, its latest plan, whether it stopped."""
+
+    violated: set[str]
+    plan: GuidedPlan | None = None
+    stopped: bool = False
 
 
 @dataclass
@@ -115,6 +125,9 @@ class Daemon:
         self._exporter: Any = None
         self._logged_policy_errors: dict[str, str] = {}
         self._logged_refusals: set[Any] = set()
+        self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
+        self._pass_model: Any = None
+        self._pass_model_fitted = False
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
         # ("jobs_planned", {"total"}), ("job_started", {"job_id", "label"}) and ("job_finished",
         # {"job_id", "kind", "status", "run_id", "reason", "wall_s"}).
@@ -371,10 +384,17 @@ class Daemon:
         from joulepilot.store.deployments import violated_config_ids
 
         violated_by_policy: dict[str, set[str]] = {}
+        self._guided = {}
         for name, reason in stale.items():
             policy = by_name[name]
             violated = violated_config_ids(self.db, name, probe.device_kind)
             violated_by_policy[name] = violated
+            if policy.search.strategy == "guided":
+                # Planned from the store between jobs; a job queued before (by an earlier pass, or before
+                # the file said "guided") is planned again rather than trusted.
+                self._guided[name] = GuidedState(violated)
+                drop_queued_jobs(self.db, name)
+                continue
             plan = plan_policy(self.db, policy, reason=reason, provenance_key=probe.provenance_key,
                                max_age_s=self.cfg.max_decision_age_s, violated=violated)
             keep = []
@@ -391,7 +411,10 @@ class Daemon:
                      len(plan.to_measure), len(plan.already_measured), len(plan.excluded_violated),
                      f", {dropped} obsolete job(s) dropped" if dropped else "")
 
-        # 3. measure while idle
+        # 3. measure while idle (a guided policy is planned one measurement at a time, between jobs)
+        self._pass_model = None
+        self._pass_model_fitted = False
+        self._advance_guided(by_name, probe, summary)
         self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)))
         self._run_queue(by_name, devices, probe, summary)
 
@@ -443,6 +466,8 @@ class Daemon:
         device: str | None = None
         while not self.stop_event.is_set():
             job = next(iter(self._runnable_jobs(by_name, probe)), None)
+            if job is None and self._advance_guided(by_name, probe, summary):
+                job = next(iter(self._runnable_jobs(by_name, probe)), None)
             if job is None:
                 return
             # Within a sweep the device was ours until a moment ago, so its utilisation still shows our
@@ -465,6 +490,54 @@ class Daemon:
                 if outcome.kind == "preempted":
                     summary["paused"] = self._paused = True
                     return
+
+    def _model_for_pass(self) -> Any:
+        """The trade-off model the guided searches of this pass plan with: fitted once per pass (the
+        search corrects its predictions with every measurement itself)."""
+        if not self._pass_model_fitted:
+            self._pass_model_fitted = True
+            self.heartbeat("fitting", "fitting the trade-off model to plan the guided searches")
+            self._pass_model = fit_or_none(self.db)
+        return self._pass_model
+
+    def _guided_plan(self, policy: Any, probe: DeviceProbe, model: Any) -> GuidedPlan:
+        state = self._guided[policy.name]
+        return plan_guided(self.db, policy, probe.device_kind, model, provenance_key=probe.provenance_key,
+                           max_age_s=self.cfg.max_decision_age_s, violated=state.violated)
+
+    def _advance_guided(self, by_name: dict[str, Any], probe: DeviceProbe, summary: dict[str, Any]) -> bool:
+        """Queue the next measurement of every guided search that has none open; True when one was queued.
+        A search whose next measurement cannot be queued (its job failed too often) stops for this pass."""
+        from joulepilot.store import upsert_config
+
+        queued = False
+        for name, state in self._guided.items():
+            if state.stopped or self._has_open_jobs(name):
+                continue
+            policy = by_name[name]
+            plan = self._guided_plan(policy, probe, self._model_for_pass())
+            state.plan = plan
+            if plan.done:
+                state.stopped = True
+                log.info("policy %s: guided search stops after %d measurement(s), %.0f s: %s; %d skipped", name,
+                         plan.measurements, plan.spent_s, plan.stop_reason, len(plan.skipped))
+                continue
+            step = plan.next[0]
+            with transaction(self.db):
+                upsert_config(self.db, step.config.to_row())
+                job_id, created = enqueue_job(self.db, policy=name, workload_id=plan.workload_id,
+                                              config_id=step.config.id, provenance_key=probe.provenance_key,
+                                              max_attempts=self.cfg.bench.max_attempts)
+                drop_queued_jobs(self.db, name, [job_id])
+            if not created:
+                state.stopped = True
+                log.warning("policy %s: %s could not be queued again (its job failed %d times); the guided "
+                            "search stops for this pass", name, step.config.label, self.cfg.bench.max_attempts)
+                continue
+            summary["enqueued"] += 1
+            queued = True
+            log.info("policy %s: guided search measures %s (%s): %s", name, step.config.label, step.kind, step.why)
+        return queued
 
     def _run_job(self, job: JobRow, policy: Any, device: str) -> JobOutcome:
         """Measure one job in a compiler worker started here, then store its run and the job's end in
@@ -566,8 +639,15 @@ class Daemon:
             model = fit_or_none(self.db)
         for name in ready:
             policy = by_name[name]
+            search = None
+            if name in self._guided:
+                plan = self._guided_plan(policy, probe, model)
+                if not plan.done:  # stopped or paused between measurements: the next pass goes on
+                    continue
+                search = plan.summary()
             try:
-                decided = decide_policy(self.db, policy, probe, model, reason=stale[name], lock_dir=self.cfg.lock_dir)
+                decided = decide_policy(self.db, policy, probe, model, reason=stale[name], lock_dir=self.cfg.lock_dir,
+                                        search=search)
             except Exception as exc:
                 log.exception("policy %s: deciding failed", name)
                 summary["policy_errors"].append({"file": str(policy.path), "error": f"deciding failed: {exc}"})

@@ -115,7 +115,7 @@ class GuidedSearch:
     def __init__(self, candidates: Sequence[Any], measure: Measurer, predict: Predictor | None = None, *,
                  limits: Limits | None = None, settings: SearchSettings | None = None,
                  prior: Mapping[str, Sequence[Observation]] | None = None,
-                 refresh_predictions: bool = False) -> None:
+                 refresh_predictions: bool = False, spent_s: float = 0.0, measurements: int = 0) -> None:
         rows = [config_row(c) for c in candidates]
         if not rows:
             raise ValueError("the search needs at least one candidate configuration")
@@ -137,7 +137,9 @@ class GuidedSearch:
         self.baselines = [a for a in sorted(self.arms.values(), key=lambda a: mode_rank(a.config["mode"]))
                           if _is_baseline(a.config, batch)]
         self.steps: list[SearchStep] = []
-        self.spent_s = 0.0
+        # A search resumed from stored runs (controller.guided): what it had already spent of its budget.
+        self.spent_s = float(spent_s)
+        self.measurements_before = int(measurements)
         self.skip_reasons: dict[str, tuple[str, Forecast | None]] = {}
         self._predicted = False
         self._budget_blocked = False
@@ -441,22 +443,30 @@ class GuidedSearch:
             return repeat[0], repeat[1], "repeat", repeat[2]
         return None
 
-    def run(self) -> SearchResult:
+    @property
+    def measurements(self) -> int:
+        return self.measurements_before + len(self.steps)
+
+    def advance(self) -> tuple[tuple[Arm, bool, str, str] | None, str]:
+        """The next measurement (arm, fresh process, kind, why) without making it, or (None, why it stops)."""
         s = self.settings
-        stop = "nothing left that could beat the best measured configuration by more than the noise"
+        if s.budget_s is not None and self.spent_s >= s.budget_s:
+            return None, f"budget_s spent ({self.spent_s:.0f} of {s.budget_s:g} s)"
+        if s.max_measurements is not None and self.measurements >= s.max_measurements:
+            return None, f"max_measurements reached ({self.measurements})"
+        self._budget_blocked = False
+        step = self._next()
+        if step is not None:
+            return step, ""
+        if self._budget_blocked:
+            return None, (f"budget_s: what is left to measure would not fit in the "
+                          f"{max(0.0, self._remaining_s()):.0f} s left")
+        return None, "nothing left that could beat the best measured configuration by more than the noise"
+
+    def run(self) -> SearchResult:
         while True:
-            if s.budget_s is not None and self.spent_s >= s.budget_s:
-                stop = f"budget_s spent ({self.spent_s:.0f} of {s.budget_s:g} s)"
-                break
-            if s.max_measurements is not None and len(self.steps) >= s.max_measurements:
-                stop = f"max_measurements reached ({len(self.steps)})"
-                break
-            self._budget_blocked = False
-            step = self._next()
+            step, stop = self.advance()
             if step is None:
-                if self._budget_blocked:
-                    stop = (f"budget_s: what is left to measure would not fit in the "
-                            f"{max(0.0, self._remaining_s()):.0f} s left")
                 break
             arm, fresh, kind, why = step
             observation = self.measure(arm.config, fresh)
@@ -464,9 +474,10 @@ class GuidedSearch:
             self.spent_s += observation.wall_s
             self.steps.append(SearchStep(len(self.steps) + 1, arm.id, arm.label, kind, fresh, why,
                                          observation.ok, observation.wall_s))
-        return self._result(stop)
+        return self.result(stop)
 
-    def _result(self, stop: str) -> SearchResult:
+    def result(self, stop: str) -> SearchResult:
+        """What was measured and skipped, and the decision, as the search stands (`stop`: why it ended)."""
         summaries = self.summaries()
         state, chosen, reason, confidence, ties = self.decide(summaries)
         for m in summaries.values():
@@ -484,7 +495,7 @@ class GuidedSearch:
         return SearchResult(state=state, chosen_config_id=chosen.config_id if chosen else None,
                             chosen_label=chosen.label if chosen else None, reason=reason, confidence=confidence,
                             objective_unit=self.unit, measured=list(summaries.values()), skipped=skipped,
-                            steps=list(self.steps), spent_s=self.spent_s, measurements=len(self.steps),
+                            steps=list(self.steps), spent_s=self.spent_s, measurements=self.measurements,
                             stop_reason=stop)
 
 

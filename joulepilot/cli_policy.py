@@ -10,7 +10,7 @@ from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, 
 from joulepilot.policies import PolicyError, load_policy
 from joulepilot.store import open_db, open_for_reading
 
-from .clikit import db_option, echo_json, echo_table, reading_store
+from .clikit import db_option, echo_json, echo_table, reading_store, table_width
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 device_name_option = click.option(
@@ -164,7 +164,7 @@ def _provenance_key(device_kind: str, torch_version: str) -> str | None:
 
 
 def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None, *, record: bool,
-            lock: bool, decided_by: str) -> Any:
+            lock: bool, decided_by: str) -> tuple[Any, dict[str, Any] | None]:
     from joulepilot.controller.redecide import fit_or_none
     from joulepilot.policies import decide, default_lock_dir, torch_minor
 
@@ -175,9 +175,16 @@ def _decide(file: str, db: str | None, device_name: str | None, torch_version: s
     try:
         kind = _device_kind(device_name)
         version = torch_minor(torch_version) if torch_version else torch_minor()
-        return decide(database, policy, kind, fit_or_none(database), torch_version=version,
+        model = fit_or_none(database)
+        search = None
+        if policy.search.strategy == "guided":
+            from joulepilot.controller.guided import plan_guided
+
+            search = plan_guided(database, policy, kind, model, torch_version=version).summary()
+        return decide(database, policy, kind, model, torch_version=version,
                       provenance_key=_provenance_key(kind, version) if record else None, decided_by=decided_by,
-                      reason=f"`joulepilot {decided_by}`", lock_dir=default_lock_dir(), record=record, lock=lock)
+                      reason=f"`joulepilot {decided_by}`", lock_dir=default_lock_dir(), record=record, lock=lock,
+                      search=search), search
     finally:
         database.close()
 
@@ -252,6 +259,29 @@ def _echo_decision(decision: Any) -> None:
                 "rel err", "break-even", "why"])
 
 
+def _echo_search(search: dict[str, Any] | None) -> None:
+    """Where the guided search stands: what it measures next or why it stopped, and each skipped candidate."""
+    import textwrap
+
+    if search is None:
+        return
+    width = table_width()
+
+    def line(head: str, text: str) -> None:
+        click.echo(textwrap.fill(text, width, initial_indent=f"{head:<11}", subsequent_indent=" " * 11))
+
+    click.echo("")
+    runs = sum(m["runs"] for m in search["measured"])
+    line("search", f"guided: {len(search['measured'])} configurations measured ({runs} runs; "
+                   f"{search['measurements']} by the daemon, {search['spent_s']:g} s)")
+    for step in search["next"]:
+        line("next", f"{step['label']} ({step['kind']}): {step['why']}")
+    if search["stop_reason"]:
+        line("stopped", search["stop_reason"])
+    for skipped in search["skipped"]:
+        line("skipped", f"{skipped['label']}: {skipped['reason']}")
+
+
 @policy_group.command("explain")
 @click.argument("file", type=click.Path(dir_okay=False))
 @db_option
@@ -264,13 +294,15 @@ def explain_command(file: str, db: str | None, device_name: str | None, torch_ve
     """Resolve FILE's policy now and show the decision and every candidate with why it was kept or rejected.
 
     Decides as the daemon does: configurations that broke the envelope in a deployment are left out."""
-    decision = _decide(file, db, device_name, torch_version, record=record, lock=False,
-                       decided_by="policy explain --record").decision
+    decided, search = _decide(file, db, device_name, torch_version, record=record, lock=False,
+                              decided_by="policy explain --record")
+    decision = decided.decision
     hint = _elsewhere_hint(decision)
     if as_json:
-        echo_json(decision.to_dict())
+        echo_json(decision.to_dict() | {"search": search})
     else:
         _echo_decision(decision)
+        _echo_search(search)
     if hint:
         click.echo(f"note: {hint}", err=True)
 
@@ -285,7 +317,8 @@ def lock_command(file: str, db: str | None, device_name: str | None, torch_versi
                  as_json: bool) -> None:
     """Decide FILE's policy as the daemon does, store the decision and write <stem>.lock.json beside the
     policy (or, when that folder is read-only, <name>.lock.json in the lock directory)."""
-    decided = _decide(file, db, device_name, torch_version, record=True, lock=True, decided_by="policy lock")
+    decided, _search = _decide(file, db, device_name, torch_version, record=True, lock=True,
+                               decided_by="policy lock")
     decision = decided.decision
     if decided.lock_error:
         raise click.ClickException(f"decision {decision.id} is stored, but {decided.lock_error}")

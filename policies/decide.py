@@ -14,7 +14,7 @@ until the daemon decides again.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_de
 from joulepilot.store.deployments import violated_config_ids
 
 from .lock import LockWriteError, find_locked, write_lock
-from .resolve import Decision, decision_from_record, record_decision, resolve, torch_minor
+from .resolve import Decision, decision_from_record, decision_record, record_decision, resolve, torch_minor
 from .schema import Policy
 
 
@@ -56,6 +56,7 @@ def decide(
     record: bool = True,
     lock: bool = True,
     exclude: Collection[str] = (),
+    search: Mapping[str, Any] | None = None,
 ) -> Decided:
     """Resolve `policy` for `device_kind` and torch major.minor (default: the installed torch), leaving out
     every configuration that broke its envelope; store it (`record`) and write its lock file (`lock`).
@@ -64,19 +65,36 @@ def decide(
     deciding for another host's device or torch). `decided_by`: 'daemon', 'policy lock', ... `reason`:
     why it was (re)decided. A lock file that cannot be written anywhere does not raise: `lock_error`
     says why, and the stored decision stands (the daemon writes the file again on its next pass).
+    `search`: the guided search's summary (controller.guided), kept in the decision's details as `search`.
     """
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     violated = violated_configs(db, policy.name, device_kind) | set(exclude)
     decision = resolve(policy, db, device_kind, model, torch_version=torch_version, exclude=violated)
     outcome = Decided(decision)
-    if record:
+    if record and search is None:
         record_decision(db, decision, provenance_key=provenance_key, decided_by=decided_by, reason=reason)
+    elif record:
+        _record_with_search(db, decision, dict(search), provenance_key=provenance_key, decided_by=decided_by,
+                            reason=reason)
     if lock and (policy.path or lock_dir is not None):  # a policy built in memory has nowhere to lock to
         try:
             outcome.lock_file = write_lock(policy.path, decision, lock_dir=lock_dir)
         except LockWriteError as exc:
             outcome.lock_error = str(exc)
     return outcome
+
+
+def _record_with_search(db: sqlite_utils.Database, decision: Decision, search: dict[str, Any], *,
+                        provenance_key: str | None, decided_by: str, reason: str) -> None:
+    """`record_decision`, with the search summary in the details."""
+    from joulepilot.store import transaction, upsert_config
+    from joulepilot.store.decisions import write_decision
+
+    record = decision_record(decision, provenance_key=provenance_key, decided_by=decided_by, stale_reason=reason,
+                             search=search)
+    with transaction(db):
+        upsert_config(db, decision.config)
+        decision.id = write_decision(db, record)
 
 
 @dataclass

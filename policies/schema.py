@@ -17,6 +17,7 @@ from typing import Any
 from joulepilot.store.safeio import shorten
 
 OBJECTIVES = ("energy", "latency", "edp")
+SEARCH_STRATEGIES = ("guided", "exhaustive")
 GUARD_ACTIONS = ("warn", "fallback")
 DEFAULT_EXPECTED_INFERENCES = 1_000_000
 # What a problem may quote: a policy file is written by someone else and may hold a megabyte in one
@@ -99,6 +100,12 @@ class Search:
     precisions: tuple[str, ...] = ("fp32",)
     fusion: tuple[str, ...] = ("default",)
     dynamic: tuple[bool, ...] = (False,)
+    # How the daemon measures the grid: "guided" (the controller's search: baselines, then what the
+    # trade-off model says may win, until nothing can) or "exhaustive" (every configuration).
+    strategy: str = "guided"
+    budget_s: float | None = None  # seconds of measuring per policy and device kind
+    max_measurements: int | None = None  # runs the search may make per policy and device kind
+    batch_sizes: tuple[int, ...] | None = None  # validated and stored; not yet a lever of the grid
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,13 @@ def _choices(choices: tuple[str, ...]) -> Check:
     return check
 
 
+def _positive_ints(value: Any):
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value):
+        return tuple(dict.fromkeys(value)), None
+    return None, ("a non-empty array of positive integers, e.g. [1, 8, 32]", _found(value), "")
+
+
 def _bools(value: Any):
     if isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
         return tuple(dict.fromkeys(value)), None
@@ -245,6 +259,10 @@ def schema() -> dict[str, Any]:
             "precisions": _choices(vocab["precisions"]),
             "fusion": _choices(vocab["fusion"]),
             "dynamic": _bools,
+            "strategy": _choice(SEARCH_STRATEGIES),
+            "budget_s": _positive_number,
+            "max_measurements": _positive_int,
+            "batch_sizes": _positive_ints,
         },
         "fallback": {
             "mode": _choice(vocab["modes"]),

@@ -33,12 +33,15 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 
 def write_policy(folder: Path, name: str, *, workload: str = "mlp", modes: Sequence[str] = ("eager",),
-                 precisions: Sequence[str] = ("fp32",), extra: str = "") -> Path:
+                 precisions: Sequence[str] = ("fp32",), extra: str = "", strategy: str = "exhaustive") -> Path:
+    """A policy file; `exhaustive` by default, so the daemon's tests measure each configuration once
+    (the guided search's repeats are tested in test_guided_planner.py)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.toml"
     path.write_text(
         f'name = "{name}"\nworkload = "{workload}"\nbatch_size = 8\n{extra}\n'
-        f"[search]\nmodes = {list(modes)!r}\nprecisions = {list(precisions)!r}\n".replace("'", '"')
+        f"[search]\nmodes = {list(modes)!r}\nprecisions = {list(precisions)!r}\n"
+        f"strategy = {strategy!r}\n".replace("'", '"')
     )
     return path
 

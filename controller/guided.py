@@ -1,0 +1,177 @@
+"""The daemon's guided search, one measurement at a time, resumed from the store.
+
+`plan_guided` rebuilds the search (`controller.search`) from the runs already stored for a policy's
+workload on one device kind and asks it what to measure next: the state of a search is the runs in the
+store, never memory, so a daemon killed at any point continues where it stopped. The daemon measures
+what it is given (every job runs in a fresh worker process), stores the run, and asks again, until the
+plan has nothing left to measure; then it decides, keeping `GuidedPlan.summary()` in the decision.
+
+Which runs count: those of the policy's workload on this device kind under this torch major.minor
+(under this host's provenance and within the decision age limit, when given), every one of them, ok
+or failed, repeats included. The budget (`[search] budget_s`, `max_measurements`) counts the runs the
+daemon made for this policy (`extra.policy`); runs made otherwise (`joulepilot bench`) count as
+measurements but cost the policy nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlite_utils
+from joulepilot.policies.schema import Limits, Policy
+from joulepilot.store.catalog import workload_row as stored_workload
+from joulepilot.store.runs import RunRow, workload_runs
+
+from .planner import ordered_candidates
+from .search import GuidedSearch, Observation, SearchSettings, SkippedConfig
+from .search_types import LIMIT_UNITS
+
+IN_PROGRESS = "the search is still under way"
+
+
+@dataclass
+class NextMeasurement:
+    """One configuration the search wants measured now, and why."""
+
+    config: Any  # CompileConfig
+    kind: str  # baseline | guided | repeat
+    fresh_process: bool
+    why: str
+    runs: int  # runs of it the search already counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config_id": self.config.id, "label": self.config.label, "kind": self.kind,
+                "fresh_process": self.fresh_process, "why": self.why, "runs": self.runs}
+
+
+@dataclass
+class GuidedPlan:
+    """Where a policy's guided search stands: what to measure next (empty once it stops), what it
+    skipped and why, and what it measured."""
+
+    policy: str
+    workload_id: str
+    device_kind: str
+    next: list[NextMeasurement] = field(default_factory=list)
+    skipped: list[SkippedConfig] = field(default_factory=list)
+    measured: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str | None = None  # None while there is something to measure
+    spent_s: float = 0.0
+    measurements: int = 0
+    budget_s: float | None = None
+    max_measurements: int | None = None
+    excluded_violated: list[str] = field(default_factory=list)  # labels
+    objective_unit: str = ""
+
+    @property
+    def done(self) -> bool:
+        return not self.next
+
+    def summary(self) -> dict[str, Any]:
+        """What a decision keeps of the search (`details.search`), and `policy explain --json` shows."""
+        return {"strategy": "guided", "stop_reason": self.stop_reason, "measured": self.measured,
+                "skipped": [s.to_dict() for s in self.skipped], "next": [n.to_dict() for n in self.next],
+                "spent_s": round(self.spent_s, 1), "measurements": self.measurements, "budget_s": self.budget_s,
+                "max_measurements": self.max_measurements, "excluded_violated": self.excluded_violated,
+                "objective_unit": self.objective_unit}
+
+
+def search_settings(policy: Policy) -> SearchSettings:
+    """The engine's settings from the policy's `[search]`, `[objective]` and `[limits] margin_pct`."""
+    margin = getattr(policy.limits, "margin_pct", None) or 0.0
+    return SearchSettings(strategy="guided", objective=policy.objective.minimize,
+                          expected_inferences=policy.objective.expected_inferences,
+                          budget_s=policy.search.budget_s, max_measurements=policy.search.max_measurements,
+                          margin_pct=float(margin), baseline_batch_size=policy.batch_size)
+
+
+def search_limits(policy: Policy) -> Limits:
+    """The policy's hard limits as the engine checks them (only the limits it knows)."""
+    return Limits(**{name: getattr(policy.limits, name, None) for name in LIMIT_UNITS})
+
+
+def counted_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str, *,
+                 provenance_key: str | None = None, min_finished_at: float | None = None) -> list[RunRow]:
+    """The runs a search rests on, oldest first (see the module docstring)."""
+    runs = workload_runs(db, workload_id, device_kind, torch_version)
+    kept = [r for r in runs
+            if (provenance_key is None or r.provenance_key == provenance_key)
+            and (min_finished_at is None or float(r.finished_at or r.started_at) >= min_finished_at)]
+    return kept[::-1]
+
+
+def _observation(run: RunRow) -> Observation:
+    return Observation.from_run(asdict(run), fresh_process=True)
+
+
+def _never_measure(config: Mapping[str, Any], fresh_process: bool) -> Observation:
+    raise RuntimeError("plan_guided only plans; the daemon measures")
+
+
+def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, model: Any = None, *,
+                torch_version: str | None = None, provenance_key: str | None = None,
+                max_age_s: float | None = None, violated: Collection[str] = (),
+                now: float | None = None) -> GuidedPlan:
+    """The next measurement of `policy`'s guided search on `device_kind`, from the stored runs.
+
+    `model`: a fitted TradeoffModel (fitted once per pass) or None; `violated`: config ids a deployment
+    found over the envelope (never measured again); `provenance_key` / `max_age_s`: count only runs under
+    this provenance and this recent (the daemon's freshness rule)."""
+    from joulepilot.policies.resolve import policy_workload_id, torch_minor
+
+    torch_version = torch_minor(torch_version) if torch_version else torch_minor()
+    now = time.time() if now is None else now
+    workload_id = policy_workload_id(policy)
+    violated = set(violated)
+    grid = [c for c in ordered_candidates(policy) if c.id not in violated]
+    plan = GuidedPlan(policy=policy.name, workload_id=workload_id, device_kind=device_kind,
+                      budget_s=policy.search.budget_s, max_measurements=policy.search.max_measurements,
+                      excluded_violated=[c.label for c in ordered_candidates(policy) if c.id in violated])
+    if not grid:
+        plan.stop_reason = "every allowed configuration broke the power envelope in a deployment"
+        return plan
+    runs = counted_runs(db, workload_id, device_kind, torch_version, provenance_key=provenance_key,
+                        min_finished_at=None if max_age_s is None else now - max_age_s)
+    ids = {c.id for c in grid}
+    prior: dict[str, list[Observation]] = {}
+    spent_s, made = 0.0, 0
+    for run in runs:
+        if run.config_id not in ids:
+            continue
+        observation = _observation(run)
+        prior.setdefault(run.config_id, []).append(observation)
+        if run.extra.get("policy") == policy.name:
+            spent_s += observation.wall_s
+            made += 1
+
+    predict = None
+    workload = stored_workload(db, workload_id)
+    if model is not None and workload is not None:
+        def predict(rows: Any) -> Any:
+            return model.predict_many(workload, rows, device_kind)
+
+    search = GuidedSearch(grid, _never_measure, predict, limits=search_limits(policy),
+                          settings=search_settings(policy), prior=prior, spent_s=spent_s, measurements=made)
+    step, stop = search.advance()
+    result = search.result(stop or IN_PROGRESS)
+    by_id = {c.id: c for c in grid}
+    if step is not None:
+        arm, fresh, kind, why = step
+        plan.next.append(NextMeasurement(by_id[arm.id], kind, fresh, why, len(arm.runs)))
+        plan.skipped = [s for s in result.skipped if s.config_id in search.skip_reasons]
+    else:
+        plan.stop_reason = stop
+        plan.skipped = result.skipped
+    plan.measured = [{"config_id": m.config_id, "label": m.label, "runs": len(m.runs),
+                      "ok_runs": sum(1 for r in m.runs if r.ok), "status": m.status,
+                      "objective": m.objective.median if m.objective else None} for m in result.measured]
+    plan.spent_s, plan.measurements, plan.objective_unit = spent_s, made, result.objective_unit
+    return plan
+
+
+def skipped_lines(search: Mapping[str, Any]) -> list[str]:
+    """One line per skipped candidate of a search summary: `label: reason`."""
+    return [f"{s.get('label')}: {s.get('reason')}" for s in search.get("skipped") or []]
