@@ -467,7 +467,9 @@ class Daemon:
         while not self.stop_event.is_set():
             job = next(iter(self._runnable_jobs(by_name, probe)), None)
             if job is None and self._advance_guided(by_name, probe, summary):
-                job = next(iter(self._runnable_jobs(by_name, probe)), None)
+                runnable = self._runnable_jobs(by_name, probe)
+                self._notify("jobs_planned", total=len(runnable))  # the guided search queued more
+                job = next(iter(runnable), None)
             if job is None:
                 return
             # Within a sweep the device was ours until a moment ago, so its utilisation still shows our
