@@ -40,6 +40,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"spec": "mlp", "batch_size": 64},
     "convnet": {"spec": "convnet", "batch_size": 64},
     "transformer": {"spec": "transformer", "batch_size": 32, "seq_len": 128},
+    "mobilenet": {"spec": "torchvision:mobilenet_v3_large", "batch_size": 64},
+    "distilbert": {"spec": "transformers:DistilBertConfig", "batch_size": 16, "seq_len": 128},
 }
 DEFAULT_MODELS = "resnet50,bert,gpt2,vit"
 EXPORT_FIELDS = ("run_id", "workload", "batch_size", "config_label", "mode", "fusion", "precision", "status",
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop starting runs when fewer than --reserve-s seconds would remain (0: no limit)")
     parser.add_argument("--reserve-s", type=float, default=75.0,
                         help="time kept back for the run in progress and the export when --max-minutes is set")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure every configuration this many times, each in a fresh worker (repeats after "
+                             "the first re-measure configurations already in the database)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--db", type=Path, help="database (default OUT/gpu_sweep.db)")
@@ -188,14 +193,19 @@ def main(argv: list[str] | None = None) -> int:
         model = MODELS.get(name, {"spec": name, "batch_size": 1})
         configs = ordered_plan(_split(args.modes), _split(args.precisions), _split(args.fusions),
                                _split(args.fusion_modes), model["batch_size"])
-        log(f"{name}: {model['spec']} batch {model['batch_size']}, {len(configs)} configurations")
-        try:
-            bench(model["spec"], configs, device=args.device, min_seconds=args.min_seconds, budget_s=args.budget_s,
-                  db=db_path, batch_size=model["batch_size"], seq_len=model.get("seq_len"),
-                  image_size=model.get("image_size"), warm_start=lambda c: (c.mode, c.precision) in warm_pairs,
-                  progress=progress, stop_before=out_of_time)
-        except Exception as exc:  # one model's setup failing (a missing package) must not end the sweep
-            log(f"{name}: could not sweep: {type(exc).__name__}: {exc}")
+        log(f"{name}: {model['spec']} batch {model['batch_size']}, {len(configs)} configurations"
+            + (f", {args.repeats} repeats" if args.repeats > 1 else ""))
+        for repeat in range(args.repeats):
+            if stopped_early:
+                break
+            try:
+                bench(model["spec"], configs, device=args.device, min_seconds=args.min_seconds,
+                      budget_s=args.budget_s, db=db_path, batch_size=model["batch_size"], seq_len=model.get("seq_len"),
+                      image_size=model.get("image_size"), warm_start=lambda c: (c.mode, c.precision) in warm_pairs,
+                      force=repeat > 0, progress=progress, stop_before=out_of_time)
+            except Exception as exc:  # one model's setup failing (a missing package) must not end the sweep
+                log(f"{name}: could not sweep: {type(exc).__name__}: {exc}")
+                break
     jsonl.close()
     runs = export(db_path, args.out)
     ok = sum(r["status"] == "ok" for r in runs)
