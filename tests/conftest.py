@@ -1,8 +1,10 @@
-"""Shared fixtures: every test gets its own JOULEPILOT_HOME; GPU tests skip without a GPU."""
+"""Shared fixtures: every test gets its own JOULEPILOT_HOME; GPU tests skip without a GPU; `fake_worker` runs
+the benchmark workers as tests/fake_worker.py where compiling is not what a test is about."""
 
 from __future__ import annotations
 
 import pytest
+from daemon_factories import use_fake_worker
 
 
 def _has_gpu() -> bool:
@@ -38,3 +40,10 @@ def db(tmp_path):
     database = open_db(tmp_path / "test.db")
     yield database
     database.close()
+
+
+@pytest.fixture
+def fake_worker(monkeypatch):
+    """Every worker this test starts (in-process `bench`, or a daemon or CLI subprocess, which inherit the
+    environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
+    return use_fake_worker(monkeypatch)
