@@ -1,13 +1,16 @@
 """The runner's testing hook (JOULEPILOT_WORKER_MODULE) and the fake worker the suite runs through it: the real
-worker's files, phases and meter, eager calls in place of a compile, and the parent's budget still in force."""
+worker's files, phases and meter, eager calls in place of a compile, and the parent's budget still in force. And
+the worker's model calls run without a trace function, so that measuring coverage does not change its figures."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from joulepilot.compiler import CompileConfig, worker_budget
 from joulepilot.compiler.runner import WORKER_MODULE, read_phases, run_worker_job, worker_module
+from joulepilot.compiler.worker import untraced
 
 
 def _job(mode: str) -> dict:
@@ -62,3 +65,25 @@ def test_an_eager_job_waits_for_no_compile(fake_worker, monkeypatch):
     monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "60")
     result, _, _ = _run(_job("eager"))
     assert result["status"] == "ok" and result["compile_s"] < 5
+
+
+def test_model_calls_run_without_a_trace_function_which_is_given_back():
+    def tracer(frame, event, arg):
+        return None
+
+    seen = []
+    before = sys.gettrace()  # coverage's, when the suite measures itself
+    sys.settrace(tracer)
+    try:
+        untraced(lambda: seen.append(sys.gettrace()))()
+        after = sys.gettrace()
+    finally:
+        sys.settrace(before)
+    assert seen == [None] and after is tracer
+    sys.settrace(None)  # with none installed, none is installed afterwards either
+    try:
+        untraced(lambda: seen.append(sys.gettrace()))()
+        after = sys.gettrace()
+    finally:
+        sys.settrace(before)
+    assert seen == [None, None] and after is None
