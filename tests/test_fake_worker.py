@@ -61,12 +61,6 @@ def test_the_fake_workers_compile_is_held_to_the_budget(fake_worker, monkeypatch
     assert phases[-1][0] == "compile"
 
 
-def test_an_eager_job_waits_for_no_compile(fake_worker, monkeypatch):
-    monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "60")
-    result, _, _ = _run(_job("eager"))
-    assert result["status"] == "ok" and result["compile_s"] < 5
-
-
 def test_model_calls_run_without_a_trace_function_which_is_given_back():
     def tracer(frame, event, arg):
         return None
