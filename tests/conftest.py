@@ -27,6 +27,31 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _whole_suite(config) -> bool:
+    """Whether pytest runs the suite from testpaths (`python3 -m pytest -q`) rather than tests named on its
+    command line."""
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one more than
+    the cores, as a test often waits on a subprocess, a signal or a timer; one process (0) for chosen tests, and
+    for the GPU tests, whose energy windows must not share the machine."""
+    if not _whole_suite(config) or "gpu" in (config.option.markexpr or ""):
+        return 0
+    return min(4, len(os.sched_getaffinity(0)) + 1)
+
+
+def pytest_configure(config):
+    # The coverage floor is the whole suite's: a run of chosen tests neither fails under it nor prints the table
+    # (unless --cov-report is given).
+    coverage_plugin = config.pluginmanager.get_plugin("_cov")
+    if coverage_plugin is not None and not _whole_suite(config):
+        coverage_plugin.options.cov_fail_under = 0
+        if not any(str(arg).startswith("--cov-report") for arg in config.invocation_params.args):
+            coverage_plugin.options.cov_report = {}
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_gpu():
         return
