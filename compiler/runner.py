@@ -33,6 +33,8 @@ from .budget import FIRST_CALL_PHASES, WorkerBudget
 POLL_S = 0.2
 STDERR_TAIL_LINES = 12
 WORKER_MODULE = "joulepilot.compiler.worker"
+# A testing hook: the module run as the worker instead of WORKER_MODULE (the test suite's fake worker).
+WORKER_MODULE_ENV = "JOULEPILOT_WORKER_MODULE"
 WORKDIR_PREFIX = "joulepilot-run-"
 _WORKDIR_NAME = re.compile(rf"^{WORKDIR_PREFIX}(\d+)-[A-Za-z0-9_]+$")
 
@@ -56,6 +58,12 @@ def phase_text(kind: str, phase: str) -> str:
     if kind == "warm_start":
         return WARM_START_PHASE_TEXT.get(phase, "warm start")
     return PHASE_TEXT.get(phase, phase.replace("_", " "))
+
+
+def worker_module() -> str:
+    """The module each job runs as `python -m MODULE JOB.json`: WORKER_MODULE unless JOULEPILOT_WORKER_MODULE
+    names another (tests set it to run a fake worker where compiling is not what they test)."""
+    return os.environ.get(WORKER_MODULE_ENV, "").strip() or WORKER_MODULE
 
 
 def _child_pythonpath() -> str:
@@ -239,7 +247,7 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
         on_phase(kind, reported)
     with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", WORKER_MODULE, str(workdir / "job.json")],
+            [sys.executable, "-m", worker_module(), str(workdir / "job.json")],
             stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
         try:

@@ -1,8 +1,22 @@
-"""Shared fixtures: every test gets its own JOULEPILOT_HOME; GPU tests skip without a GPU."""
+"""Shared fixtures: every test gets its own JOULEPILOT_HOME and temporary directory; GPU tests skip without a
+GPU; `fake_worker` runs the benchmark workers as tests/fake_worker.py where compiling is not what a test is about."""
 
 from __future__ import annotations
 
-import pytest
+import getpass
+import os
+import tempfile
+
+# Set before torch is imported, here or in any process a test starts (they inherit the environment):
+# - one OpenMP thread: a test often runs two torch processes at once (pytest and a worker, a daemon and its
+#   worker) on a small machine, where spinning OpenMP threads only fight over the cores;
+# - one Inductor cache for the in-process compiles of the whole session, kept where torch keeps it by default,
+#   whatever temporary directory a test gets (workers still get fresh caches from the runner).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+
+import pytest  # noqa: E402
+from daemon_factories import use_fake_worker  # noqa: E402
 
 
 def _has_gpu() -> bool:
@@ -11,6 +25,31 @@ def _has_gpu() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def _whole_suite(config) -> bool:
+    """Whether pytest runs the suite from testpaths (`python3 -m pytest -q`) rather than tests named on its
+    command line."""
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one more than
+    the cores, as a test often waits on a subprocess, a signal or a timer; one process (0) for chosen tests, and
+    for the GPU tests, whose energy windows must not share the machine."""
+    if not _whole_suite(config) or "gpu" in (config.option.markexpr or ""):
+        return 0
+    return min(4, len(os.sched_getaffinity(0)) + 1)
+
+
+def pytest_configure(config):
+    # The coverage floor is the whole suite's: a run of chosen tests neither fails under it nor prints the table
+    # (unless --cov-report is given).
+    coverage_plugin = config.pluginmanager.get_plugin("_cov")
+    if coverage_plugin is not None and not _whole_suite(config):
+        coverage_plugin.options.cov_fail_under = 0
+        if not any(str(arg).startswith("--cov-report") for arg in config.invocation_params.args):
+            coverage_plugin.options.cov_report = {}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -26,8 +65,15 @@ def pytest_collection_modifyitems(config, items):
 def _isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("jphome")
     monkeypatch.setenv("JOULEPILOT_HOME", str(home))
+    # Workers' scratch folders go to the temporary directory, and a `bench` or daemon start removes those
+    # of dead owners there: a test of its own is not disturbed by another test's (or another run's) starts.
+    scratch = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.delenv("JOULEPILOT_DB", raising=False)
     monkeypatch.delenv("JOULEPILOT_POWERCAP_ROOT", raising=False)
+    # Tables are as wide as COLUMNS says: unset, as off a terminal (pytest-xdist's workers set it to 80).
+    monkeypatch.delenv("COLUMNS", raising=False)
     return home
 
 
@@ -38,3 +84,10 @@ def db(tmp_path):
     database = open_db(tmp_path / "test.db")
     yield database
     database.close()
+
+
+@pytest.fixture
+def fake_worker(monkeypatch):
+    """Every worker this test starts (in-process `bench`, or a daemon or CLI subprocess, which inherit the
+    environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
+    return use_fake_worker(monkeypatch)

@@ -5,6 +5,7 @@ The factory is used as a workload spec: `<path>/tests/daemon_factories.py:deep_m
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 import time
@@ -30,6 +31,22 @@ def deep_mlp(batch_size: int = 8):
 # --- helpers shared by the daemon's tests ---------------------------------------------------------
 
 TESTS_DIR = Path(__file__).resolve().parent
+FAKE_WORKER_MODULE = "tests.fake_worker"
+WORKER_MODULES = ("joulepilot.compiler.worker", FAKE_WORKER_MODULE)
+
+
+def use_fake_worker(monkeypatch: Any) -> str:
+    """From now on in this test, every worker (in-process `bench`, or a daemon or CLI subprocess, which inherit
+    the environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
+    monkeypatch.setenv("JOULEPILOT_WORKER_MODULE", FAKE_WORKER_MODULE)
+    path = [str(TESTS_DIR.parent), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    return FAKE_WORKER_MODULE
+
+
+def is_worker(cmdline: Sequence[str]) -> bool:
+    """Whether a command line is a benchmark worker's (the real one or the fake)."""
+    return any(module in cmdline for module in WORKER_MODULES)
 
 
 def write_policy(folder: Path, name: str, *, workload: str = "mlp", modes: Sequence[str] = ("eager",),

@@ -13,6 +13,9 @@ from joulepilot.store import list_runs, open_db, power_samples
 
 from joulepilot.cli import main
 
+# One sweep (a real cold compile and its warm start) serves every test here: keep them on one xdist worker.
+pytestmark = pytest.mark.xdist_group("bench_cli_sweep")
+
 REQUIRED_JSON_FIELDS = ("run_id", "workload", "mode", "fusion", "precision", "batch_size", "status", "compile_s",
                         "latency_ms_p50", "latency_ms_p95", "throughput_per_s", "energy_j_per_inference",
                         "avg_power_w", "peak_power_w", "energy_source", "max_rel_error", "graph_breaks",
@@ -114,7 +117,7 @@ def test_every_stored_field(sweep):
     db.close()
 
 
-def test_summary_table_and_a_second_sweep_into_the_same_db(sweep):
+def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, fake_worker):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JOULEPILOT_HOME", str(sweep["home"]))
         result = CliRunner().invoke(main, ["bench", "mlp", "--modes", "eager", "--device", "cpu", "--batch-size", "4",

@@ -101,7 +101,7 @@ def test_stale_scratch_of_a_live_process_is_kept(tmp_path):
     assert live.is_dir() and other.is_dir() and not dead.exists()
 
 
-def test_restarted_sweep_skips_what_was_measured_ok_and_force_redoes_it(db, tmp_path, monkeypatch):
+def test_restarted_sweep_skips_what_was_measured_ok_and_force_redoes_it(db, tmp_path, monkeypatch, fake_worker):
     spec = "tests.workload_factories:exits_under_autocast"
     configs = [CompileConfig(mode="eager", precision="bf16"), CompileConfig(mode="eager", precision="fp32")]
     first = bench(spec, configs, device="cpu", min_seconds=0.2, db=db, idle_s=0)
@@ -126,7 +126,7 @@ def test_restarted_sweep_skips_what_was_measured_ok_and_force_redoes_it(db, tmp_
     assert len(list_runs(db)) == 5
 
 
-def test_skipped_configuration_is_one_under_the_same_provenance(db):
+def test_skipped_configuration_is_one_under_the_same_provenance(db, fake_worker):
     """A run measured under other software (another provenance key) does not count as measured."""
     (run,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
     db.execute("UPDATE runs SET provenance_key = 'older-torch' WHERE id = ?", [run["run_id"]])

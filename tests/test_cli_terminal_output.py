@@ -70,8 +70,8 @@ def test_tables_off_a_terminal_stay_within_120_columns(sweep_db):
                                        if line.startswith("id ")]
 
 
-def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monkeypatch):
-    # A real worker, eager mode, on a model whose timed first call sleeps 2.5 s (a stand-in for a long
+def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monkeypatch, fake_worker):
+    # A worker (the fake: compiling is not the point), eager mode, on a model whose timed first call sleeps 2.5 s (a stand-in for a long
     # compile); heartbeats every 0.5 s instead of 30 s.
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
     result = CliRunner(env={"COLUMNS": "80"}).invoke(main, [
@@ -99,7 +99,7 @@ def restore_logging():
     logger.propagate = propagate
 
 
-def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging):
+def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging, fake_worker):
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager",))

@@ -19,6 +19,7 @@ import psutil
 from daemon_factories import (
     TESTS_DIR,
     daemon_cmd,
+    is_worker,
     poll_query,
     query,
     wait_for,
@@ -66,7 +67,7 @@ def all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> bool:
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path):
+def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fake_worker):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager",), precisions=("fp32", "bf16"))
@@ -79,7 +80,7 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path):
         wait_for(lambda: poll_query(db, "SELECT 1 FROM jobs WHERE id = 2 AND state = 'running'"), 180,
                  "the second job to start")
         assert query(db, "SELECT state FROM jobs WHERE id = 1")[0]["state"] == "done"
-        wait_for(lambda: [p for p in family(daemon.pid) if "joulepilot.compiler.worker" in _cmdline(p)], 60,
+        wait_for(lambda: [p for p in family(daemon.pid) if is_worker(_cmdline(p))], 60,
                  "the second job's worker")
         children = family(daemon.pid)
         os.kill(daemon.pid, signal.SIGKILL)

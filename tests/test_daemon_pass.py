@@ -1,4 +1,5 @@
-"""The daemon for real on a built-in workload: policy folder -> measured runs, decisions, lock files."""
+"""The daemon for real: policy folder -> measured runs (the first through a real Inductor compile), decisions,
+lock files."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from daemon_factories import daemon_cmd, query, write_daemon_config, write_policy
+from daemon_factories import TESTS_DIR, daemon_cmd, query, use_fake_worker, write_daemon_config, write_policy
 from joulepilot.policies import read_lock, torch_minor
 from joulepilot.policies.resolve import REPEAT_LIMIT
 from joulepilot.store import open_db
@@ -33,15 +34,17 @@ def status(db):
     return json.loads(proc.stdout)
 
 
-def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path):
+def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, monkeypatch):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     # One compiled configuration keeps this test quick; cheapest-first ordering is tested in the units
-    # and in the fault tests.
-    policy_file = write_policy(policies, "mlp", modes=("default",))
+    # and in the fault tests. Its workload is one Linear layer: a real Inductor compile that needs no C++
+    # build (test_bench_cli compiles the built-in mlp, C++ kernels included).
+    policy_file = write_policy(policies, "mlp", workload=f"{TESTS_DIR / 'workload_factories.py'}:linear",
+                               modes=("default",))
     config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
 
-    # Pass 1: nothing known -> a measurement, a decision, a lock file.
+    # Pass 1: nothing known -> a measurement (a real Inductor compile), a decision, a lock file.
     summary, _ = once(config)
     assert summary["stale"] == [{"policy": "mlp", "reason": "no decision yet"}]
     assert summary["enqueued"] == 1 and summary["runs_ok"] == 1 and summary["runs_failed"] == 0
@@ -67,6 +70,8 @@ def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path):
     assert st["decisions"][0]["policy"] == "mlp" and st["decisions"][0]["state"] == state
     assert st["queue"]["counts"]["done"] == 1
 
+    # The passes below are about what the daemon redoes, not about compiling: their workers are the fake.
+    use_fake_worker(monkeypatch)
     # While the decision asks for a repeat of a flagged run, the next pass measures it again (bounded).
     for _ in range(REPEAT_LIMIT):
         if not json.loads(query(db, "SELECT details FROM decisions ORDER BY id DESC LIMIT 1")[0]["details"])["repeat"]:

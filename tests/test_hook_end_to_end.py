@@ -1,4 +1,5 @@
-"""The whole chain for real on the CPU: bench the built-in mlp, fit, resolve a policy, joulepilot.compile it."""
+"""The whole chain on the CPU: bench the built-in mlp (with the fake worker: compiling in the benchmark is what
+test_bench_cli covers), fit, resolve a policy, and joulepilot.compile it for real."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml"
 
 
 @pytest.mark.slow
-def test_bench_fit_resolve_compile(tmp_path, db):
+def test_bench_fit_resolve_compile(tmp_path, db, fake_worker):
     policy_path = tmp_path / "mlp.toml"
     shutil.copy(EXAMPLE, policy_path)
     policy = load_policy(policy_path)
