@@ -103,22 +103,26 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fak
     assert proc.returncode == 1, proc.stderr  # non-zero: a policy file was skipped
     assert re.search(r"job\(s\) 2 re-queued", proc.stderr)
     summary = json.loads(proc.stdout)
-    assert summary["runs_ok"] == 1 and [d["policy"] for d in summary["decided"]] == ["mlp"]
+    # The re-queued job runs; a run that bench flagged "repeat this run" (a loaded machine) may add a repeat.
+    assert summary["runs_ok"] >= 1 and [d["policy"] for d in summary["decided"]] == ["mlp"]
     assert [e["file"] for e in summary["policy_errors"]] == [str(policies / "broken.toml")]
     assert "objectiv" in summary["policy_errors"][0]["error"]  # the validation message, naming the key
 
     runs = query(db, "SELECT * FROM runs ORDER BY id")
-    assert len(runs) == 2
-    assert len({(r["workload_id"], r["config_id"], r["provenance_key"]) for r in runs}) == 2  # no duplicate
+    assert len({(r["workload_id"], r["config_id"], r["provenance_key"]) for r in runs}) == 2
     assert all(r["status"] == "ok" and r["finished_at"] and r["energy_j_per_inference"] for r in runs)
+    job_of_run = {r["id"]: json.loads(r["extra"])["job_id"] for r in runs}
+    assert len(set(job_of_run.values())) == len(runs)  # one run per job: nothing duplicated
+    for config_id in {r["config_id"] for r in runs}:  # a second run of a configuration is a flagged run's repeat
+        same = [r for r in runs if r["config_id"] == config_id]
+        assert all(json.loads(r["extra"]).get("window_warning") for r in same[:-1])
     jobs = query(db, "SELECT * FROM jobs ORDER BY id")
-    assert [j["state"] for j in jobs] == ["done", "done"] and jobs[1]["attempts"] == 2
+    assert all(j["state"] == "done" for j in jobs) and jobs[1]["attempts"] == 2 and len(jobs) == len(runs)
     for job in jobs:
-        run = next(r for r in runs if r["id"] == job["run_id"])
-        assert json.loads(run["extra"])["job_id"] == job["id"]
+        assert job_of_run[job["run_id"]] == job["id"]
     assert not any(os.path.exists(folder) for folder in scratch)  # the killed daemon's scratch removed
     assert f"removed {scratch[0]}" in proc.stderr
-    extra = json.loads(runs[1]["extra"])
+    extra = json.loads(next(r for r in runs if r["id"] == jobs[1]["run_id"])["extra"])
     assert extra["budget"] == worker_budget(300, 0.5).to_dict()  # the config's budget_s, the one model
 
     status = status_json(db)
