@@ -34,12 +34,13 @@ def _whole_suite(config) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one more than
-    the cores, as a test often waits on a subprocess, a signal or a timer; one process (0) for chosen tests, and
-    for the GPU tests, whose energy windows must not share the machine."""
+    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one per core
+    (at most 4); more would time-share the cores under the workers' energy windows, which then run slower than
+    their latency passes and get flagged "repeat this run", and a daemon test would see the repeat. One process
+    (0) for chosen tests, and for the GPU tests, whose energy windows must not share the machine."""
     if not _whole_suite(config) or "gpu" in (config.option.markexpr or ""):
         return 0
-    return min(4, len(os.sched_getaffinity(0)) + 1)
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def pytest_configure(config):
