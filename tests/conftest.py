@@ -1,19 +1,16 @@
-"""Shared fixtures: every test gets its own JOULEPILOT_HOME and temporary directory; GPU tests skip without a
-GPU; `fake_worker` runs the benchmark workers as tests/fake_worker.py where compiling is not what a test is about."""
+"""Shared fixtures: every test gets its own JOULEPILOT_HOME; GPU tests skip without a GPU; `fake_worker` runs the
+benchmark workers as tests/fake_worker.py where compiling is not what a test is about; `own_tmpdir` gives a test a
+temporary directory of its own."""
 
 from __future__ import annotations
 
-import getpass
 import os
 import tempfile
 
-# Set before torch is imported, here or in any process a test starts (they inherit the environment):
-# - one OpenMP thread: a test often runs two torch processes at once (pytest and a worker, a daemon and its
-#   worker) on a small machine, where spinning OpenMP threads only fight over the cores;
-# - one Inductor cache for the in-process compiles of the whole session, kept where torch keeps it by default,
-#   whatever temporary directory a test gets (workers still get fresh caches from the runner).
+# One OpenMP thread, set before torch is imported here or in any process a test starts (they inherit it): a
+# test often runs two torch processes at once (pytest and a worker, a daemon and its worker) on a small machine,
+# where spinning OpenMP threads only fight over the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 
 import pytest  # noqa: E402
 from daemon_factories import use_fake_worker  # noqa: E402
@@ -66,11 +63,6 @@ def pytest_collection_modifyitems(config, items):
 def _isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("jphome")
     monkeypatch.setenv("JOULEPILOT_HOME", str(home))
-    # Workers' scratch folders go to the temporary directory, and a `bench` or daemon start removes those
-    # of dead owners there: a test of its own is not disturbed by another test's (or another run's) starts.
-    scratch = tmp_path_factory.mktemp("tmp")
-    monkeypatch.setenv("TMPDIR", str(scratch))
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.delenv("JOULEPILOT_DB", raising=False)
     monkeypatch.delenv("JOULEPILOT_POWERCAP_ROOT", raising=False)
     # Tables are as wide as COLUMNS says: unset, as off a terminal (pytest-xdist's workers set it to 80).
@@ -85,6 +77,19 @@ def db(tmp_path):
     database = open_db(tmp_path / "test.db")
     yield database
     database.close()
+
+
+@pytest.fixture
+def own_tmpdir(tmp_path_factory, monkeypatch):
+    """A temporary directory for this test alone (TMPDIR for the processes it starts, and tempfile's here).
+
+    Workers' scratch folders go there, and every `bench` or daemon start removes those of dead owners: a test
+    that checks what a killed process left behind must not see another test's start (on another xdist
+    worker) clean it up first. Other tests keep the usual one, where torch keeps its compile caches."""
+    folder = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ def _gone(proc: psutil.Process, timeout_s: float) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
-def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig):
+def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig, own_tmpdir):
     cmd = [sys.executable, "-m", "joulepilot", "bench", "tests.workload_factories:hangs_on_first_call",
            "--device", "cpu", "--modes", "eager", "--min-seconds", "0.2", "--budget-s", "600",
            "--db", str(tmp_path / "b.db")]
