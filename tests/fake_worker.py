@@ -12,8 +12,10 @@ first call ("compile" phase) waits `JOULEPILOT_FAKE_COMPILE_S` seconds (default 
 a compile, so a test can still catch a worker there; nothing is compiled, so no artifacts are saved (no warm
 start follows). To stay cheap on a small shared machine it runs torch on one thread, caps warm-up at
 WARMUP_MAX_S (an eager model is steady after a few calls) and makes the latency pass LATENCY_S long (still at
-least ten calls); the energy window keeps the job's `min_seconds`. Each result says in `extra.fake_worker`
-that it came from here.
+least ten calls); the energy window keeps the job's `min_seconds`. It samples power at most SAMPLE_HZ times a
+second: the 10 Hz sampler thread slows the built-in models' sub-millisecond CPU calls by up to 40 % in the window,
+so most runs would be flagged "repeat this run" and the daemon would repeat them, which the tests using this
+worker are not about. Each result says in `extra.fake_worker` that it came from here.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ FAKE_COMPILE_S_ENV = "JOULEPILOT_FAKE_COMPILE_S"
 FAKE_COMPILE_S = 0.3
 WARMUP_MAX_S = 0.3
 LATENCY_S = 0.1
+SAMPLE_HZ = 2.0
 NOTE = "tests.fake_worker: torch.compile replaced by eager calls; compile_s is a stand-in wait"
 
 
@@ -63,6 +66,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     job = dict(job)
     job["warmup_max_s"] = min(float(job.get("warmup_max_s") or WARMUP_MAX_S), WARMUP_MAX_S)
     job["latency_s"] = min(float(job.get("latency_s") or LATENCY_S), LATENCY_S)
+    job["sample_hz"] = min(float(job.get("sample_hz") or SAMPLE_HZ), SAMPLE_HZ)
     result = real_run_job(job)
     if isinstance(result.get("extra"), dict):
         result["extra"]["fake_worker"] = NOTE
