@@ -42,7 +42,8 @@ def _hanging_worker(bench_pid: int) -> psutil.Process | None:
             continue
         if "joulepilot.compiler.worker" in cmd:
             phases = Path(cmd[-1]).with_name("phases.tsv")
-            if phases.is_file() and phases.read_text().strip().splitlines()[-1].startswith("reference"):
+            lines = phases.read_text().strip().splitlines() if phases.is_file() else []
+            if lines and lines[-1].startswith("reference"):  # empty while the worker writes its first line
                 return proc
     return None
 
