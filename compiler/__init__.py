@@ -1,7 +1,15 @@
 """The compiler core: configuration space, workloads, the isolated benchmark worker, warm-start artifacts."""
 
 from .apply import apply_config
-from .artifacts import artifact_key, artifact_path_for, load_artifacts, save_artifacts
+from .artifacts import (
+    ArtifactsInfo,
+    artifact_key,
+    artifact_path_for,
+    load_artifacts,
+    load_warm_start,
+    save_artifacts,
+    save_warm_start,
+)
 from .bench import (
     MeasuredRun,
     RunResult,
@@ -18,13 +26,18 @@ from .config import CompileConfig
 from .describe import count_flops, describe_workload
 from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
-from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError
+from .options import FUSION_PRESETS, MODES, PRECISIONS, REGIONAL_AUTO, ConfigError
+from .regional import BlockClass, RegionalError, block_classes, choose_block, compile_blocks
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
 
 __all__ = [
     "FUSION_PRESETS",
     "MODES",
     "PRECISIONS",
+    "REGIONAL_AUTO",
+    "ArtifactsInfo",
+    "BlockClass",
+    "RegionalError",
     "CompileConfig",
     "ConfigError",
     "MeasuredRun",
@@ -37,6 +50,9 @@ __all__ = [
     "artifact_key",
     "artifact_path_for",
     "bench",
+    "block_classes",
+    "choose_block",
+    "compile_blocks",
     "check_device",
     "check_spec",
     "checked_config",
@@ -44,11 +60,13 @@ __all__ = [
     "default_device",
     "describe_workload",
     "load_artifacts",
+    "load_warm_start",
     "load_workload",
     "max_rel_error",
     "measure_config",
     "plan_configs",
     "save_artifacts",
+    "save_warm_start",
     "sweep_context",
     "torch_compile_kwargs",
     "worker_budget",

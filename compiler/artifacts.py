@@ -2,18 +2,54 @@
 
 One file per (workload, configuration, device name, torch version, triton version) under
 `$JOULEPILOT_HOME/artifacts/<key>.bin`. Loading them before the first call lets a fresh process skip
-most of the compile: the saved Inductor/AOTAutograd entries are replayed into its cache.
+most of the compile: the saved Inductor/AOTAutograd entries (and, when the compile recorded them,
+Dynamo's precompiled frames) are replayed into its cache.
+
+Beside it, `<key>.kernels.tar` holds the compiled kernel binaries (`*.so`) the compile left in its
+Inductor cache folder: the cache entries name them but do not carry them, so without them a CPU warm
+start rebuilds every C++ kernel with the system compiler (GPU kernels travel inside the entries).
+Loading unpacks them into this process's Inductor cache folder, where Inductor finds them by the hash
+of their source and skips the build.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
-from pathlib import Path
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 from joulepilot.store import default_home, stable_id
 from joulepilot.store.files import write_file_atomic
 
 from .provenance import package_version
+
+log = logging.getLogger("joulepilot.artifacts")
+
+KERNELS_SUFFIX = ".kernels.tar"
+KERNEL_SUFFIXES = (".so",)
+# Kernel binaries are tens of kilobytes each; a cache folder holding more than this is not packed whole.
+MAX_KERNELS_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ArtifactsInfo:
+    """What a saved (or loaded) set of artifacts holds: the cache entries by kind ('inductor',
+    'aot_autograd', 'precompile', ...), and how many kernel binaries came with them."""
+
+    path: Path | None
+    entries: dict[str, int] = field(default_factory=dict)
+    kernels: int = 0
+
+    @property
+    def precompile(self) -> bool:
+        """Dynamo's precompiled frames are among the entries: compile under `precompile_scope` to use them."""
+        return bool(self.entries.get("precompile"))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"entries": dict(self.entries), "kernels": self.kernels, "precompile": self.precompile}
 
 
 def artifacts_dir() -> Path:
@@ -37,32 +73,135 @@ def artifact_path_for(workload_id: str, config_id: str, device_name: str, torch_
     return artifacts_dir() / f"{artifact_key(workload_id, config_id, device_name, torch_version, triton_version)}.bin"
 
 
-def save_artifacts(path: str | os.PathLike) -> Path | None:
-    """Write everything this process compiled (torch.compiler.save_cache_artifacts) to `path`, atomically.
+def kernels_path(artifacts_path: str | os.PathLike) -> Path:
+    """The kernel binaries' file beside an artifacts file (`<key>.bin` -> `<key>.kernels.tar`)."""
+    path = Path(artifacts_path)
+    return path.with_name(path.stem + KERNELS_SUFFIX)
 
-    The file gets ordinary permissions (the umask decides), so a serving process running as another user
-    than the daemon can load it. Returns the path, or None when torch has nothing to save (eager, or
-    caches disabled)."""
+
+def inductor_cache_dir() -> Path:
+    """This process's Inductor cache folder (TORCHINDUCTOR_CACHE_DIR, else torch's default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir())
+
+
+def _entry_counts(info: object) -> dict[str, int]:
+    artifacts = getattr(info, "artifacts", None) or {}
+    return {str(kind): len(keys) for kind, keys in dict(artifacts).items() if keys}
+
+
+def _pack_kernels(cache: Path) -> tuple[bytes, int] | None:
+    """The kernel binaries under `cache` as a tar (paths relative to it), and their number."""
+    files = sorted(p for p in cache.rglob("*") if p.suffix in KERNEL_SUFFIXES and p.is_file() and not p.is_symlink())
+    if not files or sum(p.stat().st_size for p in files) > MAX_KERNELS_BYTES:
+        return None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for file in files:
+            tar.add(file, arcname=file.relative_to(cache).as_posix(), recursive=False)
+    return buffer.getvalue(), len(files)
+
+
+def _serialise_caches() -> tuple[bytes, object] | None:
+    """torch.compiler.save_cache_artifacts(); when Dynamo's precompiled frames cannot be serialised,
+    the Inductor and AOTAutograd entries alone (a warm start then traces again, but still skips codegen)."""
     import torch
 
-    saved = torch.compiler.save_cache_artifacts()
+    try:
+        return torch.compiler.save_cache_artifacts()
+    except Exception as exc:
+        from .warmstart import precompile_enabled
+
+        if not precompile_enabled():
+            raise
+        log.warning("Dynamo's precompiled frames could not be saved (%s: %s); saving the Inductor caches alone",
+                    type(exc).__name__, exc)
+        from torch._dynamo import config
+
+        with config.patch(caching_precompile=False):
+            return torch.compiler.save_cache_artifacts()
+
+
+def save_warm_start(path: str | os.PathLike) -> ArtifactsInfo | None:
+    """Write everything this process compiled to `path` (torch.compiler.save_cache_artifacts), and the
+    kernel binaries of its Inductor cache folder beside it, each file atomically. The files get ordinary
+    permissions (the umask decides), so a serving process running as another user than the daemon can
+    load them. None when torch has nothing to save (eager, or caches disabled)."""
+    saved = _serialise_caches()
     if not saved:
         return None
-    blob = saved[0]
+    blob, info = saved
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    return write_file_atomic(target, blob)
+    written = write_file_atomic(target, blob)
+    packed = _pack_kernels(inductor_cache_dir())
+    kernels = kernels_path(written)
+    if packed:
+        write_file_atomic(kernels, packed[0])
+    elif kernels.exists():
+        kernels.unlink()  # from an earlier compile of this configuration; these entries do not name them
+    return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0)
 
 
-def load_artifacts(key_or_path: str | os.PathLike) -> bool:
-    """Load saved artifacts into this process's caches; call before the first compiled call.
+def save_artifacts(path: str | os.PathLike) -> Path | None:
+    """`save_warm_start`, returning the artifacts file's path (or None)."""
+    saved = save_warm_start(path)
+    return saved.path if saved else None
 
-    Accepts a key (as from artifact_key) or a file path. Returns False when there is nothing to load."""
-    import torch
 
+def _safe_member(member: tarfile.TarInfo) -> bool:
+    name = PurePosixPath(member.name)
+    return (member.isfile() and not name.is_absolute() and ".." not in name.parts
+            and name.suffix in KERNEL_SUFFIXES)
+
+
+def unpack_kernels(path: str | os.PathLike, cache: Path | None = None) -> int:
+    """Unpack kernel binaries from `path` into `cache` (this process's Inductor cache folder); files
+    already there are kept. Returns how many were written."""
+    cache = inductor_cache_dir() if cache is None else cache
+    written = 0
+    with tarfile.open(path, mode="r") as tar:
+        for member in tar.getmembers():
+            if not _safe_member(member) or (cache / member.name).exists():
+                continue
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+                tar.extract(member, cache, filter="data")
+            else:
+                tar.extract(member, cache)
+            written += 1
+    return written
+
+
+def _resolve(key_or_path: str | os.PathLike) -> Path:
     path = Path(key_or_path)
     if not path.suffix and not path.exists():
         path = artifacts_dir() / f"{key_or_path}.bin"
+    return path
+
+
+def load_warm_start(key_or_path: str | os.PathLike) -> ArtifactsInfo | None:
+    """Load saved artifacts into this process's caches, kernel binaries first; call before compiling.
+
+    Accepts a key (as from artifact_key) or a file path. None when there is nothing to load. A kernel
+    file that cannot be unpacked only costs the kernels' build."""
+    import torch
+
+    path = _resolve(key_or_path)
     if not path.is_file():
-        return False
-    return torch.compiler.load_cache_artifacts(path.read_bytes()) is not None
+        return None
+    kernels = 0
+    if kernels_path(path).is_file():
+        try:
+            kernels = unpack_kernels(kernels_path(path))
+        except (OSError, tarfile.TarError) as exc:
+            log.warning("could not unpack kernel binaries %s: %s", kernels_path(path), exc)
+    info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    if info is None:
+        return None
+    return ArtifactsInfo(path, _entry_counts(info), kernels)
+
+
+def load_artifacts(key_or_path: str | os.PathLike) -> bool:
+    """`load_warm_start`: True when something was loaded."""
+    return load_warm_start(key_or_path) is not None

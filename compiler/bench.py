@@ -35,12 +35,15 @@ from .artifacts import artifact_path_for
 from .budget import worker_budget
 from .config import CompileConfig
 from .inductor import checked_config, effective_key
-from .options import FUSION_PRESETS, MODES, ConfigError
+from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
 from .workloads import check_spec, split_spec, workload_id
 
 log = logging.getLogger("joulepilot.bench")
+
+# What a warm-start job reports besides its time, kept in the run's `extra.warm_start`.
+WARM_START_DETAILS = ("apply_s", "first_call_s", "dynamo_frames", "artifacts", "compile_timers_s")
 
 CPU_MODES = ("eager", "default")
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs")
@@ -136,26 +139,29 @@ def default_idle_s(device: str) -> float:
 
 
 def plan_configs(modes: Iterable[str], fusions: Iterable[str] = ("default",), precisions: Iterable[str] = ("fp32",),
-                 batch_size: int = 1, dynamic: bool = False, options: dict[str, Any] | None = None
-                 ) -> list[CompileConfig]:
-    """The cross product of modes x fusion presets x precisions, in that order, without meaningless or
-    duplicate points: eager appears once per precision (fusion presets and options do not apply to it),
-    and a preset that only repeats what its mode already sets (max-autotune + coordinate-descent) is
-    dropped. Unknown names raise ConfigError."""
+                 batch_size: int = 1, dynamic: bool = False, options: dict[str, Any] | None = None,
+                 regional: Iterable[str | bool] = ("",)) -> list[CompileConfig]:
+    """The cross product of modes x fusion presets x precisions x regional settings, in that order,
+    without meaningless or duplicate points: eager appears once per precision (fusion presets, options
+    and regional compilation do not apply to it), and a preset that only repeats what its mode already
+    sets (max-autotune + coordinate-descent) is dropped. `regional`: the `CompileConfig.regional` values
+    ('' whole model, 'auto', a block class name). Unknown names raise ConfigError."""
     modes, fusions, precisions = list(modes), list(fusions), list(precisions)
+    regionals = list(dict.fromkeys(check_regional(r) for r in regional)) or [""]
     for fusion in fusions:
         if fusion not in FUSION_PRESETS:
             CompileConfig(mode="default", fusion=fusion)  # raises ConfigError naming the closest preset
     planned: list[CompileConfig] = []
     seen: set[str] = set()
-    for mode, fusion, precision in itertools.product(modes, fusions, precisions):
+    for mode, fusion, precision, regional_setting in itertools.product(modes, fusions, precisions, regionals):
         if mode not in MODES:
             CompileConfig(mode=mode)  # raises with the closest mode
         if mode == "eager":
             config = CompileConfig(mode="eager", precision=precision, dynamic=dynamic, batch_size=batch_size)
         else:
             config = checked_config(CompileConfig(mode=mode, fusion=fusion, options=options or {},
-                                                  precision=precision, dynamic=dynamic, batch_size=batch_size))
+                                                  precision=precision, dynamic=dynamic, batch_size=batch_size,
+                                                  regional=regional_setting))
         key = effective_key(config)
         if key in seen:
             continue
@@ -267,13 +273,16 @@ def measure_config(
     describe: bool = False,
     save_artifacts: bool = True,
     warm_start: bool = False,
+    precompile: bool = True,
     sample_hz: float = 10.0,
     cancel: CancelCheck | None = None,
     on_start: Callable[[int], None] | None = None,
     on_phase: Callable[[str, str], None] | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
-    worker loading the saved artifacts). Nothing is written to the database.
+    worker loading the saved artifacts). Nothing is written to the database. `precompile`: the compile
+    also records Dynamo's precompiled frames with the artifacts (where torch has caching precompile), so
+    a warm start does not trace the model again.
 
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
     returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
@@ -291,7 +300,7 @@ def measure_config(
         "kind": "bench", "spec": spec, "device": device, "config": config.to_row(),
         "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
-        "artifacts_path": artifacts, "provenance": origin,
+        "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
     }
     result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
     if result.get("status") == "cancelled":
@@ -304,6 +313,7 @@ def measure_config(
             result["warm_start_s"] = warm["warm_start_s"]
             extra["artifacts_load_s"] = warm.get("artifacts_load_s")
             extra["warm_start_caches"] = warm.get("caches")
+            extra["warm_start"] = {k: warm.get(k) for k in WARM_START_DETAILS if k in warm}
         else:
             extra["warm_start_error"] = warm.get("reason")
     described = result.get("workload")

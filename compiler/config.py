@@ -1,4 +1,5 @@
-"""One point of the configuration space: mode, fusion preset, raw Inductor options, precision, shapes, batch.
+"""One point of the configuration space: mode, fusion preset, raw Inductor options, precision, shapes, batch,
+and whether the whole model or its repeated blocks are compiled (regional compilation).
 
 Part of the torch-free vocabulary (an import-linter contract keeps torch out): building, naming and
 storing a configuration needs no torch. What the installed torch makes of it (option checks, mode
@@ -15,7 +16,7 @@ from typing import Any
 
 from joulepilot.store import stable_id
 
-from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError, check_choice
+from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError, check_choice, check_regional
 
 OptionItems = tuple[tuple[str, Any], ...]
 
@@ -36,6 +37,11 @@ class CompileConfig:
 
     Mode, fusion preset, precision and batch size are checked here; raw options are checked against
     the installed torch by `compiler.inductor.checked_config` (planning does it; applying does it too).
+
+    `regional`: '' compiles the whole model; 'auto' compiles each instance of the model's most repeated
+    block class instead (see `compiler.regional`), a class name compiles that class's instances. True
+    and False are read as 'auto' and ''. A whole-model configuration's id is what it was before the
+    field existed, so stored runs keep their configuration.
     """
 
     mode: str
@@ -44,6 +50,7 @@ class CompileConfig:
     precision: str = "fp32"
     dynamic: bool = False
     batch_size: int = 1
+    regional: str = ""
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -52,9 +59,12 @@ class CompileConfig:
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         object.__setattr__(self, "dynamic", bool(self.dynamic))
+        object.__setattr__(self, "regional", check_regional(self.regional))
         options = _as_items(self.options)
         if self.mode == "eager" and (options or self.fusion != "default"):
             raise ConfigError("mode 'eager' does not compile, so fusion presets and Inductor options do not apply")
+        if self.mode == "eager" and self.regional:
+            raise ConfigError("mode 'eager' does not compile, so regional compilation does not apply")
         object.__setattr__(self, "options", options)
 
     # --- identity -----------------------------------------------------------------------------
@@ -64,8 +74,11 @@ class CompileConfig:
 
     @property
     def id(self) -> str:
-        return stable_id("config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
-                         self.dynamic, self.batch_size)
+        parts = ["config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
+                 self.dynamic, self.batch_size]
+        if self.regional:  # appended only when set: whole-model ids stay as they were
+            parts.append(["regional", self.regional])
+        return stable_id(*parts)
 
     @property
     def label(self) -> str:
@@ -76,6 +89,8 @@ class CompileConfig:
         parts.append(self.precision)
         if self.dynamic:
             parts.append("dynamic")
+        if self.regional:
+            parts.append("regional" if self.regional == "auto" else f"regional={self.regional}")
         parts.append(f"b{self.batch_size}")
         return "/".join(parts)
 
@@ -93,6 +108,7 @@ class CompileConfig:
             "precision": self.precision,
             "dynamic": int(self.dynamic),
             "batch_size": self.batch_size,
+            "regional": self.regional,
         }
 
     @classmethod
@@ -108,10 +124,11 @@ class CompileConfig:
             precision=row.get("precision") or "fp32",
             dynamic=bool(row.get("dynamic")),
             batch_size=int(row.get("batch_size") or 1),
+            regional=row.get("regional") or "",
         )
 
     def replace(self, **changes: Any) -> CompileConfig:
         values = {"mode": self.mode, "fusion": self.fusion, "options": self.options, "precision": self.precision,
-                  "dynamic": self.dynamic, "batch_size": self.batch_size}
+                  "dynamic": self.dynamic, "batch_size": self.batch_size, "regional": self.regional}
         values.update(changes)
         return CompileConfig(**values)

@@ -9,6 +9,7 @@ started, so a typo costs an error message rather than a sweep.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 
@@ -32,6 +33,25 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 # Options that only mean something on a CUDA device; Inductor ignores them for CPU graphs.
 CUDA_ONLY_OPTIONS = frozenset({"triton.cudagraphs"})
+
+
+# `CompileConfig.regional`: '' (the whole model), REGIONAL_AUTO (the most repeated block class) or a class
+# name, plain (`EncoderLayer`) or qualified by its module (`transformers.models.bert.modeling_bert.BertLayer`).
+REGIONAL_AUTO = "auto"
+_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def check_regional(value: Any) -> str:
+    """The regional setting as stored: True -> 'auto', False/None -> '', a class name as given."""
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return REGIONAL_AUTO
+    text = str(value).strip() if isinstance(value, str) else None
+    if text is None or (text and not _CLASS_NAME.fullmatch(text)):
+        raise ConfigError(f"regional must be true, false, {REGIONAL_AUTO!r} or a module class name such as "
+                          f"'EncoderLayer', got {value!r}")
+    return text
 
 
 def closest(name: str, candidates: Any) -> str | None:

@@ -7,7 +7,8 @@ tell a compile that overran its budget from a slow measurement. Kinds of job:
 
 - "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile),
   warm-up, latency pass, energy window, numerical check, optional artifact save and description.
-- "warm_start": load saved artifacts into this (fresh) process's cache, then time the first call.
+- "warm_start": load saved artifacts into this (fresh) process's caches, then time applying the
+  configuration and its first call (see `compiler.warmstart`).
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
 call's time is a cold compile. The worker dies with its parent (`bench` or the daemon): a SIGKILL of
@@ -184,12 +185,14 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
     from . import inductor
     from .apply import apply_config
-    from .artifacts import save_artifacts
+    from .artifacts import save_warm_start
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
+    from .regional import describe_regional
+    from .warmstart import compile_timers, enable_precompile
     from .workloads import load_workload
 
     device = job["device"]
@@ -230,7 +233,11 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(device))
+        if config.compiles and job.get("precompile"):
+            extra["precompile"] = enable_precompile()
         run = apply_config(config, model, device)
+        if run.regional is not None:
+            extra["regional"] = describe_regional(run.regional)
         call = untraced(lambda: run(*inputs))
 
         phases.enter("compile")
@@ -246,6 +253,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
             extra["numeric_check"] = check.note
         del output
         breaks_after_first, frames_after_first = _dynamo_counts()
+        extra["compile_timers_s"] = compile_timers()
         break_reasons = _graph_break_reasons() if breaks_after_first else []
 
         phases.enter("warmup")
@@ -312,8 +320,10 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     if config.compiles and job.get("artifacts_path"):
         phases.enter("save_artifacts")
         try:
-            saved = save_artifacts(job["artifacts_path"])
-            result["artifacts_path"] = str(saved) if saved else None
+            saved = save_warm_start(job["artifacts_path"])
+            result["artifacts_path"] = str(saved.path) if saved else None
+            if saved:
+                extra["artifacts"] = saved.to_dict()
         except Exception as exc:  # a warm start is a bonus; its failure never fails the run
             extra["artifacts_error"] = f"{type(exc).__name__}: {exc}"
 
@@ -330,29 +340,44 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
 
 def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    """A fresh process's start from saved artifacts. `warm_start_s`, to set against the cold `compile_s`,
+    counts loading them (kernel binaries, cache entries), applying the configuration (where precompiled
+    frames are installed) and the first call; building the model is left out, as it is from `compile_s`.
+    torch._dynamo is imported before the clock starts: the cold run's torch.compile imported it before
+    its timed first call too."""
+    import torch._dynamo  # noqa: F401
+
     from .apply import apply_config
-    from .artifacts import load_artifacts
+    from .artifacts import load_warm_start
     from .config import CompileConfig
     from .measure import synchronizer, timed_call
+    from .warmstart import compile_timers
     from .workloads import load_workload
 
     device = job["device"]
     config = CompileConfig.from_row(job["config"])
     phases.enter("load_artifacts")
     started = time.perf_counter()
-    loaded = load_artifacts(job["artifacts_path"])
+    loaded = load_warm_start(job["artifacts_path"])
     load_s = time.perf_counter() - started
-    if not loaded:
+    if loaded is None:
         raise RuntimeError(f"no artifacts could be loaded from {job['artifacts_path']}")
     phases.enter("load")
     workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
                              seed=int(job.get("seed", 1234)))
-    run = apply_config(config, workload.model, device)
+    sync = synchronizer(device)
     phases.enter("compile")
-    _, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), synchronizer(device))
+    sync()
+    started = time.perf_counter()
+    run = apply_config(config, workload.model, device, precompile=loaded.precompile)
+    apply_s = time.perf_counter() - started
+    _, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), sync)
     phases.enter("compiled")
-    return {"status": "ok", "warm_start_s": first_call_s, "artifacts_load_s": load_s, "caches": _cache_counters()}
+    _, frames = _dynamo_counts()
+    return {"status": "ok", "warm_start_s": load_s + apply_s + first_call_s, "artifacts_load_s": load_s,
+            "caches": _cache_counters(), "apply_s": apply_s, "first_call_s": first_call_s,
+            "dynamo_frames": frames, "artifacts": loaded.to_dict(), "compile_timers_s": compile_timers()}
 
 
 def _failure(exc: BaseException, phase: str) -> dict[str, Any]:

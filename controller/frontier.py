@@ -38,15 +38,19 @@ def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[A
 
     if search is not None:
         modes, precisions, fusions, dynamics = search.modes, search.precisions, search.fusion, search.dynamic
+        regionals = search.regional_settings()
     else:
         modes = sorted({r.mode for r in runs})
         precisions = sorted({r.precision for r in runs})
         fusions = sorted({r.fusion for r in runs})
         dynamics = sorted({bool(r.dynamic) for r in runs})
+        regionals = sorted({r.regional or "" for r in runs})
     seen, out = set(), []
-    for mode, precision, fusion, dynamic in itertools.product(modes, precisions, fusions, dynamics):
-        cfg = CompileConfig(mode=mode, fusion="default" if mode == "eager" else fusion, precision=precision,
-                            dynamic=dynamic, batch_size=batch_size)
+    for mode, precision, fusion, dynamic, regional in itertools.product(modes, precisions, fusions, dynamics,
+                                                                        regionals):
+        eager = mode == "eager"
+        cfg = CompileConfig(mode=mode, fusion="default" if eager else fusion, precision=precision,
+                            dynamic=dynamic, batch_size=batch_size, regional="" if eager else regional)
         if cfg.id not in seen:
             seen.add(cfg.id)
             out.append(cfg)

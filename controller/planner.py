@@ -28,9 +28,11 @@ def compile_cost_rank(config: Any) -> tuple:
     mode = getattr(config, "mode", None) or config["mode"]
     precision = getattr(config, "precision", None) or config["precision"]
     fusion = getattr(config, "fusion", None) or config["fusion"]
+    regional = getattr(config, "regional", None) if not isinstance(config, dict) else config.get("regional")
     mode_rank = MODE_COST_ORDER.index(mode) if mode in MODE_COST_ORDER else len(MODE_COST_ORDER)
     prec_rank = PRECISION_ORDER.index(precision) if precision in PRECISION_ORDER else len(PRECISION_ORDER)
-    return (mode_rank, fusion != "default", fusion, prec_rank)
+    # A regional variant right after its whole-model configuration: the comparison it exists for.
+    return (mode_rank, fusion != "default", fusion, prec_rank, bool(regional))
 
 
 def ordered_candidates(policy: Any) -> list[Any]:

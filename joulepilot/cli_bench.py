@@ -104,6 +104,11 @@ def _sigterm_as_exit() -> Iterator[None]:
 @click.option("--option", "raw_options", multiple=True, metavar="NAME=VALUE",
               help="Raw Inductor option for every compiled configuration, e.g. max_fusion_size=32.")
 @click.option("--dynamic", is_flag=True, help="Compile with dynamic shapes.")
+@click.option("--regional", is_flag=True,
+              help="Also measure each compiled configuration with regional compilation: the model's most "
+                   "repeated block class compiled instance by instance instead of the whole model.")
+@click.option("--regional-block", metavar="CLASS",
+              help="The block class regional compilation compiles (e.g. BertLayer); implies --regional.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length for token workloads.")
 @click.option("--image-size", type=click.IntRange(min=1), help="Image side for vision workloads.")
 @click.option("--min-seconds", type=click.FloatRange(min=0.05),
@@ -120,7 +125,8 @@ def _sigterm_as_exit() -> Iterator[None]:
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (progress stays on stderr).")
 def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
-                  precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, seq_len: int | None,
+                  precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, regional: bool,
+                  regional_block: str | None, seq_len: int | None,
                   image_size: int | None, min_seconds: float | None, budget_s: float, device: str | None,
                   force: bool, warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
@@ -141,6 +147,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             _split_values(fusions) or ["default"],
             _split_values(precisions) or default_precisions(device),
             batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
+            regional=("", regional_block or "auto") if regional or regional_block else ("",),
         )
         with _sigterm_as_exit():
             runs = _bench_with_progress(configs, spec=spec, device=device, min_seconds=min_seconds,

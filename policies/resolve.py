@@ -3,7 +3,8 @@
 Rules (the README's "How a decision is made" says the same for users):
 
 * Candidates are every allowed configuration: search.modes x search.precisions x search.fusion x
-  search.dynamic at the policy's batch size (eager ignores fusion, so it appears once per precision).
+  search.dynamic x search.regional at the policy's batch size (eager ignores fusion and regional, so
+  it appears once per precision).
 * A candidate's figures come from its latest ok run of the same workload (spec, batch and shape) on
   the same device kind under the same torch major.minor. Limits are checked against these
   measurements only. A measured figure that a limit needs but the run lacks rejects the candidate:
@@ -176,12 +177,14 @@ def candidate_configs(policy: Policy) -> list[Any]:
         for precision in policy.search.precisions:
             for fusion in policy.search.fusion:
                 for dynamic in policy.search.dynamic:
-                    fusion_used = "default" if mode == "eager" else fusion
-                    cfg = CompileConfig(mode=mode, fusion=fusion_used, precision=precision, dynamic=dynamic,
-                                        batch_size=policy.batch_size)
-                    if cfg.id not in seen:
-                        seen.add(cfg.id)
-                        configs.append(cfg)
+                    for regional in policy.search.regional_settings():
+                        eager = mode == "eager"  # compiles nothing: no fusion preset, no regional variant
+                        cfg = CompileConfig(mode=mode, fusion="default" if eager else fusion, precision=precision,
+                                            dynamic=dynamic, batch_size=policy.batch_size,
+                                            regional="" if eager else regional)
+                        if cfg.id not in seen:
+                            seen.add(cfg.id)
+                            configs.append(cfg)
     return configs
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -106,6 +107,14 @@ class Search:
     budget_s: float | None = None  # seconds of measuring per policy and device kind
     max_measurements: int | None = None  # runs the search may make per policy and device kind
     batch_sizes: tuple[int, ...] | None = None  # validated and stored; not yet a lever of the grid
+    # Regional compilation: compile the repeated blocks instead of the whole model (true), or not (false).
+    regional: tuple[bool, ...] = (False,)
+    # The block class regional compilation compiles; None: the model's most repeated block class.
+    regional_block: str | None = None
+
+    def regional_settings(self) -> tuple[str, ...]:
+        """`CompileConfig.regional` values the grid covers: '' (whole model), 'auto' or the named class."""
+        return tuple("" if not on else (self.regional_block or "auto") for on in self.regional)
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,16 @@ def _positive_ints(value: Any):
     return None, ("a non-empty array of positive integers, e.g. [1, 8, 32]", _found(value), "")
 
 
+_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _class_name(value: Any):
+    if isinstance(value, str) and _CLASS_NAME.fullmatch(value.strip()) and value.strip() != "auto":
+        return value.strip(), None
+    return None, ("a module class name, e.g. \"BertLayer\" or \"mypkg.model.Block\"", _found(value),
+                  "leave regional_block out to compile the most repeated block class")
+
+
 def _bools(value: Any):
     if isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
         return tuple(dict.fromkeys(value)), None
@@ -263,6 +282,8 @@ def schema() -> dict[str, Any]:
             "budget_s": _positive_number,
             "max_measurements": _positive_int,
             "batch_sizes": _positive_ints,
+            "regional": _bools,
+            "regional_block": _class_name,
         },
         "fallback": {
             "mode": _choice(vocab["modes"]),
@@ -336,6 +357,10 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
             problems.append(Problem(file, "limits.max_peak_power_w",
                                     f"a value >= limits.max_avg_power_w ({limits['max_avg_power_w']:g})",
                                     _found(limits["max_peak_power_w"]), "peak power cannot be below the average"))
+    if search.get("regional_block") is not None and True not in search.get("regional", (False,)):
+        problems.append(Problem(file, "search.regional_block", "search.regional to include true",
+                                f"regional = {str(list(search.get('regional', (False,)))).lower()}",
+                                "set regional = [false, true] under [search], or remove regional_block"))
     if problems:
         raise PolicyError(problems)
 

@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from joulepilot.compiler import CompileConfig, apply_config, artifact_path_for, load_artifacts
+from joulepilot.compiler import ArtifactsInfo, CompileConfig, apply_config, artifact_path_for, load_warm_start
 from joulepilot.compiler.inductor import inductor_options, torch_compile_kwargs
 from joulepilot.compiler.provenance import device_name
 from joulepilot.policies.resolve import fallback_config
@@ -115,17 +115,18 @@ def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -
     return compiled
 
 
-def _load_artifacts(applied: AppliedDecision, config: Any, device: str) -> bool:
+def _load_artifacts(applied: AppliedDecision, config: Any, device: str) -> ArtifactsInfo | None:
+    """The decided configuration's saved artifacts loaded into this process's caches (None: none)."""
     if not applied.workload_id or not config.compiles:
-        return False
+        return None
     path = artifact_path_for(applied.workload_id, config.id, device_name(device))
     try:
         if not path.is_file():
-            return False
-        return load_artifacts(path)
+            return None
+        return load_warm_start(path)
     except Exception as exc:  # unreadable, stale or foreign artifacts only cost a cold compile
         log.warning("could not load compile artifacts %s: %s", path, exc)
-        return False
+        return None
 
 
 def merge_compile_kwargs(config: CompileConfig, device: str, user: dict[str, Any]) -> dict[str, Any]:
@@ -144,12 +145,14 @@ def merge_compile_kwargs(config: CompileConfig, device: str, user: dict[str, Any
     return kwargs
 
 
-def _apply(config: CompileConfig, model: Any, device: str, user_kwargs: dict[str, Any]) -> Callable[..., Any]:
+def _apply(config: CompileConfig, model: Any, device: str, user_kwargs: dict[str, Any], *,
+           precompile: bool = False) -> Callable[..., Any]:
     if not user_kwargs or not config.compiles:
         if user_kwargs:
             log.debug("decision is eager; torch.compile arguments %s ignored", sorted(user_kwargs))
-        return apply_config(config, model, device)
-    return apply_config(config, model, device, compile_kwargs=merge_compile_kwargs(config, device, user_kwargs))
+        return apply_config(config, model, device, precompile=precompile)
+    return apply_config(config, model, device, compile_kwargs=merge_compile_kwargs(config, device, user_kwargs),
+                        precompile=precompile)
 
 
 def _model_device(model: Any, device: Any) -> str:
@@ -207,8 +210,12 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
                 _request_benchmark(pol, kind, torch_version, db)
 
     config = CompileConfig.from_row(applied.config)
-    applied.details["artifacts_loaded"] = _load_artifacts(applied, config, dev)
-    compiled = _apply(config, model, dev, torch_compile_kwargs)
+    loaded = _load_artifacts(applied, config, dev)
+    applied.details["artifacts_loaded"] = loaded is not None
+    if loaded is not None:
+        applied.details["artifacts"] = loaded.to_dict()
+    # Dynamo's precompiled frames are installed at torch.compile when the artifacts carry them.
+    compiled = _apply(config, model, dev, torch_compile_kwargs, precompile=bool(loaded and loaded.precompile))
     compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
     if deployment is None or found.store_unusable:

@@ -193,6 +193,12 @@ V4 = """
 ALTER TABLE deployments ADD COLUMN details TEXT;
 """
 
+# Version 5: regional compilation, a configuration knob: '' compiles the whole model (every configuration
+# stored before), 'auto' the most repeated block class, else the named block class.
+V5 = """
+ALTER TABLE configs ADD COLUMN regional TEXT NOT NULL DEFAULT '';
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -206,5 +212,5 @@ def _script(sql: str) -> Migration:
 
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4)]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _script(V5)]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,288 @@
+"""Regional compilation: which blocks, one compiled code shared by every instance, the configuration knob,
+the policy's [search] regional and regional_block, bench --regional, and the store's configs.regional.
+
+Compiles here use Dynamo with the "eager" backend: what is counted is Dynamo's work (frames traced,
+graphs captured), which is the same as under Inductor, without an Inductor compile per test."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from joulepilot.compiler import (
+    CompileConfig,
+    ConfigError,
+    RegionalError,
+    apply_config,
+    block_classes,
+    choose_block,
+    compile_blocks,
+    plan_configs,
+)
+from joulepilot.compiler.builtin_models import MLP, ConvNet, TinyTransformer
+from joulepilot.compiler.inductor import effective_key
+from joulepilot.compiler.regional import describe_regional
+from joulepilot.controller.features import FeatureSpace
+from joulepilot.controller.planner import compile_cost_rank
+from joulepilot.policies import PolicyError, load_policy
+from joulepilot.policies.resolve import candidate_configs
+from joulepilot.store import list_runs, open_db, stable_id, upsert_config
+from joulepilot.store.runs import workload_runs
+from joulepilot.store.schema import MIGRATIONS
+from torch._dynamo.utils import counters
+
+from tests.block_models import Block, BlockStack
+
+GPU_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
+EAGER_BACKEND = {"backend": "eager"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+class WiderLast(BlockStack):
+    """A stack whose last block is a second variant of the class (different widths inside)."""
+
+    def __init__(self) -> None:
+        super().__init__(layers=3)
+        last = Block()
+        last.mlp = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+        self.blocks.append(last)
+
+
+# --- which blocks ----------------------------------------------------------------------------------------
+def test_auto_picks_the_most_repeated_block_class_not_leaves():
+    model = BlockStack(layers=6)
+    classes = block_classes(model)
+    # Linear repeats 14 times but is a leaf; Block and its inner Sequential both repeat 6 times, and the
+    # tie goes to the class holding more parameters (the outer one).
+    assert [(b.name, b.instances) for b in classes[:2]] == [("Block", 6), ("Sequential", 6)]
+    block = choose_block(model, "auto")
+    assert block.name == "Block" and block.qualname == "tests.block_models.Block"
+    assert block.paths == tuple(f"blocks.{i}" for i in range(6))
+    assert block.variants == 1
+    assert block.params_per_instance == sum(p.numel() for p in model.blocks[0].parameters())
+
+
+def test_transformer_layers_are_the_blocks_of_the_builtin_transformer():
+    block = choose_block(TinyTransformer(layers=3), "auto")
+    assert (block.name, block.instances, block.variants) == ("EncoderLayer", 3, 1)
+
+
+def test_nested_instances_of_one_class_keep_the_innermost():
+    # ConvNet: `features` is a Sequential holding the three conv blocks, which are Sequentials too.
+    block = choose_block(ConvNet(), "auto")
+    assert block.name == "Sequential"
+    assert block.paths == ("features.0", "features.2", "features.4")
+    assert block.variants == 3  # 3->32, 32->64, 64->128 channels: one compile each
+
+
+def test_a_named_class_is_taken_even_a_leaf_and_by_qualified_name():
+    model = BlockStack(layers=2)
+    assert choose_block(model, "tests.block_models.Block").paths == ("blocks.0", "blocks.1")
+    linear = choose_block(model, "Linear")
+    assert linear.instances == 6 and linear.variants == 4  # stem, head, and two shapes inside the blocks
+
+
+def test_no_repeated_block_and_an_absent_class_are_one_line_errors():
+    with pytest.raises(RegionalError, match="no repeated block in MLP") as err:
+        choose_block(MLP(), "auto")
+    assert "\n" not in str(err.value) and "regional = false" in str(err.value)
+    with pytest.raises(RegionalError, match=r"no submodule of class 'BertLayer'; its repeated block classes "
+                                            r"are Block \(4\), Sequential \(4\)") as err:
+        choose_block(BlockStack(), "BertLayer")
+    assert isinstance(err.value, ConfigError)
+
+
+# --- one compiled code for every instance ------------------------------------------------------------
+def test_regional_compile_traces_one_block_and_reuses_it_for_every_instance():
+    model = BlockStack(layers=6).eval()
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        expected = model(x)
+        block = compile_blocks(model, "auto", EAGER_BACKEND)
+        out = model(x)
+        model(x)
+    assert block.instances == 6
+    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    assert model._compiled_call_impl is None and model.stem._compiled_call_impl is None
+    # Six instances, one traced frame and one graph: the others passed its guards.
+    assert counters["frames"]["total"] == 1 and counters["stats"]["unique_graphs"] == 1
+    torch.testing.assert_close(out, expected)
+
+
+def test_whole_model_compile_traces_everything_in_one_graph():
+    model = BlockStack(layers=6).eval()
+    compiled = torch.compile(model, **EAGER_BACKEND)
+    with torch.no_grad():
+        compiled(torch.randn(3, 16))
+    whole_ops = counters["stats"]["calls_captured"]
+    torch._dynamo.reset()
+    counters.clear()
+    model = BlockStack(layers=6).eval()
+    compile_blocks(model, "auto", EAGER_BACKEND)
+    with torch.no_grad():
+        model(torch.randn(3, 16))
+    regional_ops = counters["stats"]["calls_captured"]
+    # Regional tracing captures one block's calls; the whole model's graph holds all six and more.
+    assert whole_ops > 6 * regional_ops
+
+
+def test_each_variant_of_the_block_class_is_one_more_compile():
+    model = WiderLast().eval()
+    block = compile_blocks(model, "auto", EAGER_BACKEND)
+    with torch.no_grad():
+        model(torch.randn(2, 16))
+    assert (block.instances, block.variants) == (4, 2)
+    assert counters["frames"]["total"] == 2
+
+
+def test_variants_past_the_recompile_limit_are_warned_about():
+    block = choose_block(WiderLast(), "auto")
+    assert "warning" not in describe_regional(block)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        described = describe_regional(block)
+    assert described["recompile_limit"] == 1
+    assert "2 distinct Block variants exceed Dynamo's recompile limit of 1" in described["warning"]
+    assert described["paths"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+
+
+def test_apply_config_compiles_the_blocks_and_says_which():
+    model = BlockStack(layers=3).eval()
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        expected = model(x)
+    run = apply_config(CompileConfig("default", regional=True), model, "cpu", compile_kwargs=EAGER_BACKEND)
+    torch.testing.assert_close(run(x), expected)
+    assert run.regional.name == "Block" and run.regional.instances == 3
+    assert run.compiled is model  # the blocks were compiled in place; the model itself was not wrapped
+    whole = apply_config(CompileConfig("default"), BlockStack(layers=3), "cpu", compile_kwargs=EAGER_BACKEND)
+    assert whole.regional is None
+
+
+# --- the configuration knob --------------------------------------------------------------------------------
+def test_whole_model_configuration_ids_are_those_stored_before_the_knob():
+    records = json.loads(GPU_SWEEP.read_text())
+    assert len(records) > 10
+    for record in records:
+        stored = record["config"]
+        assert CompileConfig.from_row(stored).id == stored["id"], stored["label"]
+        assert CompileConfig.from_row(stored).regional == ""
+
+
+def test_regional_configuration_has_its_own_id_label_and_row():
+    whole = CompileConfig("default", precision="bf16", batch_size=8)
+    auto = whole.replace(regional=True)
+    named = whole.replace(regional="BertLayer")
+    assert whole.id == stable_id("config", "default", "default", [], "bf16", False, 8)
+    assert len({whole.id, auto.id, named.id}) == 3
+    assert auto.regional == "auto" and whole.replace(regional=False).regional == ""
+    assert auto.label == "default/bf16/regional/b8" and named.label == "default/bf16/regional=BertLayer/b8"
+    assert CompileConfig.from_row(named.to_row()) == named and named.to_row()["regional"] == "BertLayer"
+    assert effective_key(whole, "cpu") != effective_key(auto, "cpu") != effective_key(named, "cpu")
+
+
+def test_regional_refuses_eager_and_names_that_are_not_classes():
+    with pytest.raises(ConfigError, match="eager' does not compile, so regional compilation does not apply"):
+        CompileConfig("eager", regional=True)
+    with pytest.raises(ConfigError, match="regional must be true, false, 'auto' or a module class name"):
+        CompileConfig("default", regional="my block")
+
+
+def test_plan_configs_adds_a_regional_variant_of_each_compiled_configuration():
+    plan = plan_configs(["eager", "default"], precisions=["fp32", "bf16"], regional=["", "auto"])
+    assert [c.label for c in plan] == ["eager/fp32/b1", "eager/bf16/b1", "default/fp32/b1",
+                                       "default/fp32/regional/b1", "default/bf16/b1", "default/bf16/regional/b1"]
+
+
+def test_trade_off_features_and_compile_order_tell_regional_apart():
+    whole, regional = CompileConfig("default"), CompileConfig("default", regional="auto")
+    space = FeatureSpace.learn([({}, whole.to_row(), "cpu")])
+    index = space.names.index("regional")
+    assert space.vector({}, whole, "cpu")[index] == 0.0 and space.vector({}, regional, "cpu")[index] == 1.0
+    assert sorted([regional, CompileConfig("eager"), whole], key=compile_cost_rank) == [
+        CompileConfig("eager"), whole, regional]
+
+
+# --- the policy's [search] -----------------------------------------------------------------------------------
+POLICY = """
+name = "stack"
+workload = "tests.block_models:block_stack"
+batch_size = 2
+[search]
+modes = ["eager", "default"]
+{search}
+[fallback]
+mode = "eager"
+"""
+
+
+def _policy(tmp_path, search: str):
+    path = tmp_path / "stack.toml"
+    path.write_text(POLICY.format(search=search))
+    return path
+
+
+def test_policy_regional_knob_doubles_the_compiled_candidates(tmp_path):
+    policy = load_policy(_policy(tmp_path, "regional = [false, true]"))
+    assert policy.search.regional == (False, True) and policy.search.regional_block is None
+    assert [c.label for c in candidate_configs(policy)] == ["eager/fp32/b2", "default/fp32/b2",
+                                                             "default/fp32/regional/b2"]
+    default = load_policy(_policy(tmp_path, ""))
+    assert [c.label for c in candidate_configs(default)] == ["eager/fp32/b2", "default/fp32/b2"]
+
+
+def test_policy_names_the_block_class(tmp_path):
+    policy = load_policy(_policy(tmp_path, 'regional = [true]\nregional_block = "Block"'))
+    assert [c.regional for c in candidate_configs(policy)] == ["", "Block"]  # eager, then default/regional=Block
+
+
+@pytest.mark.parametrize(("search", "key", "says"), [
+    ('regional = "yes"', "search.regional", "a non-empty array of booleans"),
+    ('regional = [true]\nregional_block = "two words"', "search.regional_block", "a module class name"),
+    ('regional = [true]\nregional_block = "auto"', "search.regional_block", "a module class name"),
+    ('regional_block = "Block"', "search.regional_block", "search.regional to include true"),
+])
+def test_bad_regional_settings_are_one_clean_problem(tmp_path, search, key, says):
+    path = _policy(tmp_path, search)
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    (problem,) = err.value.problems
+    assert problem.key == key and says in problem.expected and problem.file == str(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    if key == "search.regional_block" and "include true" in says:
+        assert "set regional = [false, true] under [search]" in problem.hint
+
+
+# --- the store --------------------------------------------------------------------------------------------
+def test_configs_gain_a_regional_column_and_old_rows_read_as_whole_model(tmp_path):
+    path = tmp_path / "v4.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:4]:
+        step(conn)
+    conn.execute("PRAGMA user_version = 4")
+    old = CompileConfig("default", batch_size=2)
+    conn.execute("INSERT INTO configs VALUES (?, ?, 'default', 'default', '{}', 'fp32', 0, 2)", [old.id, old.label])
+    conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
+    conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 2, 1.0)")
+    conn.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at) "
+                 "VALUES ('w1', ?, 'h1', 'cpu', 'ok', 2.0)", [old.id])
+    conn.close()
+
+    db = open_db(path)
+    (run,) = list_runs(db)
+    assert run["regional"] == "" and CompileConfig.from_row(run) == old
+    regional = old.replace(regional="Block")
+    upsert_config(db, regional.to_row())
+    db.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at) "
+               "VALUES ('w1', ?, 'h1', 'cpu', 'ok', 3.0)", [regional.id])
+    newest = workload_runs(db, "w1")[0]
+    assert newest.regional == "Block" and CompileConfig.from_row(newest) == regional
