@@ -25,6 +25,15 @@ def _split_values(values: tuple[str, ...]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
+def _is_class_name(text: str) -> bool:
+    from joulepilot.compiler.options import REGIONAL_AUTO, ConfigError, check_regional
+
+    try:
+        return check_regional(text) not in ("", REGIONAL_AUTO)
+    except ConfigError:
+        return False
+
+
 def _energy_key(run: dict[str, Any]) -> tuple[int, float]:
     value = run.get("energy_j_per_inference")
     ok = run.get("status") == "ok" and value is not None and math.isfinite(value)
@@ -140,6 +149,10 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
+    if regional_block is not None and not _is_class_name(regional_block):
+        raise click.ClickException(f"--regional-block {regional_block!r} is not a class name: give the block class "
+                                   "to compile, e.g. --regional-block EncoderLayer (or --regional for the most "
+                                   "repeated one)")
     try:
         device = check_device(device or default_device())
         configs = plan_configs(

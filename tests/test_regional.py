@@ -286,3 +286,54 @@ def test_configs_gain_a_regional_column_and_old_rows_read_as_whole_model(tmp_pat
                "VALUES ('w1', ?, 'h1', 'cpu', 'ok', 3.0)", [regional.id])
     newest = workload_runs(db, "w1")[0]
     assert newest.regional == "Block" and CompileConfig.from_row(newest) == regional
+
+
+# --- bench --regional ---------------------------------------------------------------------------------------
+def test_bench_regional_measures_whole_and_regional_and_records_the_blocks(tmp_path, fake_worker):
+    from click.testing import CliRunner
+
+    from joulepilot.cli import main
+
+    db_path = tmp_path / "bench.db"
+    result = CliRunner().invoke(main, ["bench", "tests.block_models:block_stack", "--device", "cpu", "--modes",
+                                       "default", "--regional", "--min-seconds", "0.2", "--no-warm-start",
+                                       "--db", str(db_path), "--json"])
+    assert result.exit_code == 0, result.output
+    runs = {r["config_label"]: r for r in json.loads(result.stdout)}
+    assert set(runs) == {"default/fp32/b1", "default/fp32/regional/b1"}
+    assert all(r["status"] == "ok" for r in runs.values())
+    regional = runs["default/fp32/regional/b1"]
+    assert regional["regional"] == "auto" and runs["default/fp32/b1"]["regional"] == ""
+    blocks = regional["extra"]["regional"]
+    assert (blocks["name"], blocks["instances"], blocks["variants"]) == ("Block", 4, 1)
+    assert "regional" not in runs["default/fp32/b1"]["extra"]
+    stored = {r["config_label"]: r["regional"] for r in list_runs(open_db(db_path))}
+    assert stored == {"default/fp32/b1": "", "default/fp32/regional/b1": "auto"}
+
+
+def test_bench_regional_block_that_the_model_lacks_fails_the_run_with_the_reason(tmp_path, fake_worker):
+    from click.testing import CliRunner
+
+    from joulepilot.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "tests.block_models:block_stack", "--device", "cpu", "--modes",
+                                       "default", "--regional-block", "BertLayer", "--min-seconds", "0.2",
+                                       "--no-warm-start", "--db", str(tmp_path / "b.db"), "--json"])
+    runs = {r["config_label"]: r for r in json.loads(result.stdout)}
+    failed = runs["default/fp32/regional=BertLayer/b1"]
+    assert failed["status"] == "failed"
+    assert "no submodule of class 'BertLayer'; its repeated block classes are Block (4)" in failed["reason"]
+    assert runs["default/fp32/b1"]["status"] == "ok" and result.exit_code == 0
+
+
+def test_bench_refuses_a_regional_block_that_is_not_a_class_name(tmp_path):
+    from click.testing import CliRunner
+
+    from joulepilot.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "mlp", "--device", "cpu", "--regional-block", "not a class",
+                                       "--db", str(tmp_path / "b.db")])
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines() == [
+        "Error: --regional-block 'not a class' is not a class name: give the block class to compile, e.g. "
+        "--regional-block EncoderLayer (or --regional for the most repeated one)"]
