@@ -91,9 +91,19 @@ def _entry_counts(info: object) -> dict[str, int]:
     return {str(kind): len(keys) for kind, keys in dict(artifacts).items() if keys}
 
 
+def _kernel_files(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.rglob("*") if p.suffix in KERNEL_SUFFIXES and p.is_file() and not p.is_symlink())
+
+
+def count_kernels(cache: Path | None = None) -> int:
+    """Kernel binaries in `cache` (default: this process's Inductor cache folder)."""
+    cache = inductor_cache_dir() if cache is None else cache
+    return len(_kernel_files(cache)) if cache.is_dir() else 0
+
+
 def _pack_kernels(cache: Path) -> tuple[bytes, int] | None:
     """The kernel binaries under `cache` as a tar (paths relative to it), and their number."""
-    files = sorted(p for p in cache.rglob("*") if p.suffix in KERNEL_SUFFIXES and p.is_file() and not p.is_symlink())
+    files = _kernel_files(cache)
     if not files or sum(p.stat().st_size for p in files) > MAX_KERNELS_BYTES:
         return None
     buffer = io.BytesIO()

@@ -348,7 +348,7 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     import torch._dynamo  # noqa: F401
 
     from .apply import apply_config
-    from .artifacts import load_warm_start
+    from .artifacts import count_kernels, load_warm_start
     from .config import CompileConfig
     from .measure import synchronizer, timed_call
     from .warmstart import compile_timers
@@ -377,7 +377,9 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     _, frames = _dynamo_counts()
     return {"status": "ok", "warm_start_s": load_s + apply_s + first_call_s, "artifacts_load_s": load_s,
             "caches": _cache_counters(), "apply_s": apply_s, "first_call_s": first_call_s,
-            "dynamo_frames": frames, "artifacts": loaded.to_dict(), "compile_timers_s": compile_timers()}
+            "dynamo_frames": frames, "artifacts": loaded.to_dict(), "compile_timers_s": compile_timers(),
+            # The job's Inductor cache folder started empty: what is there beyond the unpacked was built now.
+            "kernels_built": count_kernels() - loaded.kernels}
 
 
 def _failure(exc: BaseException, phase: str) -> dict[str, Any]:

@@ -72,7 +72,12 @@ def test_compiled_run_is_cold_checked_and_warm_started(sweep):
     artifacts = Path(compiled["artifacts_path"])
     assert artifacts.is_file() and artifacts.parent == sweep["home"] / "artifacts"
     assert compiled["warm_start_s"] > 0
-    assert compiled["extra"]["warm_start_caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
+    warm = compiled["extra"]["warm_start"]
+    assert warm["artifacts"]["kernels"] > 0 and warm["kernels_built"] == 0  # the C++ kernels came packed
+    if warm["artifacts"]["precompile"]:  # Dynamo's precompiled frames installed: nothing traced again
+        assert warm["dynamo_frames"] == 0
+    else:
+        assert compiled["extra"]["warm_start_caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
     assert eager["artifacts_path"] is None and eager["warm_start_s"] is None
 
 
