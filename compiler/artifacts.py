@@ -133,9 +133,10 @@ def _serialise_caches() -> tuple[bytes, object] | None:
             return torch.compiler.save_cache_artifacts()
 
 
-def save_warm_start(path: str | os.PathLike) -> ArtifactsInfo | None:
-    """Write everything this process compiled to `path` (torch.compiler.save_cache_artifacts), and the
-    kernel binaries of its Inductor cache folder beside it, each file atomically. The files get ordinary
+def save_warm_start(path: str | os.PathLike, *, kernels_from: Path | None = None) -> ArtifactsInfo | None:
+    """Write everything this process compiled to `path` (torch.compiler.save_cache_artifacts), each file
+    atomically, and with `kernels_from` (an Inductor cache folder that holds only this compile's files,
+    as a benchmark worker's fresh one does) the kernel binaries in it beside. The files get ordinary
     permissions (the umask decides), so a serving process running as another user than the daemon can
     load them. None when torch has nothing to save (eager, or caches disabled)."""
     saved = _serialise_caches()
@@ -145,7 +146,7 @@ def save_warm_start(path: str | os.PathLike) -> ArtifactsInfo | None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     written = write_file_atomic(target, blob)
-    packed = _pack_kernels(inductor_cache_dir())
+    packed = _pack_kernels(kernels_from) if kernels_from is not None else None
     kernels = kernels_path(written)
     if packed:
         write_file_atomic(kernels, packed[0])
@@ -154,9 +155,9 @@ def save_warm_start(path: str | os.PathLike) -> ArtifactsInfo | None:
     return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0)
 
 
-def save_artifacts(path: str | os.PathLike) -> Path | None:
+def save_artifacts(path: str | os.PathLike, *, kernels_from: Path | None = None) -> Path | None:
     """`save_warm_start`, returning the artifacts file's path (or None)."""
-    saved = save_warm_start(path)
+    saved = save_warm_start(path, kernels_from=kernels_from)
     return saved.path if saved else None
 
 

@@ -185,7 +185,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
     from . import inductor
     from .apply import apply_config
-    from .artifacts import save_warm_start
+    from .artifacts import inductor_cache_dir, save_warm_start
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
@@ -320,7 +320,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     if config.compiles and job.get("artifacts_path"):
         phases.enter("save_artifacts")
         try:
-            saved = save_warm_start(job["artifacts_path"])
+            # The parent gave this job a fresh Inductor cache folder: its kernels are this compile's.
+            saved = save_warm_start(job["artifacts_path"], kernels_from=inductor_cache_dir())
             result["artifacts_path"] = str(saved.path) if saved else None
             if saved:
                 extra["artifacts"] = saved.to_dict()
