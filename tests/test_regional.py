@@ -337,3 +337,30 @@ def test_bench_refuses_a_regional_block_that_is_not_a_class_name(tmp_path):
     assert result.output.strip().splitlines() == [
         "Error: --regional-block 'not a class' is not a class name: give the block class to compile, e.g. "
         "--regional-block EncoderLayer (or --regional for the most repeated one)"]
+
+
+# --- the hook -----------------------------------------------------------------------------------------------
+def test_hook_applies_a_regional_decision_to_the_blocks(tmp_path):
+    import shutil
+
+    from joulepilot.compiler import workload_id
+    from joulepilot.policies import Decision, torch_minor, write_lock
+    from joulepilot.runtime import compile as jp_compile
+
+    policy_path = tmp_path / "mlp.toml"
+    shutil.copy(Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml", policy_path)
+    policy = load_policy(policy_path)
+    config = CompileConfig("default", regional=True, batch_size=policy.batch_size)
+    write_lock(policy_path, Decision(
+        policy=policy.name, policy_hash=policy.hash, device_kind="cpu", torch_version=torch_minor(),
+        workload=policy.workload, workload_id=workload_id(policy.workload, policy.batch_size), config=config.to_row(),
+        state="verified", reason="chosen by the test", objective="energy", expected_inferences=1000))
+    model, x = BlockStack(layers=5).eval(), torch.randn(policy.batch_size, 16)
+    with torch.no_grad():
+        expected = model(x)
+    compiled = jp_compile(model, policy=policy_path, db=tmp_path / "none.db", backend="eager")
+    assert compiled.decision.source == "lock" and compiled.decision.config["regional"] == "auto"
+    assert compiled.regional.name == "Block" and compiled.regional.instances == 5
+    assert compiled.decision.details["artifacts_loaded"] is False  # none saved for this decision
+    torch.testing.assert_close(compiled(x), expected)
+    assert counters["frames"]["total"] == 1 and all(b._compiled_call_impl is not None for b in model.blocks)
