@@ -366,6 +366,7 @@ def bench(
     idle_s: float | None = None,
     warm_start: bool | Callable[[CompileConfig], bool] | None = None,
     save_artifacts: bool = True,
+    precompile: bool = True,
     sample_hz: float = 10.0,
     force: bool = False,
     progress: ProgressFn | None = None,
@@ -382,7 +383,8 @@ def bench(
     own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
-    times a second fresh process that loads the saved compile artifacts. `stop_before(config)`
+    times a second fresh process that loads the saved compile artifacts; `precompile` has the compile
+    record Dynamo's precompiled frames with them (see `measure_config`). `stop_before(config)`
     returning True ends the sweep before that configuration (a wall-clock deadline, say).
 
     A run whose commit fails (disk full) is kept in a side file beside the database and imported at
@@ -438,7 +440,8 @@ def bench(
             measured = measure_config(
                 spec, config, context=context, columns=columns, min_seconds=min_seconds, budget_s=budget_s,
                 seq_len=seq_len, image_size=image_size, describe=workload_needs_description(database, wid),
-                save_artifacts=save_artifacts, warm_start=wants_warm_start(config), sample_hz=sample_hz,
+                save_artifacts=save_artifacts, warm_start=wants_warm_start(config), precompile=precompile,
+                sample_hz=sample_hz,
                 on_phase=on_phase,
             )
             try:

@@ -364,3 +364,37 @@ def test_hook_applies_a_regional_decision_to_the_blocks(tmp_path):
     assert compiled.decision.details["artifacts_loaded"] is False  # none saved for this decision
     torch.testing.assert_close(compiled(x), expected)
     assert counters["frames"]["total"] == 1 and all(b._compiled_call_impl is not None for b in model.blocks)
+
+
+# --- benchmarks/warm_start_regional.py -------------------------------------------------------------------
+def test_warm_start_regional_script_compares_whole_and_regional(tmp_path, fake_worker, capsys):
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "warm_start_regional.py"
+    spec = importlib.util.spec_from_file_location("warm_start_regional", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    results = tmp_path / "out" / "result.json"
+    code = script.main(["tests.block_models:block_stack", "--device", "cpu", "--min-seconds", "0.2",
+                        "--batch-size", "2", "--json", "--results", str(results)])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(results.read_text())
+    assert printed["device"] == "cpu" and printed["torch_version"] == torch.__version__ and printed["date_utc"]
+    rows = {r["variant"]: r for r in printed["rows"]}
+    assert rows["whole"]["config"] == "default/fp32/b2" and rows["whole"]["block"] is None
+    assert rows["regional"]["config"] == "default/fp32/regional/b2"
+    assert rows["regional"]["block"]["name"] == "Block" and rows["regional"]["block"]["instances"] == 4
+    for row in rows.values():
+        assert row["status"] == "ok" and row["j_per_call"] > 0 and row["energy_source"] == "estimate"
+        assert row["compile_s"] > 0
+    (comparison,) = printed["regional_vs_whole"]
+    assert comparison["compile_speedup"] == pytest.approx(rows["whole"]["compile_s"] / rows["regional"]["compile_s"])
+    assert comparison["j_per_call_change_pct"] == pytest.approx(
+        100 * (rows["regional"]["j_per_call"] / rows["whole"]["j_per_call"] - 1))
+    script.print_table(printed)
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("tests.block_models:block_stack batch 2 on ") and "(cpu)" in table[0]
+    assert table[1].split()[:4] == ["variant", "precompile", "compile", "s"]
+    assert table[3].split()[0] == "regional" and table[3].endswith("Block x4 (1 variant(s))")
+    assert table[-1].startswith("regional vs whole (precompile on): compile ")
