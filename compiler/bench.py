@@ -43,7 +43,8 @@ from .workloads import check_spec, split_spec, workload_id
 log = logging.getLogger("joulepilot.bench")
 
 # What a warm-start job reports besides its time, kept in the run's `extra.warm_start`.
-WARM_START_DETAILS = ("apply_s", "first_call_s", "dynamo_frames", "artifacts", "compile_timers_s", "kernels_built")
+WARM_START_DETAILS = ("apply_s", "first_call_s", "dynamo_frames", "artifacts", "compile_timers_s", "kernels_built",
+                      "max_rel_error")
 
 CPU_MODES = ("eager", "default")
 GPU_MODES = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs")

@@ -346,12 +346,15 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     frames are installed) and the first call; building the model is left out, as it is from `compile_s`.
     torch._dynamo is imported before the clock starts: the cold run's torch.compile imported it before
     its timed first call too."""
+    import torch
     import torch._dynamo  # noqa: F401
 
     from .apply import apply_config
     from .artifacts import count_kernels, load_warm_start
     from .config import CompileConfig
     from .measure import synchronizer, timed_call
+    from .numerics import numeric_check
+    from .precision import strict_fp32
     from .warmstart import compile_timers
     from .workloads import load_workload
 
@@ -368,19 +371,23 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
                              seed=int(job.get("seed", 1234)))
     sync = synchronizer(device)
+    phases.enter("reference")
+    with torch.no_grad(), strict_fp32():  # to check that the loaded code computes what the model does
+        reference = workload.model(*workload.example_inputs)
     phases.enter("compile")
     sync()
     started = time.perf_counter()
     run = apply_config(config, workload.model, device, precompile=loaded.precompile)
     apply_s = time.perf_counter() - started
-    _, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), sync)
+    output, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), sync)
     phases.enter("compiled")
     _, frames = _dynamo_counts()
     return {"status": "ok", "warm_start_s": load_s + apply_s + first_call_s, "artifacts_load_s": load_s,
             "caches": _cache_counters(), "apply_s": apply_s, "first_call_s": first_call_s,
             "dynamo_frames": frames, "artifacts": loaded.to_dict(), "compile_timers_s": compile_timers(),
             # The job's Inductor cache folder started empty: what is there beyond the unpacked was built now.
-            "kernels_built": count_kernels() - loaded.kernels}
+            "kernels_built": count_kernels() - loaded.kernels,
+            "max_rel_error": numeric_check(output, reference).max_rel_error}
 
 
 def _failure(exc: BaseException, phase: str) -> dict[str, Any]:

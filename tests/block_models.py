@@ -42,3 +42,21 @@ class BlockStack(nn.Module):
 def block_stack(batch_size: int = 2, layers: int = 4) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
     return BlockStack(layers), (torch.randn(batch_size, WIDTH),)
+
+
+class BreakingBlock(Block):
+    """A Block whose forward prints and branches on a tensor's value: two graph breaks per call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print("block input", tuple(x.shape))
+        y = self.mlp(self.norm(x))
+        if y.sum() > 0:
+            return x + y
+        return x - y
+
+
+def breaking_stack(batch_size: int = 2, layers: int = 3) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    model = BlockStack(layers)
+    model.blocks = nn.ModuleList(BreakingBlock() for _ in range(layers))
+    return model, (torch.randn(batch_size, WIDTH),)

@@ -43,6 +43,7 @@ def test_regional_warm_start_loads_kernels_and_frames_and_builds_nothing(tmp_pat
         assert warm["caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
     assert warm["warm_start_s"] == pytest.approx(warm["artifacts_load_s"] + warm["apply_s"] + warm["first_call_s"])
     assert warm["warm_start_s"] < cold["compile_s"]
+    assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
 
 
 def test_whole_model_warm_start_without_precompile_hits_the_inductor_caches(tmp_path):
@@ -53,3 +54,23 @@ def test_whole_model_warm_start_without_precompile_hits_the_inductor_caches(tmp_
     assert warm["dynamo_frames"] == 1  # traced again, but compiled from the caches
     assert warm["kernels_built"] == 0 and warm["artifacts"]["kernels"] > 0
     assert warm["warm_start_s"] < cold["compile_s"]
+    assert warm["max_rel_error"] == cold["max_rel_error"]
+
+
+def test_a_model_with_graph_breaks_warm_starts_every_frame(tmp_path):
+    job_spec = "tests.block_models:breaking_stack"
+    config = CompileConfig("default")
+    job = {"kind": "bench", "spec": job_spec, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
+           "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": True, "artifacts_path": str(tmp_path / "a.bin")}
+    cold = run_worker_job(job, budget=worker_budget(900, 0.2))
+    assert cold["status"] == "ok", cold.get("reason")
+    assert cold["graph_breaks"] >= 1 and cold["extra"]["dynamo_frames_first_call"] > 1
+    warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
+                          budget=worker_budget(900, 0.2))
+    assert warm["status"] == "ok", warm.get("reason")
+    assert warm["artifacts"]["entries"]["inductor"] == cold["extra"]["artifacts"]["entries"]["inductor"] > 1
+    assert warm["kernels_built"] == 0 and warm["max_rel_error"] == cold["max_rel_error"]
+    if precompile_available():
+        assert warm["dynamo_frames"] == 0
+    else:
+        assert warm["caches"]["fxgraph_cache_hit"] == cold["extra"]["compile_caches"]["fxgraph_cache_miss"]
