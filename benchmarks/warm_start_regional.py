@@ -78,6 +78,7 @@ def _row(run: dict[str, Any], variant: str, precompile: bool) -> dict[str, Any]:
             "caches": extra.get("warm_start_caches"),
             "kernels_loaded": artifacts.get("kernels"),
             "kernels_built": warm.get("kernels_built"),
+            "max_rel_error": warm.get("max_rel_error"),
             "entries": artifacts.get("entries"),
             "compile_timers_s": warm.get("compile_timers_s"),
             "error": extra.get("warm_start_error"),
