@@ -240,6 +240,16 @@ def test_policy_regional_knob_doubles_the_compiled_candidates(tmp_path):
     assert [c.label for c in candidate_configs(default)] == ["eager/fp32/b2", "default/fp32/b2"]
 
 
+def test_daemon_plan_measures_the_regional_variant_after_its_whole_model_configuration(tmp_path, db):
+    from joulepilot.controller.planner import plan_policy
+
+    policy = load_policy(_policy(tmp_path, 'regional = [true, false]\nprecisions = ["fp32", "bf16"]'))
+    plan = plan_policy(db, policy, reason="no decision yet", provenance_key="p", max_age_s=86400.0)
+    assert [c.label for c in plan.to_measure] == [
+        "eager/fp32/b2", "eager/bf16/b2", "default/fp32/b2", "default/fp32/regional/b2", "default/bf16/b2",
+        "default/bf16/regional/b2"]
+
+
 def test_policy_names_the_block_class(tmp_path):
     policy = load_policy(_policy(tmp_path, 'regional = [true]\nregional_block = "Block"'))
     assert [c.regional for c in candidate_configs(policy)] == ["", "Block"]  # eager, then default/regional=Block
