@@ -99,7 +99,9 @@ class CompileConfig:
         return self.mode != "eager"
 
     def to_row(self) -> dict[str, Any]:
-        return {
+        """The configs-table row. `regional` only when set: a whole-model configuration's row, in decisions,
+        lock files and exports, is what it was before the field existed (the column's default is '')."""
+        row = {
             "id": self.id,
             "label": self.label,
             "mode": self.mode,
@@ -108,8 +110,10 @@ class CompileConfig:
             "precision": self.precision,
             "dynamic": int(self.dynamic),
             "batch_size": self.batch_size,
-            "regional": self.regional,
         }
+        if self.regional:
+            row["regional"] = self.regional
+        return row
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CompileConfig:

@@ -103,7 +103,7 @@ def test_row_round_trip():
     cfg = CompileConfig(mode="max-autotune-no-cudagraphs", fusion="benchmark-fusion",
                         options={"max_fusion_size": 16}, precision="tf32", dynamic=True, batch_size=4)
     row = cfg.to_row()
-    assert set(row) == {"id", "label", "mode", "fusion", "options", "precision", "dynamic", "batch_size", "regional"}
+    assert set(row) == {"id", "label", "mode", "fusion", "options", "precision", "dynamic", "batch_size"}
     assert json.loads(row["options"]) == {"max_fusion_size": 16}
     assert row["dynamic"] == 1
     assert CompileConfig.from_row(row) == cfg

@@ -187,6 +187,7 @@ def test_regional_configuration_has_its_own_id_label_and_row():
     assert auto.regional == "auto" and whole.replace(regional=False).regional == ""
     assert auto.label == "default/bf16/regional/b8" and named.label == "default/bf16/regional=BertLayer/b8"
     assert CompileConfig.from_row(named.to_row()) == named and named.to_row()["regional"] == "BertLayer"
+    assert "regional" not in whole.to_row()  # rows of whole-model configurations are as they were
     assert effective_key(whole, "cpu") != effective_key(auto, "cpu") != effective_key(named, "cpu")
 
 
