@@ -214,8 +214,10 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     applied.details["artifacts_loaded"] = loaded is not None
     if loaded is not None:
         applied.details["artifacts"] = loaded.to_dict()
-    # Dynamo's precompiled frames are installed at torch.compile when the artifacts carry them.
-    compiled = _apply(config, model, dev, torch_compile_kwargs, precompile=bool(loaded and loaded.precompile))
+    # Dynamo's precompiled frames are installed at torch.compile when the artifacts carry them; they were
+    # compiled with the decided arguments, so not when the caller gives torch.compile arguments of its own.
+    precompile = bool(loaded and loaded.precompile and not torch_compile_kwargs)
+    compiled = _apply(config, model, dev, torch_compile_kwargs, precompile=precompile)
     compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
     if deployment is None or found.store_unusable:
