@@ -74,3 +74,61 @@ def test_a_model_with_graph_breaks_warm_starts_every_frame(tmp_path):
         assert warm["dynamo_frames"] == 0
     else:
         assert warm["caches"]["fxgraph_cache_hit"] == cold["extra"]["compile_caches"]["fxgraph_cache_miss"]
+
+
+HOOK_START = """
+import json, sys, time
+import torch
+from torch._dynamo.utils import counters
+from joulepilot.runtime import compile as jp_compile
+from tests.block_models import block_stack
+
+model, (x,) = block_stack(2)
+started = time.perf_counter()
+compiled = jp_compile(model, policy=sys.argv[1], db=sys.argv[2])
+compiled(x)
+print(json.dumps({"start_s": time.perf_counter() - started, "details": compiled.decision.details,
+                  "frames": counters["frames"]["total"], "block": compiled.regional.name}, default=str))
+"""
+
+
+def test_the_hook_starts_the_decided_configuration_from_its_artifacts(tmp_path, monkeypatch):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from joulepilot.compiler import artifact_path_for, workload_id
+    from joulepilot.compiler.provenance import device_name
+    from joulepilot.policies import Decision, load_policy, torch_minor, write_lock
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("JOULEPILOT_HOME", str(home))
+    policy_path = tmp_path / "stack.toml"
+    policy_path.write_text(f'name = "stack"\nworkload = "{SPEC}"\nbatch_size = 2\n[fallback]\nmode = "eager"\n')
+    policy = load_policy(policy_path)
+    config = CompileConfig("default", regional=True, batch_size=2)
+    wid = workload_id(SPEC, 2)
+    artifacts = artifact_path_for(wid, config.id, device_name("cpu"))  # where the hook looks
+    job = {"kind": "bench", "spec": SPEC, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
+           "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": True, "artifacts_path": str(artifacts)}
+    cold = run_worker_job(job, budget=worker_budget(900, 0.2))
+    assert cold["status"] == "ok", cold.get("reason")
+    write_lock(policy_path, Decision(
+        policy=policy.name, policy_hash=policy.hash, device_kind="cpu", torch_version=torch_minor(), workload=SPEC,
+        workload_id=wid, config=config.to_row(), state="verified", reason="test", objective="energy",
+        expected_inferences=1000))
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "serving-cache"),
+               PYTHONPATH=str(Path(__file__).parent.parent))
+    out = subprocess.run([sys.executable, "-c", HOOK_START, str(policy_path), str(tmp_path / "none.db")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    served = json.loads(out.stdout.strip().splitlines()[-1])
+    assert served["block"] == "Block"
+    assert served["details"]["artifacts_loaded"] is True
+    assert served["details"]["artifacts"]["kernels"] == cold["extra"]["artifacts"]["kernels"] > 0
+    if precompile_available():
+        assert served["frames"] == 0  # the saved frames were installed; nothing was traced
+    assert served["start_s"] < cold["compile_s"]
