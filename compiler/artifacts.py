@@ -5,11 +5,11 @@ One file per (workload, configuration, device name, torch version, triton versio
 most of the compile: the saved Inductor/AOTAutograd entries (and, when the compile recorded them,
 Dynamo's precompiled frames) are replayed into its cache.
 
-Beside it, `<key>.kernels.tar` holds the compiled kernel binaries (`*.so`) the compile left in its
-Inductor cache folder: the cache entries name them but do not carry them, so without them a CPU warm
-start rebuilds every C++ kernel with the system compiler (GPU kernels travel inside the entries).
-Loading unpacks them into this process's Inductor cache folder, where Inductor finds them by the hash
-of their source and skips the build.
+Beside it, `<key>.kernels.tar` holds the compiled binaries (`*.so`) the compile left in its Inductor
+and Triton cache folders: the cache entries name them but do not carry them, so without them a CPU warm
+start rebuilds every C++ kernel with the system compiler, and a GPU one Triton's launchers (the Triton
+kernels themselves travel inside the entries). Loading unpacks them into this process's cache folders,
+where Inductor and Triton find them by the hash of their source and skip the build.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -86,6 +87,17 @@ def inductor_cache_dir() -> Path:
     return Path(cache_dir())
 
 
+def triton_cache_dir() -> Path:
+    """This process's Triton cache folder (TRITON_CACHE_DIR, else Triton's default under the home folder)."""
+    configured = os.environ.get("TRITON_CACHE_DIR", "").strip()
+    return Path(configured) if configured else Path.home() / ".triton" / "cache"
+
+
+def kernel_cache_dirs() -> dict[str, Path]:
+    """The folders kernel binaries are packed from and unpacked into, by the name they have in the tar."""
+    return {"inductor": inductor_cache_dir(), "triton": triton_cache_dir()}
+
+
 def _entry_counts(info: object) -> dict[str, int]:
     artifacts = getattr(info, "artifacts", None) or {}
     return {str(kind): len(keys) for kind, keys in dict(artifacts).items() if keys}
@@ -95,21 +107,21 @@ def _kernel_files(cache: Path) -> list[Path]:
     return sorted(p for p in cache.rglob("*") if p.suffix in KERNEL_SUFFIXES and p.is_file() and not p.is_symlink())
 
 
-def count_kernels(cache: Path | None = None) -> int:
-    """Kernel binaries in `cache` (default: this process's Inductor cache folder)."""
-    cache = inductor_cache_dir() if cache is None else cache
-    return len(_kernel_files(cache)) if cache.is_dir() else 0
+def count_kernels(caches: Mapping[str, Path] | None = None) -> int:
+    """Kernel binaries in `caches` (default: this process's Inductor and Triton cache folders)."""
+    caches = kernel_cache_dirs() if caches is None else caches
+    return sum(len(_kernel_files(cache)) for cache in caches.values() if cache.is_dir())
 
 
-def _pack_kernels(cache: Path) -> tuple[bytes, int] | None:
-    """The kernel binaries under `cache` as a tar (paths relative to it), and their number."""
-    files = _kernel_files(cache)
-    if not files or sum(p.stat().st_size for p in files) > MAX_KERNELS_BYTES:
+def _pack_kernels(caches: Mapping[str, Path]) -> tuple[bytes, int] | None:
+    """The kernel binaries under each cache folder as one tar (`<name>/<path in the folder>`), and their number."""
+    files = [(name, cache, file) for name, cache in caches.items() if cache.is_dir() for file in _kernel_files(cache)]
+    if not files or sum(file.stat().st_size for _, _, file in files) > MAX_KERNELS_BYTES:
         return None
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for file in files:
-            tar.add(file, arcname=file.relative_to(cache).as_posix(), recursive=False)
+        for name, cache, file in files:
+            tar.add(file, arcname=f"{name}/{file.relative_to(cache).as_posix()}", recursive=False)
     return buffer.getvalue(), len(files)
 
 
@@ -133,10 +145,11 @@ def _serialise_caches() -> tuple[bytes, object] | None:
             return torch.compiler.save_cache_artifacts()
 
 
-def save_warm_start(path: str | os.PathLike, *, kernels_from: Path | None = None) -> ArtifactsInfo | None:
+def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path] | None = None
+                    ) -> ArtifactsInfo | None:
     """Write everything this process compiled to `path` (torch.compiler.save_cache_artifacts), each file
-    atomically, and with `kernels_from` (an Inductor cache folder that holds only this compile's files,
-    as a benchmark worker's fresh one does) the kernel binaries in it beside. The files get ordinary
+    atomically, and with `kernels_from` (cache folders by name, as `kernel_cache_dirs` gives them, that hold
+    only this compile's files, as a benchmark worker's fresh ones do) their kernel binaries beside. The files get ordinary
     permissions (the umask decides), so a serving process running as another user than the daemon can
     load them. None when torch has nothing to save (eager, or caches disabled)."""
     saved = _serialise_caches()
@@ -155,31 +168,36 @@ def save_warm_start(path: str | os.PathLike, *, kernels_from: Path | None = None
     return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0)
 
 
-def save_artifacts(path: str | os.PathLike, *, kernels_from: Path | None = None) -> Path | None:
+def save_artifacts(path: str | os.PathLike, *, kernels_from: Mapping[str, Path] | None = None) -> Path | None:
     """`save_warm_start`, returning the artifacts file's path (or None)."""
     saved = save_warm_start(path, kernels_from=kernels_from)
     return saved.path if saved else None
 
 
-def _safe_member(member: tarfile.TarInfo) -> bool:
+def _member_target(member: tarfile.TarInfo, caches: Mapping[str, Path]) -> tuple[Path, str] | None:
+    """(cache folder, path inside it) for a kernel binary of the tar; None for anything else."""
     name = PurePosixPath(member.name)
-    return (member.isfile() and not name.is_absolute() and ".." not in name.parts
-            and name.suffix in KERNEL_SUFFIXES)
+    if (not member.isfile() or name.is_absolute() or ".." in name.parts or name.suffix not in KERNEL_SUFFIXES
+            or len(name.parts) < 2 or name.parts[0] not in caches):
+        return None
+    return caches[name.parts[0]], PurePosixPath(*name.parts[1:]).as_posix()
 
 
-def unpack_kernels(path: str | os.PathLike, cache: Path | None = None) -> int:
-    """Unpack kernel binaries from `path` into `cache` (this process's Inductor cache folder); files
-    already there are kept. Returns how many were written."""
-    cache = inductor_cache_dir() if cache is None else cache
+def unpack_kernels(path: str | os.PathLike, caches: Mapping[str, Path] | None = None) -> int:
+    """Unpack kernel binaries from `path` into the cache folders they came from (by default this process's,
+    `kernel_cache_dirs`); files already there are kept. Returns how many were written."""
+    caches = kernel_cache_dirs() if caches is None else caches
     written = 0
     with tarfile.open(path, mode="r") as tar:
         for member in tar.getmembers():
-            if not _safe_member(member) or (cache / member.name).exists():
+            target = _member_target(member, caches)
+            if target is None or (target[0] / target[1]).exists():
                 continue
+            member.name = target[1]
             if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
-                tar.extract(member, cache, filter="data")
+                tar.extract(member, target[0], filter="data")
             else:
-                tar.extract(member, cache)
+                tar.extract(member, target[0])
             written += 1
     return written
 

@@ -185,7 +185,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
     from . import inductor
     from .apply import apply_config
-    from .artifacts import inductor_cache_dir, save_warm_start
+    from .artifacts import kernel_cache_dirs, save_warm_start
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
@@ -320,8 +320,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     if config.compiles and job.get("artifacts_path"):
         phases.enter("save_artifacts")
         try:
-            # The parent gave this job a fresh Inductor cache folder: its kernels are this compile's.
-            saved = save_warm_start(job["artifacts_path"], kernels_from=inductor_cache_dir())
+            # The parent gave this job fresh Inductor and Triton cache folders: their kernels are this compile's.
+            saved = save_warm_start(job["artifacts_path"], kernels_from=kernel_cache_dirs())
             result["artifacts_path"] = str(saved.path) if saved else None
             if saved:
                 extra["artifacts"] = saved.to_dict()
@@ -385,7 +385,7 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     return {"status": "ok", "warm_start_s": load_s + apply_s + first_call_s, "artifacts_load_s": load_s,
             "caches": _cache_counters(), "apply_s": apply_s, "first_call_s": first_call_s,
             "dynamo_frames": frames, "artifacts": loaded.to_dict(), "compile_timers_s": compile_timers(),
-            # The job's Inductor cache folder started empty: what is there beyond the unpacked was built now.
+            # The job's cache folders started empty: what is there beyond the unpacked was built now.
             "kernels_built": count_kernels() - loaded.kernels,
             "max_rel_error": numeric_check(output, reference).max_rel_error}
 
