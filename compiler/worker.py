@@ -191,7 +191,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
-    from .regional import describe_regional
+    from .regional import describe_regional, graph_breaks
     from .warmstart import compile_timers, enable_precompile
     from .workloads import load_workload
 
@@ -253,6 +253,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
             extra["numeric_check"] = check.note
         del output
         breaks_after_first, frames_after_first = _dynamo_counts()
+        breaks_after_first = graph_breaks(breaks_after_first + 1, run.regional)  # a block variant is no break
         extra["compile_timers_s"] = compile_timers()
         break_reasons = _graph_break_reasons() if breaks_after_first else []
 

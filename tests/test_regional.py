@@ -145,6 +145,29 @@ def test_each_variant_of_the_block_class_is_one_more_compile():
     assert counters["frames"]["total"] == 2
 
 
+def test_block_variants_are_not_counted_as_graph_breaks_but_breaks_inside_blocks_are():
+    from joulepilot.compiler.regional import graph_breaks
+
+    from tests.block_models import breaking_stack
+
+    model = WiderLast().eval()
+    block = compile_blocks(model, "auto", EAGER_BACKEND)
+    with torch.no_grad():
+        model(torch.randn(2, 16))
+    assert counters["stats"]["unique_graphs"] == 2 and graph_breaks(2, block) == 0
+    assert graph_breaks(2, None) == 1  # two graphs of a whole model are one break
+
+    torch._dynamo.reset()
+    counters.clear()
+    breaking, (x,) = breaking_stack(layers=3)
+    block = compile_blocks(breaking, "auto", EAGER_BACKEND)
+    with torch.no_grad():
+        breaking(x)
+    graphs = counters["stats"]["unique_graphs"]
+    assert block.variants == 1 and graphs > 1
+    assert graph_breaks(graphs, block) == graphs - 1  # one variant: every graph past the first is a break
+
+
 def test_variants_past_the_recompile_limit_are_warned_about():
     block = choose_block(WiderLast(), "auto")
     assert "warning" not in describe_regional(block)
