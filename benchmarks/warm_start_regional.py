@@ -11,9 +11,10 @@ compiles the most repeated block class, or `--regional-block`) measured as `joul
 it: a cold compile in a fresh worker with empty Inductor and Triton caches (compile s), the energy
 window (J per call: joules per forward call of one batch, with its source), and a warm start: a second
 fresh worker with empty caches that loads the saved artifacts (cache entries, kernel binaries and, with
-`--precompile on`, Dynamo's precompiled frames), applies the configuration and makes the first call
-(warm s, to set against compile s: `ratio` = compile s / warm s). `--precompile both` measures each
-variant twice, with and without Dynamo's precompiled frames.
+`--precompile on`, Dynamo's precompiled frames; off by default, as in bench), applies the configuration
+and makes the first call (warm s, to set against compile s: `ratio` = compile s / warm s). `--precompile
+both` measures each variant twice, with and without Dynamo's precompiled frames; a compile or warm start
+that fails with them is measured again without them, the row's `precompile_error` saying why.
 
 For each, it also prints where the warm start's time went (loading the artifacts, applying, the first
 call; frames Dynamo traced again; kernels built again) from the runs' `extra.warm_start`. Everything runs
@@ -57,6 +58,7 @@ def _row(run: dict[str, Any], variant: str, precompile: bool) -> dict[str, Any]:
         "reason": run.get("reason"),
         "precompile_asked": precompile,
         "precompile_used": artifacts.get("precompile"),
+        "precompile_error": extra.get("precompile_error"),
         "block": extra.get("regional"),
         "compile_s": run.get("compile_s"),
         "warm_start_s": run.get("warm_start_s"),
@@ -122,7 +124,7 @@ def print_table(result: dict[str, Any]) -> None:
         w = r["warm_start"]
         block = r["block"]
         lines.append((
-            r["variant"], "on" if r["precompile_used"] else "off", _fmt(r["compile_s"]), _fmt(r["warm_start_s"]),
+            r["variant"], "on" if r["precompile_used"] else ("unused" if r["precompile_asked"] else "off"), _fmt(r["compile_s"]), _fmt(r["warm_start_s"]),
             _fmt(r["ratio"], ".2f") + ("x" if r["ratio"] else ""), _fmt(r["j_per_call"], ".4g"),
             _fmt(r["energy_source"]), _fmt(r["latency_ms_p50"]),
             "/".join(_fmt(w[k], ".2f") for k in ("artifacts_load_s", "apply_s", "first_call_s")),
@@ -137,6 +139,8 @@ def print_table(result: dict[str, Any]) -> None:
             print(f"{r['variant']}: {r['status']}: {r['reason']}")
         elif r["warm_start"]["error"]:
             print(f"{r['variant']}: warm start failed: {r['warm_start']['error']}")
+        if r.get("precompile_error"):
+            print(f"{r['variant']}: measured without precompile: {r['precompile_error']}")
     for c in result["regional_vs_whole"]:
         print(f"regional vs whole (precompile {'on' if c['precompile_asked'] else 'off'}): compile "
               f"{_fmt(c['compile_speedup'], '.2f')}x faster, warm start {_fmt(c['warm_start_speedup'], '.2f')}x "
@@ -189,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--variants", default="whole,regional", help="whole, regional, or both (comma list)")
     parser.add_argument("--regional-block", help="block class for the regional variant (default: most repeated)")
-    parser.add_argument("--precompile", choices=sorted(PRECOMPILE), default="on",
-                        help="record and use Dynamo's precompiled frames with the artifacts (default on, as bench)")
+    parser.add_argument("--precompile", choices=sorted(PRECOMPILE), default="off",
+                        help="record and use Dynamo's precompiled frames with the artifacts (experimental; "
+                             "default off, as bench)")
     parser.add_argument("--min-seconds", type=float, help="energy window (default 5 on a GPU, 2 on CPU)")
     parser.add_argument("--budget-s", type=float, default=900.0, help="cold-compile budget of each worker")
     parser.add_argument("--home", help="JOULEPILOT_HOME to use and keep (default: a scratch one, removed)")

@@ -43,6 +43,7 @@ class ArtifactsInfo:
     path: Path | None
     entries: dict[str, int] = field(default_factory=dict)
     kernels: int = 0
+    precompile_error: str | None = None  # why Dynamo's precompiled frames were left out of a save
 
     @property
     def precompile(self) -> bool:
@@ -50,7 +51,11 @@ class ArtifactsInfo:
         return bool(self.entries.get("precompile"))
 
     def to_dict(self) -> dict[str, object]:
-        return {"entries": dict(self.entries), "kernels": self.kernels, "precompile": self.precompile}
+        out: dict[str, object] = {"entries": dict(self.entries), "kernels": self.kernels,
+                                  "precompile": self.precompile}
+        if self.precompile_error:
+            out["precompile_error"] = self.precompile_error
+        return out
 
 
 def artifacts_dir() -> Path:
@@ -125,24 +130,25 @@ def _pack_kernels(caches: Mapping[str, Path]) -> tuple[bytes, int] | None:
     return buffer.getvalue(), len(files)
 
 
-def _serialise_caches() -> tuple[bytes, object] | None:
-    """torch.compiler.save_cache_artifacts(); when Dynamo's precompiled frames cannot be serialised,
-    the Inductor and AOTAutograd entries alone (a warm start then traces again, but still skips codegen)."""
+def _serialise_caches() -> tuple[tuple[bytes, object] | None, str | None]:
+    """(torch.compiler.save_cache_artifacts(), None); when Dynamo's precompiled frames cannot be serialised,
+    the Inductor and AOTAutograd entries alone (a warm start then traces again, but still skips codegen)
+    and why the frames were left out."""
     import torch
 
     try:
-        return torch.compiler.save_cache_artifacts()
+        return torch.compiler.save_cache_artifacts(), None
     except Exception as exc:
         from .warmstart import precompile_enabled
 
         if not precompile_enabled():
             raise
-        log.warning("Dynamo's precompiled frames could not be saved (%s: %s); saving the Inductor caches alone",
-                    type(exc).__name__, exc)
+        reason = f"{type(exc).__name__}: {exc}".strip()[:500]
+        log.warning("Dynamo's precompiled frames could not be saved (%s); saving the Inductor caches alone", reason)
         from torch._dynamo import config
 
         with config.patch(caching_precompile=False):
-            return torch.compiler.save_cache_artifacts()
+            return torch.compiler.save_cache_artifacts(), reason
 
 
 def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path] | None = None
@@ -152,7 +158,7 @@ def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path]
     only this compile's files, as a benchmark worker's fresh ones do) their kernel binaries beside. The files get ordinary
     permissions (the umask decides), so a serving process running as another user than the daemon can
     load them. None when torch has nothing to save (eager, or caches disabled)."""
-    saved = _serialise_caches()
+    saved, precompile_error = _serialise_caches()
     if not saved:
         return None
     blob, info = saved
@@ -165,7 +171,7 @@ def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path]
         write_file_atomic(kernels, packed[0])
     elif kernels.exists():
         kernels.unlink()  # from an earlier compile of this configuration; these entries do not name them
-    return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0)
+    return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0, precompile_error)
 
 
 def save_artifacts(path: str | os.PathLike, *, kernels_from: Mapping[str, Path] | None = None) -> Path | None:

@@ -38,6 +38,7 @@ from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
+from .warmstart import precompile_opted_in
 from .workloads import check_spec, split_spec, workload_id
 
 log = logging.getLogger("joulepilot.bench")
@@ -274,16 +275,18 @@ def measure_config(
     describe: bool = False,
     save_artifacts: bool = True,
     warm_start: bool = False,
-    precompile: bool = True,
+    precompile: bool | None = None,
     sample_hz: float = 10.0,
     cancel: CancelCheck | None = None,
     on_start: Callable[[int], None] | None = None,
     on_phase: Callable[[str, str], None] | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
-    worker loading the saved artifacts). Nothing is written to the database. `precompile`: the compile
-    also records Dynamo's precompiled frames with the artifacts (where torch has caching precompile), so
-    a warm start does not trace the model again.
+    worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
+    $JOULEPILOT_PRECOMPILE, off unless set): the compile also records Dynamo's precompiled frames with the
+    artifacts (where torch has caching precompile), so a warm start does not trace the model again. It is
+    experimental: a compile or warm start that fails with it is run again without it, and that run is the
+    one measured, `extra.precompile_error` saying why.
 
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
     returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
@@ -293,6 +296,8 @@ def measure_config(
     origin = context.origin
     wid = workload_id(spec, config.batch_size, seq_len, image_size)
     budget = worker_budget(budget_s, min_seconds)
+    if precompile is None:
+        precompile = precompile_opted_in()
     artifacts = None
     if config.compiles and save_artifacts:
         artifacts = str(artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
@@ -304,12 +309,23 @@ def measure_config(
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
     }
     result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
+    precompile_error = None
+    if job["precompile"] and result.get("status") not in ("ok", "cancelled"):
+        # Precompile must never cost a configuration its measurement: measure it again, as without it.
+        precompile_error = f"compile with precompile: {result.get('reason')}"
+        job = dict(job, precompile=False)
+        result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
+    if precompile_error:
+        result.setdefault("extra", {})["precompile_error"] = precompile_error
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
         warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase)
         extra = result.setdefault("extra", {})
+        if job["precompile"] and warm.get("status") not in ("ok", "cancelled"):
+            extra["precompile_error"] = f"warm start with precompile: {warm.get('reason')}"
+            warm = run_worker_job(dict(warm_job, precompile=False), budget=budget, cancel=cancel, on_phase=on_phase)
         if warm.get("status") == "ok":
             result["warm_start_s"] = warm["warm_start_s"]
             extra["artifacts_load_s"] = warm.get("artifacts_load_s")
@@ -367,7 +383,7 @@ def bench(
     idle_s: float | None = None,
     warm_start: bool | Callable[[CompileConfig], bool] | None = None,
     save_artifacts: bool = True,
-    precompile: bool = True,
+    precompile: bool | None = None,
     sample_hz: float = 10.0,
     force: bool = False,
     progress: ProgressFn | None = None,
@@ -384,8 +400,9 @@ def bench(
     own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
-    times a second fresh process that loads the saved compile artifacts; `precompile` has the compile
-    record Dynamo's precompiled frames with them (see `measure_config`). `stop_before(config)`
+    times a second fresh process that loads the saved compile artifacts; `precompile` (default:
+    $JOULEPILOT_PRECOMPILE, off unless set) has the compile record Dynamo's precompiled frames with them
+    (see `measure_config`). `stop_before(config)`
     returning True ends the sweep before that configuration (a wall-clock deadline, say).
 
     A run whose commit fails (disk full) is kept in a side file beside the database and imported at

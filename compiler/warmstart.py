@@ -7,6 +7,11 @@ system compiler, which the cache entries alone do not carry), and Dynamo's cachi
 this torch has it, spares it tracing the model again: the compiled frames saved with the artifacts are
 installed when `torch.compile` is called.
 
+Precompile is off unless asked for: `bench(precompile=True)`, the benchmark's `--precompile on|both`, or
+`JOULEPILOT_PRECOMPILE=1` in the environment of bench, the daemon and a serving process (`precompile_opted_in`).
+On torch 2.11 it broke ordinary cold compiles (a model class defined in a function cannot be packaged), so
+a cold compile that fails with it on is measured again without it (`compiler.bench.measure_config`).
+
 Precompile is recorded by the cold compile (`enable_precompile`, for the whole worker process: the
 guards Dynamo builds while tracing must be the portable ones) and used by a warm start only inside
 `precompile_scope`, around `torch.compile`, so the process's other compiles are left as they were.
@@ -14,8 +19,11 @@ guards Dynamo builds while tracing must be the portable ones) and used by a warm
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+PRECOMPILE_ENV = "JOULEPILOT_PRECOMPILE"
 
 # Dynamo's compile timers (torch._dynamo.utils.compilation_time_metrics) a warm start reports. They
 # nest (tracing contains the backend call, which contains Inductor's loading), so they are not summed.
@@ -32,6 +40,11 @@ COMPILE_TIMERS = {
     "async_compile.wait": "kernel_compile_wait_s",
     "TritonBundler.read_and_emit": "triton_bundle_load_s",
 }
+
+
+def precompile_opted_in() -> bool:
+    """Whether $JOULEPILOT_PRECOMPILE asks for Dynamo's caching precompile (1, true, yes, on); off by default."""
+    return os.environ.get(PRECOMPILE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def precompile_available() -> bool:

@@ -326,6 +326,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
             result["artifacts_path"] = str(saved.path) if saved else None
             if saved:
                 extra["artifacts"] = saved.to_dict()
+                if saved.precompile_error:
+                    extra["precompile_error"] = f"saving precompiled frames: {saved.precompile_error}"
         except Exception as exc:  # a warm start is a bonus; its failure never fails the run
             extra["artifacts_error"] = f"{type(exc).__name__}: {exc}"
 
@@ -378,7 +380,9 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     phases.enter("compile")
     sync()
     started = time.perf_counter()
-    run = apply_config(config, workload.model, device, precompile=loaded.precompile)
+    # A warm start measured again without precompile (its first try failed with it) leaves the frames unused.
+    use_precompile = loaded.precompile and job.get("precompile", True) is not False
+    run = apply_config(config, workload.model, device, precompile=use_precompile)
     apply_s = time.perf_counter() - started
     output, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), sync)
     phases.enter("compiled")

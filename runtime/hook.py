@@ -32,6 +32,7 @@ from typing import Any
 from joulepilot.compiler import ArtifactsInfo, CompileConfig, apply_config, artifact_path_for, load_warm_start
 from joulepilot.compiler.inductor import inductor_options, torch_compile_kwargs
 from joulepilot.compiler.provenance import device_name
+from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, host_identity, open_db
@@ -155,6 +156,13 @@ def _apply(config: CompileConfig, model: Any, device: str, user_kwargs: dict[str
                         precompile=precompile)
 
 
+def use_precompiled_frames(loaded: ArtifactsInfo | None, torch_compile_kwargs: dict[str, Any]) -> bool:
+    """Whether to install Dynamo's precompiled frames at torch.compile: only when $JOULEPILOT_PRECOMPILE opts
+    in (precompile is experimental and off by default) and the artifacts carry them; they were compiled with
+    the decided arguments, so not when the caller gives torch.compile arguments of its own."""
+    return bool(precompile_opted_in() and loaded is not None and loaded.precompile and not torch_compile_kwargs)
+
+
 def _model_device(model: Any, device: Any) -> str:
     if device is not None:
         return str(device)
@@ -214,9 +222,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     applied.details["artifacts_loaded"] = loaded is not None
     if loaded is not None:
         applied.details["artifacts"] = loaded.to_dict()
-    # Dynamo's precompiled frames are installed at torch.compile when the artifacts carry them; they were
-    # compiled with the decided arguments, so not when the caller gives torch.compile arguments of its own.
-    precompile = bool(loaded and loaded.precompile and not torch_compile_kwargs)
+    precompile = use_precompiled_frames(loaded, torch_compile_kwargs)
     compiled = _apply(config, model, dev, torch_compile_kwargs, precompile=precompile)
     compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)

@@ -9,7 +9,8 @@ phases in their order, real forward calls of the workload (eager reference, warm
 window), energy from the real meter (the labelled `estimate` on a CPU), the numerical check, the description,
 and dying with its parent; the parent's budgets apply to it as to the real one. A compiled configuration's
 first call ("compile" phase) waits `JOULEPILOT_FAKE_COMPILE_S` seconds (default FAKE_COMPILE_S) in place of
-a compile, so a test can still catch a worker there; nothing is compiled, so no artifacts are saved (no warm
+a compile, so a test can still catch a worker there (with `JOULEPILOT_FAKE_PRECOMPILE_FAILS` set, that call raises
+when Dynamo's caching precompile is on, as some compiles did on torch 2.11); nothing is compiled, so no artifacts are saved (no warm
 start follows). To stay cheap on a small shared machine it runs torch on one thread, caps warm-up at
 WARMUP_MAX_S (an eager model is steady after a few calls) and makes the latency pass LATENCY_S long (still at
 least ten calls); the energy window keeps the job's `min_seconds`. It samples power at most SAMPLE_HZ times a
@@ -27,8 +28,11 @@ from typing import Any
 
 import torch
 from joulepilot.compiler import worker
+from joulepilot.compiler.warmstart import precompile_enabled
 
 FAKE_COMPILE_S_ENV = "JOULEPILOT_FAKE_COMPILE_S"
+# Set: a compile with Dynamo's caching precompile on fails, as it did for some models on torch 2.11.
+FAKE_PRECOMPILE_FAILS_ENV = "JOULEPILOT_FAKE_PRECOMPILE_FAILS"
 FAKE_COMPILE_S = 0.3
 WARMUP_MAX_S = 0.3
 LATENCY_S = 0.1
@@ -51,6 +55,8 @@ class EagerStandIn:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.compiled:
+            if os.environ.get(FAKE_PRECOMPILE_FAILS_ENV) and precompile_enabled():
+                raise TypeError("fake: this model cannot be saved into a torch.compile() package")
             time.sleep(self.compile_s)
             self.compiled = True
         return self.model(*args, **kwargs)

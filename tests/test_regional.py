@@ -431,4 +431,4 @@ def test_warm_start_regional_script_compares_whole_and_regional(tmp_path, fake_w
     assert table[0].startswith("tests.block_models:block_stack batch 2 on ") and "(cpu)" in table[0]
     assert table[1].split()[:4] == ["variant", "precompile", "compile", "s"]
     assert table[3].split()[0] == "regional" and table[3].endswith("Block x4 (1 variant(s))")
-    assert table[-1].startswith("regional vs whole (precompile on): compile ")
+    assert table[-1].startswith("regional vs whole (precompile off): compile ")  # off by default
