@@ -65,7 +65,11 @@ class RunResult(TypedDict, total=False):
     status: str
     reason: str | None
     compile_s: float | None
-    compile_energy_j: float | None
+    compile_energy_j: float | None  # GPU part + CPU part
+    compile_energy_gpu_j: float | None
+    compile_energy_gpu_source: str | None
+    compile_energy_cpu_j: float | None
+    compile_energy_cpu_source: str | None
     latency_ms_p50: float | None
     latency_ms_p95: float | None
     throughput_per_s: float | None

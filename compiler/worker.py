@@ -5,8 +5,8 @@ object (see `compiler/runner.py`, which writes it); the result is written as JSO
 `job["result_path"]`, and the phase reached so far is appended to `job["phase_path"]` so the parent can
 tell a compile that overran its budget from a slow measurement. Kinds of job:
 
-- "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile),
-  warm-up, latency pass, energy window, numerical check, optional artifact save and description.
+- "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile,
+  metered on the GPU and on the CPU that compiles: `compile_meter`), warm-up, latency pass, energy window, numerical check, optional artifact save and description.
 - "warm_start": load saved artifacts into this (fresh) process's cache, then time the first call.
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
@@ -185,6 +185,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from . import inductor
     from .apply import apply_config
     from .artifacts import save_artifacts
+    from .compile_meter import compile_energy_fields, open_cpu_meter
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
@@ -234,12 +235,21 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         call = untraced(lambda: run(*inputs))
 
         phases.enter("compile")
-        meter.begin("compile")
-        output, compile_s = timed_call(call, sync)
-        compile_m = meter.end("compile")
+        cpu_meter, cpu_error = open_cpu_meter(meter)
+        try:
+            meter.begin("compile")
+            if cpu_meter is not None:
+                cpu_meter.begin("compile")
+            output, compile_s = timed_call(call, sync)
+            cpu_compile_m = cpu_meter.end("compile") if cpu_meter is not None else None
+            compile_m = meter.end("compile")
+        finally:
+            if cpu_meter is not None:
+                cpu_meter.close()
         phases.enter("compiled")
         result["compile_s"] = compile_s
-        result["compile_energy_j"] = compile_m.energy_j
+        compile_columns, compile_window = compile_energy_fields(compile_m, cpu_compile_m, cpu_error)
+        result.update(compile_columns)
         check = numeric_check(output, reference)
         result["max_rel_error"] = check.max_rel_error
         if check.note:
@@ -306,7 +316,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra)
     extra["peak_memory_window_bytes"] = peak_window
     extra["window"] = {"devices": [d.to_dict() for d in window.devices]}
-    extra["compile_window"] = {"duration_s": compile_m.duration_s, "sources": compile_m.sources}
+    extra["compile_window"] = compile_window
     result["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
 
     if config.compiles and job.get("artifacts_path"):

@@ -237,7 +237,11 @@ class Forecaster:
         unknown = (0.0, math.inf)
         log_obj = unknown
         if energy is not None:
-            amortised = math.exp(energy[0]) + compile_s * (power_w or 0.0) / s.expected_inferences
+            # Compile energy (GPU + CPU) as the model predicts it when it learnt it, else seconds x power.
+            learnt = arm.compiles and "compile_energy_j" in arm.raw
+            compile_log_j = self.calibrated(arm, "compile_energy_j") if learnt else None
+            compile_j = math.exp(compile_log_j[0]) if compile_log_j else compile_s * (power_w or 0.0)
+            amortised = math.exp(energy[0]) + compile_j / s.expected_inferences
             if self.per_sample:
                 amortised /= max(1, int(arm.config.get("batch_size") or 1))
             log_obj = (math.log(amortised), energy[1])

@@ -35,7 +35,11 @@ def _end_line(run: dict[str, Any]) -> tuple[str, str | None]:
     """A finished configuration's end line, and its window warning if any."""
     if run["status"] == "ok":
         warning = (run.get("extra") or {}).get("window_warning") if isinstance(run.get("extra"), dict) else None
-        return (f"ok, compile {run['compile_s']:.2f} s, p50 {run['latency_ms_p50']:.3f} ms, "
+        from joulepilot.store import compile_energy_text
+
+        compile_j = compile_energy_text(run)
+        return (f"ok, compile {run['compile_s']:.2f} s{', ' + compile_j if compile_j else ''}, "
+                f"p50 {run['latency_ms_p50']:.3f} ms, "
                 f"{run['energy_j_per_inference']:.4g} J/inference ({run['energy_source']})", warning)
     first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
     return f"FAILED, {first_line}", None

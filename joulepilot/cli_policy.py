@@ -8,7 +8,7 @@ import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
 from joulepilot.policies import PolicyError, load_policy
-from joulepilot.store import open_db, open_for_reading
+from joulepilot.store import compile_energy_text, open_db, open_for_reading
 
 from .clikit import db_option, echo_json, echo_table, reading_store, table_width
 
@@ -253,6 +253,12 @@ def _echo_decision(decision: Any) -> None:
         click.echo("break-even vs eager fp32: none needed (eager compiles nothing)")
     elif decision.break_even_inferences is not None:
         click.echo(f"break-even vs eager fp32: {decision.break_even_inferences:,.0f} inferences")
+    applied = next((c for c in decision.candidates if c.config_id == decision.config_id and c.source == "measured"),
+                   None)
+    compile_text = compile_energy_text(applied.figures) if applied is not None and decision.config.get(
+        "mode") != "eager" else None
+    if compile_text:
+        click.echo(f"compile    {compile_text}, amortised over {decision.expected_inferences:,} inferences")
     click.echo("")
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
                ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",

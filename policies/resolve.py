@@ -73,7 +73,10 @@ PREDICTED_LIMITS = {"max_avg_power_w": "avg_power_w", "max_p95_latency_ms": "lat
                     "max_compile_s": "compile_s"}
 FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "latency_ms_p50", "latency_ms_p95",
            "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
-           "energy_source", "window_s", "torch_version")
+           "energy_source", "window_s", "torch_version", "device", "compile_energy_gpu_j", "compile_energy_gpu_source",
+           "compile_energy_cpu_j", "compile_energy_cpu_source")
+# Figures taken from the newest counted run rather than a median.
+NEWEST_FIGURES = ("energy_source", "torch_version", "device", "compile_energy_gpu_source", "compile_energy_cpu_source")
 STATES = ("verified", "provisional", "infeasible", "fallback")
 # A configuration whose runs were flagged this many times is not repeated again (the host is noisy).
 REPEAT_LIMIT = 2
@@ -296,11 +299,11 @@ def _intervals(all_repeats: Mapping[str, _Repeats]) -> None:
 
 def _figures(runs: list[RunRow]) -> dict[str, Any]:
     """The figures of a configuration's counted runs: medians, the highest peak power, and the newest
-    run's energy source and torch version."""
+    run's energy source, torch version, device and the sources of its compile energy's parts."""
     out: dict[str, Any] = {}
     for key in FIGURES:
         values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
-        if key in ("energy_source", "torch_version"):
+        if key in NEWEST_FIGURES:
             out[key] = values[0] if values else None
         elif key == "peak_power_w":
             out[key] = max(values) if values else None
@@ -389,7 +392,8 @@ def _key_figures(cand: Candidate | None) -> dict[str, Any]:
     if cand is None or cand.source != "measured":
         return {}
     keep = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "peak_power_w", "compile_s",
-            "compile_energy_j", "max_rel_error", "energy_source", "torch_version")
+            "compile_energy_j", "compile_energy_gpu_j", "compile_energy_gpu_source", "compile_energy_cpu_j",
+            "compile_energy_cpu_source", "max_rel_error", "energy_source", "torch_version")
     return ({k: cand.figures.get(k) for k in keep} | {"run_id": cand.run_id, "median": cand.median,
             "ci_low": cand.ci_low, "ci_high": cand.ci_high, "repeats": cand.repeats})
 
@@ -556,9 +560,12 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             compile_s = pred.get("compile_s", (0.0, 0))[0] if cfg.compiles else 0.0
             power = pred.get("avg_power_w", (0.0, 0))[0]
             latency = pred.get("latency_ms_p95", (None, 0))[0]
-            # Compile energy is not a target of its own: predicted compile seconds at predicted power.
-            _amortise(cand, policy, energy, compile_s * power, latency)
-            cand.break_even_inferences = _break_even(compile_s * power, energy, eager_j, not cfg.compiles)
+            # Compile energy (GPU + CPU) as the model predicts it; a model that could not learn it (no run
+            # metered both parts) leaves predicted compile seconds at predicted power.
+            compile_j = (pred["compile_energy_j"][0] if "compile_energy_j" in pred else compile_s * power) \
+                if cfg.compiles else 0.0
+            _amortise(cand, policy, energy, compile_j, latency)
+            cand.break_even_inferences = _break_even(compile_j, energy, eager_j, not cfg.compiles)
             if cand.reasons:
                 cand.status = "rejected"
             else:

@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlite_utils
 
+from .compile_energy import complete_compile_energy_j
 from .devicekind import device_kind as kind_of
 from .jsonvalues import json_object
 from .records import RUN_LIST_SQL
@@ -62,6 +63,10 @@ class RunRow(StoredRow):
     energy_above_idle_j: float | None = None
     artifacts_path: str | None = None
     warm_start_s: float | None = None
+    compile_energy_gpu_j: float | None = None
+    compile_energy_gpu_source: str | None = None
+    compile_energy_cpu_j: float | None = None
+    compile_energy_cpu_source: str | None = None
     # joined from workloads and configs
     workload: str | None = None
     config_label: str | None = None
@@ -86,6 +91,11 @@ class RunRow(StoredRow):
     @property
     def torch_minor(self) -> str:
         return torch_major_minor(self.torch_version)
+
+    @property
+    def complete_compile_energy_j(self) -> float | None:
+        """GPU + CPU compile joules when every part was metered, else None (`store.compile_energy`)."""
+        return complete_compile_energy_j(self)
 
     @property
     def ok(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from .compile_energy import PART_COLUMNS, legacy_parts
+
 # Version 1 is the first layout ever written; later versions are reached only through MIGRATIONS,
 # so a database from any earlier release opens and is brought forward in place.
 V1 = """
@@ -193,6 +195,16 @@ V4 = """
 ALTER TABLE deployments ADD COLUMN details TEXT;
 """
 
+# Version 5: the compile window's energy in a GPU part and a CPU part, each with its source
+# (`store.compile_energy`); `compile_energy_j` stays their sum. Older runs keep their one figure as the part
+# of their device, the other part NULL ("not metered").
+V5 = """
+ALTER TABLE runs ADD COLUMN compile_energy_gpu_j REAL;
+ALTER TABLE runs ADD COLUMN compile_energy_gpu_source TEXT;
+ALTER TABLE runs ADD COLUMN compile_energy_cpu_j REAL;
+ALTER TABLE runs ADD COLUMN compile_energy_cpu_source TEXT;
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -205,6 +217,17 @@ def _script(sql: str) -> Migration:
     return apply
 
 
+def _v5(conn: sqlite3.Connection) -> None:
+    _script(V5)(conn)
+    rows = conn.execute("SELECT id, device, compile_energy_j, energy_source FROM runs"
+                        " WHERE compile_energy_j IS NOT NULL").fetchall()
+    updates = []
+    for run_id, device, compile_energy_j, energy_source in rows:
+        parts = legacy_parts(device, compile_energy_j, energy_source)
+        updates.append([parts[c] for c in PART_COLUMNS] + [run_id])
+    conn.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in PART_COLUMNS)} WHERE id = ?", updates)
+
+
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4)]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5]
 SCHEMA_VERSION = len(MIGRATIONS)
