@@ -253,6 +253,11 @@ def _echo_decision(decision: Any) -> None:
         click.echo("break-even vs eager fp32: none needed (eager compiles nothing)")
     elif decision.break_even_inferences is not None:
         click.echo(f"break-even vs eager fp32: {decision.break_even_inferences:,.0f} inferences")
+    if decision.bill:
+        import textwrap
+
+        click.echo(textwrap.fill(decision.bill["text"], table_width(), initial_indent=f"{'tuning':<11}",
+                                 subsequent_indent=" " * 11))
     click.echo("")
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
                ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",

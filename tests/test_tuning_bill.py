@@ -1,0 +1,216 @@
+"""The tuning bill: what measuring cost (metered where a meter read it, the rest a labelled estimate), the
+search energy and payback every decision records, `policy explain`'s line, and the zero-saving case."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from joulepilot.compiler import CompileConfig, workload_id
+from joulepilot.policies import decide, load_policy, torch_minor
+from joulepilot.policies.bill import bill_of, calls_text, energy_text, run_cost
+from joulepilot.store import insert_run, open_db, upsert_config, upsert_host, upsert_workload
+from joulepilot.store.decisions import latest_decision
+from joulepilot.store.runs import workload_runs
+
+from joulepilot.cli import main
+
+WID = workload_id("mlp", 8)
+POLICY = """name = "{name}"
+workload = "mlp"
+batch_size = 8
+[objective]
+minimize = "energy"
+expected_inferences = 1_000_000
+{limits}
+[search]
+modes = {modes}
+precisions = {precisions}
+[fallback]
+mode = "eager"
+"""
+# Figures of one stored run: the first (compiling) call and the window are metered; warm-up, the latency
+# pass and the rest of the job are not.
+COMPILE_S, COMPILE_J, WARMUP_S, WINDOW_S = 5.0, 60.0, 1.0, 2.0
+LATENCY_CALLS, LATENCY_MS_MEAN, JOB_WALL_S, IDLE_W = 100, 5.0, 30.0, 4.0
+
+
+def write_policy(folder: Path, name: str = "svc", *, modes=("eager", "default"), precisions=("fp32", "bf16"),
+                 limits: str = "") -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(POLICY.format(name=name, limits=limits, modes=json.dumps(list(modes)),
+                                  precisions=json.dumps(list(precisions))))
+    return path
+
+
+def store_run(db, mode: str, precision: str, j_per_call: float | None, *, avg_w: float = 20.0,
+              policy: str | None = "svc", source: str = "rapl", idle_w: float | None = IDLE_W,
+              job_wall_s: float | None = JOB_WALL_S, status: str = "ok") -> int:
+    """One run of the built-in mlp (batch 8) on this host's CPU under the installed torch."""
+    host = upsert_host(db, {"id": "test-host", "hostname": "test", "cpu": "x86"})
+    upsert_workload(db, {"id": WID, "spec": "mlp", "batch_size": 8, "params": 1000, "flops_per_inference": 1e6})
+    cfg = CompileConfig(mode, precision=precision, batch_size=8)
+    upsert_config(db, cfg.to_row())
+    now = time.time()
+    extra = {} if policy is None else {"policy": policy}
+    if job_wall_s is not None:
+        extra["job_wall_s"] = job_wall_s
+    run = {"workload_id": WID, "config_id": cfg.id, "host_id": host, "device": "cpu", "status": status,
+           "started_at": now, "finished_at": now + 20.0, "torch_version": f"{torch_minor()}.0", "extra": extra}
+    if status == "ok":
+        window_j = avg_w * WINDOW_S
+        compiles = mode != "eager"
+        extra |= {"latency_calls": LATENCY_CALLS, "latency_ms_mean": LATENCY_MS_MEAN}
+        run |= {"compile_s": COMPILE_S if compiles else 0.01, "compile_energy_j": COMPILE_J if compiles else 0.1,
+                "warmup_s": WARMUP_S, "window_s": WINDOW_S, "energy_j": window_j,
+                "inferences": round(window_j / j_per_call), "energy_j_per_inference": j_per_call,
+                "latency_ms_p50": 1.0, "latency_ms_p95": 1.2, "avg_power_w": avg_w, "peak_power_w": avg_w * 1.1,
+                "idle_power_w": idle_w, "energy_source": source, "max_rel_error": 1e-4}
+    else:
+        run["reason"] = "worker killed by SIGSEGV during compile"
+    return insert_run(db, run)
+
+
+def expected_cost(run) -> tuple[float, float]:
+    """(metered J, estimated J) of a stored ok run, as the README defines them, from its stored figures."""
+    metered = run.compile_energy_j + run.energy_j
+    loaded_s = run.warmup_s + run.extra["latency_calls"] * run.extra["latency_ms_mean"] / 1000.0
+    rest_s = run.extra["job_wall_s"] - run.compile_s - run.window_s - loaded_s
+    return metered, loaded_s * run.avg_power_w + rest_s * run.idle_power_w
+
+
+def runs_of(db):
+    return workload_runs(db, WID, "cpu", torch_minor())
+
+
+def test_a_run_is_metered_for_compile_and_window_and_estimated_for_the_rest(db):
+    ok_id = store_run(db, "default", "fp32", 0.4)
+    bench_id = store_run(db, "eager", "fp32", 0.5, policy=None, job_wall_s=None)  # made by `bench`: no job
+    failed_id = store_run(db, "default", "bf16", None, status="failed")
+    runs = {r.id: r for r in runs_of(db)}
+
+    metered, estimated = expected_cost(runs[ok_id])
+    cost = run_cost(runs[ok_id])
+    assert cost.seconds_basis == "job" and cost.seconds == JOB_WALL_S
+    assert cost.metered_j == pytest.approx(metered) and cost.metered_source == "rapl"
+    assert cost.estimated_j(None) == (pytest.approx(estimated), 0.0)
+
+    bench = run_cost(runs[bench_id])  # no job recorded: the worker's own run, started_at to finished_at
+    assert bench.seconds_basis == "run"
+    assert bench.seconds == pytest.approx(runs[bench_id].finished_at - runs[bench_id].started_at)
+
+    failed = run_cost(runs[failed_id])  # nothing metered, no idle power of its own
+    assert failed.metered_j is None and failed.idle_w is None and failed.idle_s == JOB_WALL_S
+
+    bill = bill_of(runs.values())
+    assert bill.runs == 3 and bill.failed_runs == 1
+    assert bill.seconds == pytest.approx(sum(run_cost(r).seconds for r in runs.values()))
+    assert bill.metered_j == pytest.approx(metered + runs[bench_id].compile_energy_j + runs[bench_id].energy_j)
+    # The failed run is priced at the median idle power of the others: all its seconds, never metered.
+    assert bill.estimated_j == pytest.approx(estimated + bench.estimated_j(None)[0] + JOB_WALL_S * IDLE_W)
+    assert bill.energy_j == pytest.approx(bill.metered_j + bill.estimated_j)
+    assert bill.source == "rapl+estimate" and bill.metered_source == "rapl" and bill.unpriced_s == 0
+
+
+def test_seconds_with_no_power_to_price_them_are_never_guessed(db):
+    store_run(db, "default", "bf16", None, status="failed")  # the only run: no idle power anywhere
+    bill = bill_of(runs_of(db))
+    assert bill.energy_j == 0 and bill.unpriced_s == JOB_WALL_S and bill.source is None
+    assert bill.to_dict()["unpriced_s"] == JOB_WALL_S
+
+
+def _decide(db, policy_file: Path):
+    return decide(db, load_policy(policy_file), "cpu", record=True, lock=False).decision
+
+
+def test_every_decision_records_its_search_energy_and_payback(db, tmp_path):
+    figures = {("eager", "fp32"): 0.5, ("default", "fp32"): 0.4, ("eager", "bf16"): 0.3, ("default", "bf16"): 0.2}
+    for (mode, precision), j in figures.items():
+        store_run(db, mode, precision, j)
+    store_run(db, "default", "bf16", 0.21, policy=None, job_wall_s=None)  # a `bench` run of the same workload
+    decision = _decide(db, write_policy(tmp_path))
+    assert decision.label == CompileConfig("default", precision="bf16", batch_size=8).label
+
+    stored = latest_decision(db, "svc", "cpu")
+    bill = stored.details["bill"]
+    assert bill == json.loads(json.dumps(decision.bill))  # what the decision holds is what is stored
+    search = bill_of(runs_of(db))
+    assert bill["search"]["energy_j"] == pytest.approx(search.energy_j)
+    assert bill["search"]["metered_j"] == pytest.approx(search.metered_j)
+    assert bill["search"]["estimated_j"] == pytest.approx(search.estimated_j)
+    assert bill["search"]["source"] == "rapl+estimate" and bill["search"]["runs"] == len(figures) + 1
+    assert sorted(bill["search"]["run_ids"]) == sorted(r.id for r in runs_of(db))
+    assert bill["daemon_runs"] == len(figures)
+
+    chosen_j = (0.2 + 0.21) / 2  # the median over both runs of the chosen configuration
+    assert bill["baseline"]["kind"] == "stock compile default fp32"
+    assert bill["baseline"]["energy_j_per_inference"] == pytest.approx(figures[("default", "fp32")])
+    assert bill["applied"]["energy_j_per_inference"] == pytest.approx(chosen_j)
+    saving = figures[("default", "fp32")] - chosen_j
+    assert bill["saving_j_per_inference"] == pytest.approx(saving) and bill["saving_source"] == "rapl"
+    assert bill["verdict"] == "pays_back"
+    assert bill["payback_inferences"] == pytest.approx(search.energy_j / saving)
+    assert bill["payback_source"] == "rapl+estimate"
+    assert bill["text"].startswith(f"the search cost {energy_text(search.energy_j)} (rapl+estimate: ")
+    assert bill["text"].endswith(f"at {energy_text(saving)} saved per call against stock compile default fp32 "
+                                 f"(rapl) it pays back after {calls_text(search.energy_j / saving)} calls")
+
+
+def test_baseline_is_eager_fp32_when_stock_compile_is_not_measured(db, tmp_path):
+    store_run(db, "eager", "fp32", 0.5)
+    store_run(db, "default", "bf16", 0.2)
+    bill = _decide(db, write_policy(tmp_path)).bill
+    assert bill["baseline"]["kind"] == "eager fp32" and bill["saving_j_per_inference"] == pytest.approx(0.3)
+    assert bill["payback_inferences"] == pytest.approx(bill["search"]["energy_j"] / 0.3)
+    assert "against eager fp32" in bill["text"]
+
+
+def test_a_decision_that_saves_nothing_never_pays_back(db, tmp_path):
+    # Only the baseline itself is allowed: the decision keeps it, so nothing is saved.
+    store_run(db, "default", "fp32", 0.4)
+    bill = _decide(db, write_policy(tmp_path, "stock", modes=("default",), precisions=("fp32",))).bill
+    assert bill["verdict"] == "never" and bill["payback_inferences"] is None
+    assert bill["saving_j_per_inference"] == 0
+    assert "it never pays back: the decision keeps the baseline, stock compile default fp32" in bill["text"]
+
+    # A power envelope that rules out the cheaper-per-call baseline: the decision costs more per call.
+    store_run(db, "eager", "fp32", 0.5, avg_w=10.0)
+    capped = write_policy(tmp_path, "capped", modes=("eager", "default"), precisions=("fp32",),
+                          limits="[limits]\nmax_avg_power_w = 15")
+    decision = _decide(db, capped)
+    assert decision.label == CompileConfig("eager", batch_size=8).label
+    assert decision.bill["verdict"] == "never" and decision.bill["payback_inferences"] is None
+    assert decision.bill["saving_j_per_inference"] == pytest.approx(-0.1)
+    assert f"uses {energy_text(0.1)} more per call than stock compile default fp32" in decision.bill["text"]
+
+
+def test_payback_is_unknown_without_a_measured_baseline(db, tmp_path):
+    store_run(db, "default", "bf16", 0.2)
+    bill = _decide(db, write_policy(tmp_path)).bill
+    assert bill["verdict"] == "unknown" and bill["baseline"] is None and bill["payback_inferences"] is None
+    assert "payback not known: no baseline is measured" in bill["text"]
+
+
+def test_policy_explain_shows_the_bill(tmp_path, monkeypatch):
+    path = tmp_path / "j.db"
+    db = open_db(path)
+    store_run(db, "default", "fp32", 0.4)
+    store_run(db, "default", "bf16", 0.2)
+    expected = bill_of(runs_of(db)).energy_j / 0.2
+    db.close()
+    policy = write_policy(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")  # one line, not wrapped
+    text = CliRunner().invoke(main, ["policy", "explain", str(policy), "--db", str(path), "--device-name", "cpu"])
+    assert text.exit_code == 0, text.output
+    line = next(line for line in text.output.splitlines() if line.startswith("tuning"))
+    assert "the search cost" in line and "(rapl+estimate: " in line
+    assert line.endswith(f"it pays back after {calls_text(expected)} calls")
+
+    out = CliRunner().invoke(main, ["policy", "explain", str(policy), "--db", str(path), "--device-name", "cpu",
+                                    "--json"])
+    data = json.loads(out.output)
+    assert data["bill"]["payback_inferences"] == pytest.approx(expected)
+    assert data["bill"]["search"]["source"] == "rapl+estimate" and data["bill"]["verdict"] == "pays_back"
