@@ -202,12 +202,12 @@ def duration_text(seconds: float | None) -> str:
 
 
 def calls_text(calls: float | None) -> str:
-    """Calls to two significant digits, grouped: 87234.5 -> '87,000'; small counts exactly."""
+    """Calls to three significant digits, grouped: 87234.5 -> '87,200'; counts under 1,000 rounded up."""
     if calls is None or not math.isfinite(calls):
         return "-"
-    if calls < 100:
+    if calls < 1000:
         return f"{math.ceil(calls):,}"
-    digits = 1 - math.floor(math.log10(calls))
+    digits = 2 - math.floor(math.log10(calls))
     return f"{round(calls, digits):,.0f}"
 
 
@@ -345,12 +345,12 @@ def deployment_payback(payback_inferences: float | None, windows: Sequence[tuple
             at = start + (end - start) * (payback_inferences - done) / n
             after = at - windows[0][0]
             return DeploymentPayback("paid_back", payback_inferences, calls, 1.0, rate, at, after, None,
-                                     f"paid back after {duration_text(after)} "
+                                     f"was paid back after {duration_text(after)} "
                                      f"({calls_text(payback_inferences)} calls)")
         done += n
     fraction = calls / payback_inferences if payback_inferences > 0 else 1.0
     remaining = (payback_inferences - calls) / rate if rate else None
-    text = f"not yet: {fraction:.0%} after {calls:,} calls"
+    text = f"is not paid back yet: {fraction:.0%} after {calls:,} calls"
     if remaining is not None:
         text += f"; at {rate:,.3g} calls/s, about {duration_text(remaining)} more"
     return DeploymentPayback("not_yet", payback_inferences, calls, fraction, rate, None, None, remaining, text)

@@ -3,17 +3,22 @@ search energy and payback every decision records, `policy explain`'s line, and t
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from joulepilot.compiler import CompileConfig, workload_id
+from joulepilot.controller.report import build_report, build_summary, render
 from joulepilot.policies import decide, load_policy, torch_minor
-from joulepilot.policies.bill import bill_of, calls_text, energy_text, run_cost
+from joulepilot.policies.bill import bill_of, calls_text, duration_text, energy_text, run_cost
 from joulepilot.store import insert_run, open_db, upsert_config, upsert_host, upsert_workload
-from joulepilot.store.decisions import latest_decision
+from joulepilot.store.decisions import latest_decision, write_decision
+from joulepilot.store.deployments import insert_samples, register_deployment
 from joulepilot.store.runs import workload_runs
 
 from joulepilot.cli import main
@@ -214,3 +219,83 @@ def test_policy_explain_shows_the_bill(tmp_path, monkeypatch):
     data = json.loads(out.output)
     assert data["bill"]["payback_inferences"] == pytest.approx(expected)
     assert data["bill"]["search"]["source"] == "rapl+estimate" and data["bill"]["verdict"] == "pays_back"
+
+
+# -- deployment reports: when this deployment paid the tuning back --------------------------------------
+T0 = 1_700_000_000.0
+WINDOW = 5.0
+
+
+def deploy(db, name: str, policy: str, config: CompileConfig, calls: list[int], *, first_config=None) -> None:
+    """A deployment of `config` with one 5-s window per entry of `calls`; `first_config`: one window
+    before them serving another configuration (the fallback before the decision)."""
+    host = upsert_host(db, {"id": "test-host", "hostname": "test", "cpu": "x86"})
+    dep = register_deployment(db, name, policy=policy, workload_id=WID, config_id=config.id, host_id=host,
+                              device="cpu")
+    windows = [(first_config, 10_000)] if first_config is not None else []
+    windows += [(config, n) for n in calls]
+    insert_samples(db, dep, [{"t_start": T0 + WINDOW * i, "t_end": T0 + WINDOW * (i + 1), "energy_j": 50.0,
+                              "inferences": n, "avg_power_w": 10.0, "peak_power_w": 12.0, "energy_source": "rapl",
+                              "config_id": cfg.id} for i, (cfg, n) in enumerate(windows)])
+
+
+def test_a_deployment_report_says_when_the_tuning_was_paid_back(db, tmp_path):
+    store_run(db, "default", "fp32", 0.4)
+    store_run(db, "default", "bf16", 0.2)
+    decision = _decide(db, write_policy(tmp_path))
+    chosen = CompileConfig("default", precision="bf16", batch_size=8)
+    assert decision.config_id == chosen.id
+    needed = decision.bill["payback_inferences"]
+    per_window = math.ceil(needed / 3.5)  # crossed within the fourth window of the tuned configuration
+    deploy(db, "svc-prod", "svc", chosen, [per_window] * 6, first_config=CompileConfig("eager", batch_size=8))
+    deploy(db, "svc-canary", "svc", chosen, [per_window])
+
+    report = build_report(db, "svc-prod")
+    pb = report["payback"]
+    # Counted from the first window of the tuned configuration (the fallback's calls save nothing).
+    after = 3 * WINDOW + WINDOW * (needed - 3 * per_window) / per_window
+    assert pb["verdict"] == "paid_back" and pb["decision_id"] == decision.id
+    assert pb["paid_back_after_s"] == pytest.approx(after)
+    assert pb["paid_back_t"] == pytest.approx(T0 + WINDOW + after)
+    assert pb["calls"] == 6 * per_window and pb["calls_per_s"] == pytest.approx(per_window / WINDOW)
+    assert pb["payback_inferences"] == pytest.approx(needed) and pb["search_source"] == "rapl+estimate"
+    assert pb["text"] == f"the tuning was paid back after {duration_text(after)} ({calls_text(needed)} calls)"
+    assert build_report(db, "svc-prod", since=T0 + 100)["payback"]["paid_back_after_s"] == pytest.approx(after)
+
+    assert pb["text"] in render(report, "md") and f"after {duration_text(after)}" in render(report, "md")
+    assert pb["text"] in render(report, "html")
+    rows = list(csv.reader(io.StringIO(render(report, "csv"))))
+    assert ["svc-prod", "payback", "payback_inferences", str(needed), "calls", "rapl+estimate", "", "", ""] in rows
+    data = json.loads(render(report, "json"))
+    assert data["payback"]["paid_back_at_epoch"] == pytest.approx(T0 + WINDOW + after)
+
+    canary = build_report(db, "svc-canary")["payback"]
+    assert canary["verdict"] == "not_yet" and canary["fraction"] == pytest.approx(per_window / needed)
+    assert canary["remaining_s"] == pytest.approx((needed - per_window) / (per_window / WINDOW))
+    assert canary["text"].startswith(f"the tuning is not paid back yet: {per_window / needed:.0%} after "
+                                     f"{per_window:,} calls")
+    summary = {row["name"]: row for row in build_summary(db)["deployments"]}
+    assert summary["svc-prod"]["paid_back_after_s"] == pytest.approx(after)
+    assert summary["svc-canary"]["payback"] == canary["text"]
+
+
+def test_a_deployment_of_the_baseline_never_pays_back_and_an_old_decision_says_it_has_no_bill(db, tmp_path):
+    stock = CompileConfig("default", batch_size=8)
+    store_run(db, "default", "fp32", 0.4)
+    _decide(db, write_policy(tmp_path, "stock", modes=("default",), precisions=("fp32",)))
+    deploy(db, "stock-prod", "stock", stock, [1000, 1000])
+    report = build_report(db, "stock-prod")
+    pb = report["payback"]
+    assert pb["verdict"] == "never" and pb["paid_back_after_s"] is None and pb["calls"] == 2000
+    assert pb["text"] == "the tuning never pays back: the decision keeps the baseline, stock compile default fp32: " \
+                         "nothing is saved"
+    assert "| tuning paid back | never |" in render(report, "md")
+
+    # A decision stored before bills were recorded: no figure is made up.
+    write_decision(db, {"policy": "legacy", "policy_hash": "h", "device_kind": "cpu", "torch_version": torch_minor(),
+                        "config_id": stock.id, "state": "verified", "reason": "old", "decided_at": T0,
+                        "details": {}})
+    deploy(db, "legacy-prod", "legacy", stock, [1000])
+    old = build_report(db, "legacy-prod")["payback"]
+    assert old["verdict"] == "unknown" and old["payback_inferences"] is None
+    assert "stored before joulepilot recorded tuning bills" in old["text"]
