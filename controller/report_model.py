@@ -260,8 +260,7 @@ class Payback(Section):
     calls: int = 0
     fraction: float | None = None
     calls_per_s: float | None = None
-    paid_back_at: str | None = None
-    paid_back_t: float | None = None
+    paid_back_at: float | None = None  # epoch seconds (ISO text and `paid_back_at_epoch` in JSON)
     paid_back_after_s: float | None = None
     remaining_s: float | None = None
 
@@ -598,7 +597,7 @@ def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Pa
     reached = deployment_payback(out.payback_inferences if bill.get("verdict") == PAYS_BACK else None, windows)
     out.verdict, out.calls, out.fraction = reached.verdict, reached.calls, reached.fraction
     out.calls_per_s, out.remaining_s = reached.calls_per_s, reached.remaining_s
-    out.paid_back_t, out.paid_back_at = reached.paid_back_at, iso(reached.paid_back_at)
+    out.paid_back_at = reached.paid_back_at
     out.paid_back_after_s = reached.paid_back_after_s
     out.text = f"the tuning never pays back: {out.why}" if reached.verdict == NEVER else f"the tuning {reached.text}"
     return out

@@ -212,19 +212,20 @@ def calls_text(calls: float | None) -> str:
 
 
 def bill_text(bill: Mapping[str, Any]) -> str:
-    """'41.2 kJ (nvml+estimate: 38.1 kJ metered by nvml, 3.1 kJ estimated) over 7 runs, 6.2 min'."""
+    """'41.2 kJ over 7 runs, 6.2 min: 38.1 kJ in compile calls and energy windows (nvml), 3.1 kJ estimated
+    for the rest of the jobs (estimate)'."""
     parts = []
     if bill["metered_j"]:
-        parts.append(f"{energy_text(bill['metered_j'])} metered by {bill['metered_source']}")
+        parts.append(f"{energy_text(bill['metered_j'])} in compile calls and energy windows "
+                     f"({bill['metered_source']})")
     if bill["estimated_j"]:
-        parts.append(f"{energy_text(bill['estimated_j'])} estimated")
+        parts.append(f"{energy_text(bill['estimated_j'])} estimated for the rest of the jobs ({ESTIMATE})")
     if bill.get("unpriced_s"):
         parts.append(f"{duration_text(bill['unpriced_s'])} with no power to price them")
     runs = bill["runs"]
     failed = f", {bill['failed_runs']} failed" if bill.get("failed_runs") else ""
-    detail = f" ({bill['source']}: {', '.join(parts)})" if parts and bill.get("source") else ""
-    return (f"{energy_text(bill['energy_j'])}{detail} over {runs} run{'s' if runs != 1 else ''}{failed}, "
-            f"{duration_text(bill['seconds'])}")
+    return (f"{energy_text(bill['energy_j'])} over {runs} run{'s' if runs != 1 else ''}{failed}, "
+            f"{duration_text(bill['seconds'])}" + (f": {', '.join(parts)}" if parts else ""))
 
 
 # -- payback ----------------------------------------------------------------------------------------
