@@ -141,7 +141,7 @@ def status_command(db: str | None, as_json: bool) -> None:
     rows = [dict(r, age=_age(r["age_s"]), reason=_short(r.get("reason")), payback=_payback(r.get("bill")))
             for r in status["decisions"]]
     echo_table(rows, ["policy", "device_kind", "config", "state", "age", "payback", "reason"],
-               ["policy", "device", "config", "state", "age", "search pays back", "reason"])
+               ["policy", "device", "config", "state", "age", "payback", "reason"])
 
 
 def _spent(entry: dict[str, Any]) -> str:

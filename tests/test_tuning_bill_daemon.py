@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from daemon_factories import daemon_cmd, use_fake_worker, write_daemon_config, write_policy
-from joulepilot.policies.bill import bill_of, duration_text, energy_text
+from joulepilot.policies.bill import bill_of, calls_text, duration_text, energy_text
 from joulepilot.store import open_db
 from joulepilot.store.runs import daemon_runs
 
@@ -74,7 +74,15 @@ def test_each_pass_and_status_show_what_measuring_cost_per_policy(tmp_path, monk
     assert "measuring, per policy" in text
     alpha = next(line for line in text.splitlines() if line.startswith("alpha ") and "run" in line)
     assert duration_text(spent["alpha"]["seconds"]) in alpha and energy_text(spent["alpha"]["energy_j"]) in alpha
-    assert "search pays back" in text
+    # Each decision's row says when its search pays back, from the bill the decision recorded.
+    assert "payback" in next(line for line in text.splitlines() if line.startswith("policy  device"))
+    for decided in data["decisions"]:
+        bill = decided["bill"]
+        assert bill["search"]["energy_j"] > 0 and "run_ids" not in bill["search"]
+        words = {"pays_back": f"after {calls_text(bill['payback_inferences'])} calls", "never": "never",
+                 "unknown": "unknown"}[bill["verdict"]]
+        row = next(line for line in text.splitlines() if line.startswith(f"{decided['policy']} ") and " cpu " in line)
+        assert words in row
 
     # A second pass (which re-measures only what a contended host flagged "repeat this run", if anything):
     # status totals every run the daemon made for a policy, and shows the last pass's share apart.
