@@ -266,7 +266,8 @@ def test_a_deployment_report_says_when_the_tuning_was_paid_back(db, tmp_path):
     assert build_report(db, "svc-prod", since=T0 + 100)["payback"]["paid_back_after_s"] == pytest.approx(after)
 
     assert pb["text"] in render(report, "md") and f"after {duration_text(after)}" in render(report, "md")
-    assert pb["text"] in render(report, "html")
+    html = render(report, "html")
+    assert pb["text"] in html and "partly ESTIMATE · rapl+estimate" in html  # metered parts and an estimate
     rows = list(csv.reader(io.StringIO(render(report, "csv"))))
     assert ["svc-prod", "payback", "payback_inferences", str(needed), "calls", "rapl+estimate", "", "", ""] in rows
     data = json.loads(render(report, "json"))
