@@ -25,6 +25,8 @@ class PassBill:
         self._unstored_s: dict[str, float] = {}
 
     def job_ended(self, policy: str, run_id: int | None, wall_s: float) -> None:
+        if run_id is None and wall_s <= 0:  # nothing ran (the device could not be metered, ...)
+            return
         with self._lock:
             self._run_ids.setdefault(policy, [])
             self._unstored_s.setdefault(policy, 0.0)

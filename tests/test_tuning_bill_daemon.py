@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from bill_factories import JOB_WALL_S, runs_of, store_run
 from daemon_factories import daemon_cmd, use_fake_worker, write_daemon_config, write_policy
 from joulepilot.policies.bill import bill_of, calls_text, duration_text, energy_text
 from joulepilot.store import open_db
@@ -102,3 +103,17 @@ def test_each_pass_and_status_show_what_measuring_cost_per_policy(tmp_path, monk
                 assert again[name]["last_pass"] is None
     finally:
         store.close()
+
+
+def test_a_pass_prices_stored_runs_and_counts_jobs_that_stored_none_apart(db):
+    from joulepilot.controller.pass_bill import PassBill
+    stored = store_run(db, "default", "fp32", 0.4, policy="alpha")
+    bill = PassBill()
+    bill.job_ended("alpha", stored, JOB_WALL_S)
+    bill.job_ended("alpha", None, 12.5)  # pre-empted: killed before it stored a run
+    bill.job_ended("beta", None, 0.0)  # never started (the device could not be metered): nothing to count
+    [entry] = bill.per_policy(db)
+    expected = bill_of(runs_of(db))
+    assert entry["policy"] == "alpha" and entry["runs"] == 1 and entry["seconds"] == JOB_WALL_S
+    assert entry["energy_j"] == pytest.approx(expected.energy_j) and entry["unstored_s"] == 12.5
+    assert entry["text"].endswith("; 12.5 s more in jobs that stored no run")
