@@ -69,6 +69,7 @@ from .guided import GuidedPlan, plan_guided
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome, JobRunner
+from .pass_bill import PassBill
 from .planner import plan_policy, stale_reason
 from .redecide import (
     decide_policy,
@@ -128,6 +129,7 @@ class Daemon:
         self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
         self._pass_model: Any = None
         self._pass_model_fitted = False
+        self._pass_bill = PassBill()  # what this pass's jobs cost, per policy
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
         # ("jobs_planned", {"total"}), ("job_started", {"job_id", "label"}) and ("job_finished",
         # {"job_id", "kind", "status", "run_id", "reason", "wall_s"}).
@@ -333,8 +335,10 @@ class Daemon:
         summary: dict[str, Any] = {"started_at": started, "finished_at": None, "policies": 0, "policy_errors": [],
                                    "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
-                                   "lock_files": [], "unknown_requests": [], "refused_requests": []}
+                                   "lock_files": [], "unknown_requests": [], "refused_requests": [],
+                                   "measuring": []}
         self.last_pass = {**summary, "in_progress": True}
+        self._pass_bill = PassBill()
         self._import_pending()
         policies, errors = load_policy_folders(self.cfg.policies)
         summary["policies"], summary["policy_errors"] = len(policies), errors
@@ -425,6 +429,9 @@ class Daemon:
         summary["finished_at"] = time.time()
         summary["duration_s"] = round(summary["finished_at"] - started, 2)
         summary["queue"] = queue_counts(self.db)
+        summary["measuring"] = self._pass_bill.per_policy(self.db)
+        for spent in summary["measuring"]:
+            log.info("policy %s: measuring this pass cost %s", spent["policy"], spent["text"])
         self.last_pass = summary
         log.info("pass done in %.1fs: %d stale, %d queued, %d ok / %d failed runs, %d decided%s",
                  summary["duration_s"], len(stale), summary["enqueued"], summary["runs_ok"], summary["runs_failed"],
@@ -601,6 +608,7 @@ class Daemon:
         finally:
             self.current_job = None
             if outcome is not None:
+                self._pass_bill.job_ended(policy.name, run_id, outcome.wall_s)
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
         return outcome
@@ -608,8 +616,10 @@ class Daemon:
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
         measured = outcome.result
+        # `job_wall_s`: the whole job (worker start-up, idle baseline, ...), which the tuning bill counts.
         measured.row["extra"].update({"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
-                                      "job_provenance_key": job.provenance_key})
+                                      "job_provenance_key": job.provenance_key,
+                                      "job_wall_s": round(outcome.wall_s, 3)})
         outcome.extra["status"] = measured.status
         try:
             stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),

@@ -13,7 +13,10 @@ Where figures come from:
 - the configuration and why: the newest decision of the policy for the configuration served;
 - baselines: `runs` of the same workload (same id, hence same batch and shapes) on the same device
   kind, for eager fp32 and stock `torch.compile` (mode default, fp32);
-- peak efficiency: the datasheet rows of `gpu_datasheets.toml`.
+- peak efficiency: the datasheet rows of `gpu_datasheets.toml`;
+- the tuning's payback: the tuning bill (`policies.bill`) of the newest decision for the configuration
+  served, and every call this deployment served with that configuration, from its first window
+  (whatever `since` says: payback counts from the start).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.bill import NEVER, PAYS_BACK, deployment_payback
 from joulepilot.store import get_deployment, list_deployments, list_violations, read_samples
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
-from joulepilot.store.decisions import DecisionRow, latest_decision
+from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
 from joulepilot.store.devicekind import device_kind
 from joulepilot.store.timevalues import iso_utc, parse_since
 
@@ -231,6 +235,37 @@ class Sharing(Section):
 
 
 @dataclass
+class Payback(Section):
+    """When this deployment's calls paid back the tuning: the energy the search behind the decision it
+    serves cost, over the saving per call that decision brings against its baseline.
+
+    `verdict`: `paid_back` (`paid_back_after_s` from the first window counted), `not_yet` (`fraction` of
+    the calls needed so far, `remaining_s` at the call rate so far), `never` (nothing is saved per call)
+    or `unknown` (`why`: no decision, no bill, no baseline ...)."""
+
+    verdict: str
+    text: str
+    why: str | None = None
+    decision_id: int | None = None
+    config_label: str | None = None
+    search_energy_j: float | None = None
+    search_source: str | None = None
+    search_seconds: float | None = None
+    search_runs: int | None = None
+    baseline: str | None = None
+    saving_j_per_inference: float | None = None
+    saving_source: str | None = None
+    payback_inferences: float | None = None
+    payback_source: str | None = None
+    calls: int = 0
+    fraction: float | None = None
+    calls_per_s: float | None = None
+    paid_back_at: float | None = None  # epoch seconds (ISO text and `paid_back_at_epoch` in JSON)
+    paid_back_after_s: float | None = None
+    remaining_s: float | None = None
+
+
+@dataclass
 class DeploymentReport(Section):
     kind: str
     version: int
@@ -246,6 +281,7 @@ class DeploymentReport(Section):
     sharing: Sharing
     notes: list[str]
     samples: list[Window]
+    payback: Payback | None = None
 
 
 @dataclass
@@ -272,6 +308,8 @@ class SummaryRow(Section):
     co2_g: float | None
     energy_source: str | None
     shared_windows: int
+    payback: str | None = None
+    paid_back_after_s: float | None = None
 
 
 @dataclass
@@ -528,6 +566,43 @@ def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], 
     return notes
 
 
+def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Payback:
+    """The payback section (see `Payback`): the newest decision that applies the configuration served."""
+    served = dep.get("config_id")
+    decision = latest_decision(db, dep["policy"], kind, states=APPLICABLE_STATES, config_id=served) \
+        if dep.get("policy") and served else None
+    if decision is None:
+        why = ("deployed without a policy" if not dep.get("policy") else
+               f"no decision of policy {dep['policy']} on {kind} applies the configuration served")
+        return Payback("unknown", f"payback not known: {why}", why)
+    bill = decision.details.get("bill")
+    label = store_reports.config_labels(db, [served]).get(served)
+    if not isinstance(bill, Mapping):
+        why = ("the decision was stored before joulepilot recorded tuning bills; decide again (the daemon's next "
+               "pass, or `joulepilot policy lock`) to record one")
+        return Payback("unknown", f"payback not known: {why}", why, decision.id, label)
+    search = bill.get("search") or {}
+    out = Payback("unknown", "", bill.get("why") or None, decision.id, label,
+                  search_energy_j=search.get("energy_j"), search_source=search.get("source"),
+                  search_seconds=search.get("seconds"), search_runs=search.get("runs"),
+                  baseline=(bill.get("baseline") or {}).get("kind"),
+                  saving_j_per_inference=bill.get("saving_j_per_inference"), saving_source=bill.get("saving_source"),
+                  payback_inferences=bill.get("payback_inferences"), payback_source=bill.get("payback_source"))
+    windows = [(s["t_start"], s["t_end"], int(s["inferences"] or 0)) for s in read_samples(db, dep["id"])
+               if (s.get("config_id") or served) == served]
+    if bill.get("verdict") not in (PAYS_BACK, NEVER):
+        out.text = f"payback not known: {out.why}"
+        out.calls = sum(n for _, _, n in windows)
+        return out
+    reached = deployment_payback(out.payback_inferences if bill.get("verdict") == PAYS_BACK else None, windows)
+    out.verdict, out.calls, out.fraction = reached.verdict, reached.calls, reached.fraction
+    out.calls_per_s, out.remaining_s = reached.calls_per_s, reached.remaining_s
+    out.paid_back_at = reached.paid_back_at
+    out.paid_back_after_s = reached.paid_back_after_s
+    out.text = f"the tuning never pays back: {out.why}" if reached.verdict == NEVER else f"the tuning {reached.text}"
+    return out
+
+
 def build_report(db: sqlite_utils.Database, deployment: str, since: float | str | None = None, *,
                  grid_gco2_per_kwh: float | str | None = None) -> DeploymentReport:
     """Every figure of one deployment's report (see the module docstring)."""
@@ -573,6 +648,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
         sharing=sharing,
         notes=_notes(totals, sharing, baselines, windows),
         samples=windows,
+        payback=_payback(db, dep, kind),
     )
 
 
@@ -595,6 +671,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             saving_vs_compile_default_fp32=stock.saving_fraction,
             serves_baseline=[k for k, b in r.baselines.items() if b.served_is_baseline],
             co2_g=r.co2.co2_g if r.co2 else None, energy_source=t.energy_source,
-            shared_windows=r.sharing.windows_shared))
+            shared_windows=r.sharing.windows_shared, payback=r.payback.text if r.payback else None,
+            paid_back_after_s=r.payback.paid_back_after_s if r.payback else None))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

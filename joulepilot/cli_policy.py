@@ -259,6 +259,11 @@ def _echo_decision(decision: Any) -> None:
         "mode") != "eager" else None
     if compile_text:
         click.echo(f"compile    {compile_text}, amortised over {decision.expected_inferences:,} inferences")
+    if decision.bill:
+        import textwrap
+
+        click.echo(textwrap.fill(decision.bill["text"], table_width(), initial_indent=f"{'tuning':<11}",
+                                 subsequent_indent=" " * 11))
     click.echo("")
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
                ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",

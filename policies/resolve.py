@@ -147,6 +147,9 @@ class Decision:
     # The chosen configuration against the runner-up ("X beats Y by 21% +- 3% ..."), or, when `infeasible`,
     # the shortfall ("lowest measured average power 282 W ... exceeds 250 W by 13%").
     confidence: str = ""
+    # The tuning bill (`policies.bill.tuning_bill`): what the search cost and when the saving pays it back;
+    # None on a decision stored before it was recorded.
+    bill: dict[str, Any] | None = None
 
     @property
     def config_id(self) -> str:

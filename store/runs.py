@@ -164,3 +164,20 @@ def recent_ok_runs(db: sqlite_utils.Database, workload_id: str, provenance_key: 
     return _runs(db, "runs.workload_id = ? AND runs.provenance_key = ? AND runs.status = 'ok' "
                      "AND COALESCE(runs.finished_at, runs.started_at) >= ?",
                  [workload_id, provenance_key, min_finished_at])
+
+
+def daemon_runs(db: sqlite_utils.Database, policy: str | None = None) -> list[RunRow]:
+    """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first. A run whose
+    `extra` is not valid JSON names no policy."""
+    made_for = "(CASE WHEN json_valid(runs.extra) THEN json_extract(runs.extra, '$.policy') END)"
+    if policy is None:
+        return _runs(db, f"{made_for} IS NOT NULL", [])
+    return _runs(db, f"{made_for} = ?", [policy])
+
+
+def runs_by_id(db: sqlite_utils.Database, run_ids: Iterable[int]) -> list[RunRow]:
+    """The stored runs among `run_ids`, newest first (ids not stored are left out)."""
+    ids = sorted({int(i) for i in run_ids})
+    if not ids:
+        return []
+    return _runs(db, f"runs.id IN ({', '.join('?' for _ in ids)})", ids)
