@@ -348,3 +348,17 @@ def test_bad_spec_and_device_are_one_line_errors(tmp_path):
     if not torch.cuda.is_available():
         gpu = CliRunner().invoke(main, ["doctor", "mlp", "--device", "cuda:0"])
         assert gpu.exit_code == 1 and "--device cpu" in gpu.stderr
+
+
+@pytest.mark.slow
+def test_bench_with_inductor_counts_and_summarises_the_breaks(tmp_path):
+    """End to end with a real Inductor compile: the run stores both places and bench prints the line."""
+    path = _write(tmp_path, BREAKING_MODEL)
+    spec = f"{path}:make"
+    result = CliRunner().invoke(main, ["bench", spec, "--modes", "default", "--device", "cpu", "--min-seconds", "0.1",
+                                       "--no-warm-start", "--db", str(tmp_path / "b.db")])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    print_line, branch_line = _line(path, "break: print")[0], _line(path, "break: branch")[0]
+    label = CompileConfig(mode="default").label
+    assert (f"graph breaks in {label}: 2 graph breaks: print() at model.py:{print_line}; data-dependent branch at "
+            f"model.py:{branch_line} — run `{doctor_command(spec)}`") in result.stdout.splitlines()
