@@ -32,6 +32,7 @@ FORWARD_RANGE = "joulepilot.forward"
 BACKENDS = ("inductor", "eager")
 DEFAULT_PROFILE_CALLS = 10
 DEFAULT_PROFILE_MIN_S = 0.5
+PROFILE_CALLS_MAX = 500  # enough for a steady share; more only makes the profile slow to read
 WARM_CALLS = 2
 WARM_CALLS_MAX = 32  # above Dynamo's recompile limit (8), so a model that recompiles on every call settles
 RECOMPILES_LISTED = 20
@@ -202,7 +203,7 @@ def _profile(call: Callable[[], Any], sync: Callable[[], None], graphs: list[Gra
     calls = 0
     started = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        while calls < min_calls or time.perf_counter() - started < min_s:
+        while (calls < min_calls or time.perf_counter() - started < min_s) and calls < PROFILE_CALLS_MAX:
             with record_function(FORWARD_RANGE):
                 call()
                 sync()
@@ -251,10 +252,11 @@ def analyse_model(model: Any, inputs: tuple, *, device: str = "cpu", backend: st
 
     call = untraced(forward)
     known = {id(m) for m in _metrics_now()}
+    # The warm-up's calls stay in the "compile" phase: a recompiling call compiles again, and the budget
+    # of the compiling calls (budget.FIRST_CALL_PHASES) is the one that should bound them.
     phase("compile")
     with recording_graph_breaks() as recorder:
         _, compile_s = timed_call(call, sync)
-    phase("warmup")
     _warm_up(call, sync)
     phase("profiling")
     profiled = _profile(call, sync, timer.graphs, min_calls=profile_calls, min_s=profile_min_s)

@@ -245,18 +245,30 @@ class GraphBreakRecorder(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self._breaks: dict[tuple[Any, ...], GraphBreak] = {}
+        self._aliases: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            exc = record.exc_info[1] if record.exc_info else None
-            found = parse_record(record.getMessage(), exc)
+            self._add(record)
         except Exception:  # a record this parser does not understand must never break the compile
             return
+
+    def _add(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        found = parse_record(record.getMessage(), exc)
         if found is None:
             return
-        have = self._breaks.get(found.key)
+        # Dynamo names a break by where it stopped (maybe inside torch), and a repeat of a break only by that
+        # place ("user stack suppressed"): remember which break each such place was.
+        message = record.getMessage()
+        header = _AT_HEADER.search(message.split(_REASON_START, 1)[0])
+        at = (header.group("file"), int(header.group("line")), found.kind) if header else None
+        key = self._aliases.get(at, found.key) if at is not None and found.function is None else found.key
+        have = self._breaks.get(key)
         if have is None:
-            self._breaks[found.key] = found
+            self._breaks[key] = found
+            if at is not None:
+                self._aliases.setdefault(at, key)
         else:
             have.occurrences += 1
             have.falls_back_to_eager = have.falls_back_to_eager or found.falls_back_to_eager

@@ -94,7 +94,8 @@ def _echo_report(found: dict[str, Any]) -> None:
               help="What compiles Dynamo's graphs. 'eager' finds the same graph breaks without Inductor's compile "
                    "time, but then graph time is uncompiled.")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
-              help="Budget of the first (compiling) call; an overrun stops the analysis.")
+              help="Budget of the calls that compile (the first, and any that recompile); an overrun stops the "
+                   "analysis.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (progress stays on stderr).")
 def doctor_command(spec: str, batch_size: int, seq_len: int | None, image_size: int | None, device: str | None,
                    backend: str, budget_s: float, as_json: bool) -> None:

@@ -232,6 +232,42 @@ def test_recompiles_name_the_guard_that_failed(tmp_path, fresh_dynamo):
     assert found["eager_time_fraction"] == 1.0
 
 
+REPEATING_MODEL = '''import torch
+from torch import nn
+
+
+class PrintsEveryRecompile(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        x = self.linear(x) * self.calls
+        print("", end="")  # break: repeated
+        return x + 1
+
+
+def make(batch_size=1):
+    return PrintsEveryRecompile(), (torch.randn(batch_size, 8),)
+'''
+
+
+def test_a_break_met_again_is_listed_once(tmp_path, fresh_dynamo):
+    """Each recompile meets the print again; Dynamo then logs it without its traceback, by place only."""
+    from joulepilot.compiler.graph_breaks import recording_graph_breaks
+
+    path = _write(tmp_path, REPEATING_MODEL)
+    workload = load_workload(f"{path}:make")
+    compiled = torch.compile(workload.model, backend="eager")
+    with recording_graph_breaks() as recorder:
+        for _ in range(3):
+            compiled(*workload.example_inputs)
+    assert [(b.line, b.function, b.kind, b.occurrences) for b in recorder.breaks] == [
+        (_line(path, "break: repeated")[0], "forward", "print", 3)]
+
+
 def _bench_job(spec: str) -> dict:
     return {"kind": "bench", "spec": spec, "device": "cpu", "config": CompileConfig(mode="default").to_row(),
             "min_seconds": 0.05, "warmup_max_s": 0.2, "latency_s": 0.05, "idle_power_w": {}, "sample_hz": 5.0}
