@@ -228,7 +228,7 @@ def _profile(call: Callable[[], Any], sync: Callable[[], None], graphs: list[Gra
             "graph_ms": inside / 1000.0 / calls if calls else None}
 
 
-def analyse_model(model: Any, inputs: tuple, *, device: str = "cpu", backend: str = "inductor",
+def analyse_model(model: Any, inputs: tuple, *, device: str = "cpu", backend: str | Callable[..., Any] = "inductor",
                   profile_calls: int = DEFAULT_PROFILE_CALLS, profile_min_s: float = DEFAULT_PROFILE_MIN_S,
                   phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Compile `model` (Dynamo in front of `backend`), call it with `inputs`, and report its graph breaks,
