@@ -16,6 +16,7 @@ from .bench import (
 from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
 from .describe import count_flops, describe_workload
+from .doctor import DoctorError, analyse_model, doctor
 from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
 from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError
@@ -27,12 +28,14 @@ __all__ = [
     "PRECISIONS",
     "CompileConfig",
     "ConfigError",
+    "DoctorError",
     "MeasuredRun",
     "SweepContext",
     "WorkerBudget",
     "RunResult",
     "Workload",
     "WorkloadError",
+    "analyse_model",
     "apply_config",
     "artifact_key",
     "artifact_path_for",
@@ -43,6 +46,7 @@ __all__ = [
     "count_flops",
     "default_device",
     "describe_workload",
+    "doctor",
     "load_artifacts",
     "load_workload",
     "max_rel_error",

@@ -8,6 +8,7 @@ tell a compile that overran its budget from a slow measurement. Kinds of job:
 - "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile,
   metered on the GPU and on the CPU that compiles: `compile_meter`), warm-up, latency pass, energy window, numerical check, optional artifact save and description.
 - "warm_start": load saved artifacts into this (fresh) process's cache, then time the first call.
+- "doctor": graph breaks, graphs, recompiles and eager time of a workload (`compiler/doctor.py`).
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
 call's time is a cold compile. The worker dies with its parent (`bench` or the daemon): a SIGKILL of
@@ -27,6 +28,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .graph_breaks import recording_graph_breaks
 
 OOM_REASON = "out of memory"
 PR_SET_PDEATHSIG = 1
@@ -90,37 +93,10 @@ def _peak_memory_bytes(device: str) -> int:
 
 
 def _dynamo_counts() -> tuple[int, int]:
-    """(graph breaks so far, frames Dynamo has compiled so far).
-
-    Breaks are counted as `torch._dynamo.explain` counts them: the graphs Dynamo handed to the backend,
-    minus one. Dynamo's `graph_break` counter misses breaks it records elsewhere (a data-dependent
-    branch is counted as 'unimplemented'), so it undercounts."""
+    """(graphs Dynamo handed to the backend so far, frames Dynamo has compiled so far)."""
     from torch._dynamo.utils import counters
 
-    graphs = int(counters["stats"]["unique_graphs"])
-    return max(0, graphs - 1), int(counters["frames"]["total"])
-
-
-def _graph_break_reasons(limit: int = 10) -> list[str]:
-    """Each distinct graph break so far, in one line: where in the user's code, what, and Dynamo's
-    explanation when it gives one."""
-    from torch._dynamo.utils import graph_break_reasons
-
-    reasons: list[str] = []
-    for reason in graph_break_reasons:
-        lines = [line.strip() for line in str(reason.reason).strip().splitlines() if line.strip()]
-        if not lines:
-            continue
-        text = lines[0]
-        explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
-        if explanation:
-            text += f" ({explanation.removeprefix('Explanation:').strip()})"
-        stack = getattr(reason, "user_stack", None) or []
-        if stack:
-            text = f"{os.path.basename(stack[-1].filename)}:{stack[-1].lineno}: {text}"
-        if text not in reasons:
-            reasons.append(text)
-    return reasons[:limit]
+    return int(counters["stats"]["unique_graphs"]), int(counters["frames"]["total"])
 
 
 def _cache_counters() -> dict[str, int]:
@@ -240,7 +216,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
             meter.begin("compile")
             if cpu_meter is not None:
                 cpu_meter.begin("compile")
-            output, compile_s = timed_call(call, sync)
+            with recording_graph_breaks() as breaks:
+                output, compile_s = timed_call(call, sync)
             cpu_compile_m = cpu_meter.end("compile") if cpu_meter is not None else None
             compile_m = meter.end("compile")
         finally:
@@ -255,8 +232,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         if check.note:
             extra["numeric_check"] = check.note
         del output
-        breaks_after_first, frames_after_first = _dynamo_counts()
-        break_reasons = _graph_break_reasons() if breaks_after_first else []
+        _, frames_after_first = _dynamo_counts()
 
         phases.enter("warmup")
         warm_calls, warmup_s = warm_up(call, sync, max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
@@ -285,13 +261,13 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         meter.close()
 
     _, frames = _dynamo_counts()
-    # Breaks are a property of the model under this configuration: count them over the first call, as
-    # torch._dynamo.explain does; graphs compiled later are recompiles, counted separately.
-    result["graph_breaks"] = breaks_after_first
+    # Breaks are a property of the model under this configuration: each place Dynamo broke the graph in
+    # the first call, as `joulepilot doctor` lists them; graphs compiled later are recompiles.
+    result["graph_breaks"] = len(breaks.breaks)
     result["recompiles"] = max(0, frames - frames_after_first)
     extra["dynamo_frames_first_call"] = frames_after_first
-    if break_reasons:
-        extra["graph_break_reasons"] = break_reasons
+    if breaks.breaks:
+        extra["graph_breaks"] = breaks.to_list()
     extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
     extra["compile_caches"] = _cache_counters()
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
@@ -381,7 +357,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     try:
         kind = job.get("kind", "bench")
-        result = run_warm_start(job, phases) if kind == "warm_start" else run_bench(job, phases)
+        if kind == "doctor":
+            from .doctor import run_doctor_job
+
+            result = run_doctor_job(job, phases)
+        else:
+            result = run_warm_start(job, phases) if kind == "warm_start" else run_bench(job, phases)
     except Exception as exc:
         result = _failure(exc, phases.current)
     result["started_at"] = started

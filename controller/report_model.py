@@ -36,6 +36,7 @@ from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
 from joulepilot.store.devicekind import device_kind
+from joulepilot.store.runs import latest_runs
 from joulepilot.store.timevalues import iso_utc, parse_since
 
 from .gpu_datasheets import find_datasheet
@@ -187,6 +188,10 @@ class Configuration(Section):
     decided_at: str | None
     served_config_ids: list[str]
     history: list[ConfigShare]
+    # Graph breaks bench found in the served configuration (its latest ok run on this device kind), and
+    # their one-line summary naming where they are and the `joulepilot doctor` command to run.
+    graph_breaks: int | None = None
+    graph_break_summary: str | None = None
 
 
 @dataclass
@@ -492,6 +497,23 @@ def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: 
         decided_at=iso(decision.decided_at if decision else None), served_config_ids=served, history=history)
 
 
+def _graph_breaks(db: sqlite_utils.Database, dep: Mapping[str, Any], workload: Mapping[str, Any] | None,
+                  configuration: Configuration, kind: str) -> None:
+    """Fill the configuration's graph breaks from the latest ok run of the served configuration."""
+    from joulepilot.compiler.graph_breaks import break_summary, doctor_command, run_breaks
+
+    if not dep.get("workload_id") or not configuration.config_id:
+        return
+    run = latest_runs(db, dep["workload_id"], kind).get(configuration.config_id)
+    if run is None:
+        return
+    breaks, count = run_breaks(run)
+    configuration.graph_breaks = count
+    spec = (workload or {}).get("spec")
+    command = doctor_command(spec, (workload or {}).get("batch_size")) if spec else None
+    configuration.graph_break_summary = break_summary(breaks, count, command)
+
+
 def _cannot_be_met(decision: DecisionRow | None) -> str | None:
     """The statement that the envelope cannot be met, when the decision in force says so."""
     if decision is None or decision.state != "infeasible":
@@ -603,6 +625,13 @@ def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Pa
     return out
 
 
+def _break_notes(configuration: Configuration) -> list[str]:
+    if not configuration.graph_break_summary:
+        return []
+    return [f"the served configuration ({configuration.label or configuration.config_id}) has "
+            f"{configuration.graph_break_summary}"]
+
+
 def build_report(db: sqlite_utils.Database, deployment: str, since: float | str | None = None, *,
                  grid_gco2_per_kwh: float | str | None = None) -> DeploymentReport:
     """Every figure of one deployment's report (see the module docstring)."""
@@ -622,6 +651,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
 
     totals = _totals(windows)
     configuration = _configuration(db, dep, decision, windows, kind)
+    _graph_breaks(db, dep, workload, configuration, kind)
     served = {w.config_id for w in windows if w.config_id} or ({dep["config_id"]} if dep.get("config_id") else set())
     baselines = {key: _baseline(db, key, dep.get("workload_id"), kind, totals.j_per_inference, totals.inferences,
                                 totals.energy_source or "", served) for key in BASELINE_LABELS}
@@ -646,7 +676,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                                                energy_source=totals.energy_source),
         efficiency=_efficiency(workload, dep, kind, configuration.precision, totals),
         sharing=sharing,
-        notes=_notes(totals, sharing, baselines, windows),
+        notes=_notes(totals, sharing, baselines, windows) + _break_notes(configuration),
         samples=windows,
         payback=_payback(db, dep, kind),
     )

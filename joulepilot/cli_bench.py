@@ -71,6 +71,16 @@ def _bench_with_progress(configs: list[Any], **kwargs: Any) -> list[dict[str, An
         return bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
 
 
+def _echo_graph_breaks(runs: list[dict[str, Any]], spec: str, batch_size: int, seq_len: int | None,
+                       image_size: int | None) -> None:
+    """One line per distinct set of graph breaks among the runs, naming the configurations that have it."""
+    from joulepilot.compiler.graph_breaks import doctor_command, graph_break_notes, note_line
+
+    command = doctor_command(spec, batch_size, seq_len, image_size)
+    for note in graph_break_notes([r for r in runs if r.get("status") == "ok"], command):
+        click.echo(f"graph breaks in {note_line(note)}")
+
+
 def _notice(text: str) -> None:
     click.echo(f"bench: {text}", err=True)
 
@@ -169,6 +179,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         for run in runs:
             if run.get("pending_path"):
                 click.echo(f"{run['config_label']}: not in the database yet, kept in {run['pending_path']}")
+        _echo_graph_breaks(runs, spec, batch_size, seq_len, image_size)
         if any(r.get("energy_source") == "estimate" for r in runs):
             click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
     if runs and all(r["status"] != "ok" for r in runs):

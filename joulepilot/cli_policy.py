@@ -270,6 +270,34 @@ def _echo_decision(decision: Any) -> None:
                 "rel err", "break-even", "why"])
 
 
+def _graph_break_notes(file: str, db: str | None, decision: Any) -> list[dict[str, Any]]:
+    """The graph breaks stored with the runs of the measured candidates, one note per distinct set."""
+    from joulepilot.compiler.graph_breaks import doctor_command, graph_break_notes
+    from joulepilot.store import workload_runs
+
+    wanted = {c.run_id for c in decision.candidates if c.source == "measured" and c.run_id is not None}
+    if not wanted:
+        return []
+    policy = _load(file)
+    with reading_store(db) as database:
+        runs = [r for r in workload_runs(database, decision.workload_id) if r.id in wanted]
+    command = doctor_command(decision.workload, decision.config.get("batch_size") or policy.batch_size,
+                             policy.seq_len, policy.image_size)
+    return graph_break_notes(runs, command)
+
+
+def _echo_graph_breaks(notes: list[dict[str, Any]]) -> None:
+    import textwrap
+
+    from joulepilot.compiler.graph_breaks import note_line
+
+    if notes:
+        click.echo("")
+    for note in notes:
+        click.echo(textwrap.fill(note_line(note), table_width(), initial_indent=f"{'breaks':<11}",
+                                 subsequent_indent=" " * 11))
+
+
 def _echo_search(search: dict[str, Any] | None) -> None:
     """Where the guided search stands: what it measures next or why it stopped, and each skipped candidate."""
     import textwrap
@@ -309,10 +337,12 @@ def explain_command(file: str, db: str | None, device_name: str | None, torch_ve
                               decided_by="policy explain --record")
     decision = decided.decision
     hint = _elsewhere_hint(decision)
+    breaks = _graph_break_notes(file, db, decision)
     if as_json:
-        echo_json(decision.to_dict() | {"search": search})
+        echo_json(decision.to_dict() | {"search": search, "graph_breaks": breaks})
     else:
         _echo_decision(decision)
+        _echo_graph_breaks(breaks)
         _echo_search(search)
     if hint:
         click.echo(f"note: {hint}", err=True)
