@@ -13,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
-from joulepilot.cli import main
 from joulepilot.compiler import device_pool
 from joulepilot.store import open_db
+
+from joulepilot.cli import main
 
 UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
 WATTS = (100.0, 300.0)  # far apart, so a run metered on the wrong GPU shows it
