@@ -604,7 +604,7 @@ class _Sweep:
         contexts: dict[str, SweepContext] = {}
         error: BaseException | None = None
         while pool.running():
-            event = pool.next_event(timeout=None)
+            event = pool.next_event(timeout=1.0)
             if isinstance(event, Finished):
                 if event.error is not None:
                     error = error or event.error

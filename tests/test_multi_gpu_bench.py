@@ -7,10 +7,18 @@ it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's device check
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
+from daemon_factories import TESTS_DIR, is_worker, wait_for
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
 from joulepilot.compiler import device_pool
@@ -99,3 +107,44 @@ def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, args, message):
     assert result.exit_code == 1
     assert message in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def _hanging_workers() -> list[psutil.Process]:
+    """This process's benchmark workers once each is inside its (hanging) first forward call."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        if is_worker(cmd):
+            phases = Path(cmd[-1]).with_name("phases.tsv")
+            lines = phases.read_text().strip().splitlines() if phases.is_file() else []
+            if lines and lines[-1].startswith("reference"):
+                found.append(proc)
+    return found
+
+
+def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, own_tmpdir, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS_DIR.parent))  # the workers import tests.workload_factories
+    seen: dict[str, list[psutil.Process]] = {}
+
+    def terminate_once_both_hang() -> None:
+        seen["workers"] = wait_for(lambda: len(_hanging_workers()) == 2 and _hanging_workers(), 120,
+                                   "a hanging worker on each GPU")
+        seen["devices"] = [json.loads(Path(w.cmdline()[-1]).read_text())["device"] for w in seen["workers"]]
+        os.kill(os.getpid(), signal.SIGTERM)  # bench's handler turns it into an exit in the main thread
+
+    killer = threading.Thread(target=terminate_once_both_hang, daemon=True)
+    killer.start()
+    result = CliRunner().invoke(main, ["bench", "tests.workload_factories:hangs_on_first_call", "--db",
+                                       str(tmp_path / "j.db"), "--devices", "0,1", "--modes", "eager",
+                                       "--precision", "fp32,bf16,fp16", "--min-seconds", "0.2", "--no-warm-start"])
+    killer.join(timeout=5)
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    workers = seen["workers"]
+    assert sorted(seen["devices"]) == ["cuda:0", "cuda:1"]
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive  # both killed before bench exited
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
+    assert open_db(tmp_path / "j.db")["runs"].count == 0  # nothing half-written
