@@ -11,6 +11,7 @@ on a GPU. The SIGKILL test for the parallel sweep is in test_multi_gpu_daemon_ki
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -28,6 +29,18 @@ from joulepilot.controller.idle import own_process_tree
 UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
 WATTS = (100.0, 300.0)  # far apart, so a run metered on the wrong GPU shows it
 CORES = 16  # the host's cores as the scheduler is told them (this machine has fewer)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """The daemon configures the `joulepilot` logger (its own handler, no propagation); put it back, or later
+    tests in this process that read log records through pytest would see none."""
+    logger = logging.getLogger("joulepilot")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 @pytest.fixture
@@ -102,6 +115,10 @@ def test_two_jobs_at_once_each_on_its_own_gpu_and_counter(tmp_path, gpus):
         # each worker compiled with half of the cores, and numbered GPUs as NVML does
         assert extra["fake_worker_env"] == {"TORCHINDUCTOR_COMPILE_THREADS": str(CORES // 2),
                                             "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    # the heartbeats named both running jobs with their GPUs and workers (what `status` and a restart read)
+    beats = [json.loads(b["detail"]) for b in query(db, "SELECT detail FROM heartbeats WHERE state = 'sweeping'")]
+    both = [b["jobs"] for b in beats if len(b["jobs"]) == 2 and all(j.get("worker_pid") for j in b["jobs"])]
+    assert both and {j["device"] for j in both[-1]} == {"cuda:0", "cuda:1"}
     jobs = query(db, "SELECT * FROM jobs ORDER BY id")
     assert len(jobs) == 2 and all(j["state"] == "done" for j in jobs)
     for job in jobs:  # each job linked to the run it produced, and back
