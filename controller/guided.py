@@ -11,6 +11,11 @@ Which runs count: those of the policy's workload on this device kind under this 
 or failed, repeats included. The budget (`[search] budget_s`, `max_measurements`) counts the runs the
 daemon made for this policy (`extra.policy`); runs made otherwise (`joulepilot bench`) count as
 measurements but cost the policy nothing.
+
+On a host with several GPUs a guided policy still has one measurement in flight (the daemon queues its next
+one only when it has no open job), while other policies' jobs run beside it: each pick rests on every result
+before it, so two picks made without each other's result could be the same configuration, or spend what the
+stop rule would have saved after the first; the search therefore measures and decides as on one GPU.
 """
 
 from __future__ import annotations

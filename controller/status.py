@@ -47,6 +47,7 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "state": hb.state if hb else None,
         "doing": detail.get("doing"),
         "current_job": detail.get("job"),
+        "current_jobs": detail.get("jobs") or ([detail["job"]] if detail.get("job") else []),  # one per device
         "last_heartbeat_at": hb.at if hb else None,
         "last_heartbeat_age_s": round(now - hb.at, 1) if hb else None,
         "interval_s": detail.get("interval_s"),

@@ -45,28 +45,28 @@ def _end_line(run: dict[str, Any]) -> tuple[str, str | None]:
     return f"FAILED, {first_line}", None
 
 
-def _bench_with_progress(configs: list[Any], **kwargs: Any) -> list[dict[str, Any]]:
+def _bench_with_progress(configs: list[Any], *, parallel: int = 1, **kwargs: Any) -> list[dict[str, Any]]:
     """`bench` with one progress line per configuration on stderr: its phase and elapsed time while the
-    worker runs, its result when done."""
+    worker runs, its result when done (and, over several GPUs, the GPU it ran on)."""
     from joulepilot.compiler import bench
 
-    with progress(len(configs), "bench", noun="configuration") as report:
+    with progress(len(configs), "bench", noun="configuration", parallel=parallel) as report:
         def on_config(index: int, total: int, config: Any, run: dict[str, Any] | None) -> None:
             if run is not None and run.get("skipped"):  # `index` is already the 1-based number here
                 report.start(index, config.label, "checking the store")
                 report.finish(f"skipped, already measured ok as run {run['run_id']} under the same provenance "
-                              "(--force measures it again)")
+                              "(--force measures it again)", index)
                 return
             if run is None:
                 report.start(index + 1, config.label, "compiling and measuring")
                 return
             message, warning = _end_line(run)
-            report.finish(message)
+            report.finish(message + (f" on {run.get('device')}" if parallel > 1 else ""), index)
             if warning:
-                report.note(f"warning: {warning}")
+                report.note(f"warning: {warning}", index)
 
         def on_phase(index: int, total: int, config: Any, doing: str) -> None:
-            report.phase(doing)
+            report.phase(doing, index + 1)
 
         return bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
 
@@ -127,6 +127,9 @@ def _sigterm_as_exit() -> Iterator[None]:
                    "worker's other phases get an allowance derived from --min-seconds (README: budget model). "
                    "An overrun is recorded as a failed run.")
 @click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
+@click.option("--devices", "devices_text", metavar="0,1",
+              help="Several GPUs, e.g. 0,1 or cuda:0,cuda:1: as many configurations at once, one per GPU, each "
+                   "metered on its own GPU; compile threads are split between them. Instead of --device.")
 @click.option("--force", is_flag=True,
               help="Measure every configuration again, even those already measured ok under the same provenance.")
 @click.option("--warm-start/--no-warm-start", default=None,
@@ -136,20 +139,24 @@ def _sigterm_as_exit() -> Iterator[None]:
 def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, seq_len: int | None,
                   image_size: int | None, min_seconds: float | None, budget_s: float, device: str | None,
-                  force: bool, warm_start: bool | None, db: str | None, as_json: bool) -> None:
+                  devices_text: str | None, force: bool, warm_start: bool | None, db: str | None,
+                  as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
     package.module:factory.
     """
     from joulepilot.compiler import ConfigError, WorkloadError, check_device, default_device, plan_configs
-    from joulepilot.compiler.bench import default_modes, default_precisions
+    from joulepilot.compiler.bench import check_devices, default_modes, default_precisions
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
     try:
-        device = check_device(device or default_device())
+        if devices_text is not None and device is not None:
+            raise ConfigError("give either --device or --devices, not both")
+        devices = check_devices(_split_values((devices_text,))) if devices_text is not None else None
+        device = devices[0] if devices else check_device(device or default_device())
         configs = plan_configs(
             _split_values(modes) or default_modes(device),
             _split_values(fusions) or ["default"],
@@ -157,7 +164,8 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
         )
         with _sigterm_as_exit():
-            runs = _bench_with_progress(configs, spec=spec, device=device, min_seconds=min_seconds,
+            runs = _bench_with_progress(configs, parallel=len(devices or [device]), spec=spec, device=device,
+                                        devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
                                         image_size=image_size, warm_start=warm_start, force=force, notice=_notice)
     except (ConfigError, WorkloadError) as exc:

@@ -53,24 +53,29 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
 
 
 def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], None]:
-    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA."""
+    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA (jobs on several GPUs
+    overlap: each one's end line carries its own number)."""
     started = 0
+    numbers: dict[Any, int] = {}  # job id -> its number in this pass
 
     def listen(event: str, fields: dict[str, Any]) -> None:
         nonlocal started
         if event == "jobs_planned":
+            report.parallel = max(1, int(fields.get("devices") or 1))
             report.set_total(started + int(fields["total"]))
         elif event == "job_started":
             started += 1
+            numbers[fields.get("job_id")] = started
             report.start(started, fields["label"], "measuring")
         elif event == "job_finished":
+            number = numbers.pop(fields.get("job_id"), None)
             kind, reason = fields.get("kind"), fields.get("reason") or ""
             if kind == "measured":
-                report.finish(f"{fields.get('status') or 'stored'}, run {fields.get('run_id')}")
-            elif kind in ("crashed", "timeout"):
-                report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}")
+                report.finish(f"{fields.get('status') or 'stored'}, run {fields.get('run_id')}", number)
+            elif kind in ("crashed", "timeout", "error"):
+                report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}", number)
             else:
-                report.finish(f"re-queued: {reason}")
+                report.finish(f"re-queued: {reason}", number)
 
     return listen
 
@@ -117,6 +122,9 @@ def status_command(db: str | None, as_json: bool) -> None:
         click.echo(f"last heartbeat: {_age(d['last_heartbeat_age_s'])} ago")
     if d["doing"]:
         click.echo(f"doing: {d['doing']}")
+    if d["alive"] and len(d["current_jobs"]) > 1:
+        click.echo("running: " + "; ".join(f"job {j.get('id')} {j.get('policy')} {j.get('config')} on {j.get('device')}"
+                                           for j in d["current_jobs"]))
     last = status["last_pass"]
     if last:
         finished = last.get("finished_at")
