@@ -193,6 +193,11 @@ V4 = """
 ALTER TABLE deployments ADD COLUMN details TEXT;
 """
 
+# Version 5: how a configuration meets a set of input shapes ('none' | 'buckets': pad to shape buckets).
+V5 = """
+ALTER TABLE configs ADD COLUMN padding TEXT NOT NULL DEFAULT 'none';
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -206,5 +211,5 @@ def _script(sql: str) -> Migration:
 
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4)]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _script(V5)]
 SCHEMA_VERSION = len(MIGRATIONS)
