@@ -38,6 +38,7 @@ from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
+from .shape_set import ShapeSet
 from .workloads import check_spec, split_spec, workload_id
 
 log = logging.getLogger("joulepilot.bench")
@@ -264,6 +265,7 @@ def measure_config(
     budget_s: float,
     seq_len: int | None = None,
     image_size: int | None = None,
+    shapes: ShapeSet | None = None,
     describe: bool = False,
     save_artifacts: bool = True,
     warm_start: bool = False,
@@ -278,11 +280,13 @@ def measure_config(
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
     returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
     phase)` hears each phase its workers enter. `columns` are the runs
-    table's columns (other result keys go into `extra`)."""
+    table's columns (other result keys go into `extra`). With `shapes`, the worker measures every size of the
+    set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
+    the number of sizes."""
     device = context.device
     origin = context.origin
-    wid = workload_id(spec, config.batch_size, seq_len, image_size)
-    budget = worker_budget(budget_s, min_seconds)
+    wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
+    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else 1))
     artifacts = None
     if config.compiles and save_artifacts:
         artifacts = str(artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
@@ -293,6 +297,8 @@ def measure_config(
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin,
     }
+    if shapes is not None:  # the worker builds the workload at the set's first size, then the others
+        job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
     result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
@@ -308,6 +314,8 @@ def measure_config(
             extra["warm_start_error"] = warm.get("reason")
     described = result.get("workload")
     workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
+    if shapes is not None:  # the worker described the workload at the set's first size
+        workload["id"] = wid
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["budget"] = budget.to_dict()
@@ -353,6 +361,7 @@ def bench(
     batch_size: int | None = None,
     seq_len: int | None = None,
     image_size: int | None = None,
+    shapes: ShapeSet | None = None,
     idle_s: float | None = None,
     warm_start: bool | Callable[[CompileConfig], bool] | None = None,
     save_artifacts: bool = True,
@@ -372,7 +381,9 @@ def bench(
     own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
-    times a second fresh process that loads the saved compile artifacts. `stop_before(config)`
+    times a second fresh process that loads the saved compile artifacts. `shapes` measures each
+    configuration over a shape set (a weighted mix of input sizes; see `compiler.shapes`), the only case
+    where a configuration's `padding` means anything. `stop_before(config)`
     returning True ends the sweep before that configuration (a wall-clock deadline, say).
 
     A run whose commit fails (disk full) is kept in a side file beside the database and imported at
@@ -395,6 +406,8 @@ def bench(
     if configs is None:
         configs = plan_configs(default_modes(device), precisions=default_precisions(device), batch_size=batch_size or 1)
     configs = [c.replace(batch_size=batch_size) if batch_size and c.batch_size != batch_size else c for c in configs]
+    if shapes is None and any(c.padding != "none" for c in configs):
+        raise ConfigError("padding to buckets needs a shape set to pad: pass shapes=ShapeSet(...) (bench --shapes)")
     min_seconds = default_min_seconds(device) if min_seconds is None else float(min_seconds)
     idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
@@ -409,7 +422,7 @@ def bench(
         for index, config in enumerate(configs):
             if stop_before is not None and stop_before(config):
                 break
-            wid = workload_id(spec, config.batch_size, seq_len, image_size)
+            wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
             done = None if force else find_ok_run(database, workload_id=wid, config_id=config.id,
                                                   provenance_key=context.provenance_key, device=device)
             if done is not None:
@@ -427,7 +440,8 @@ def bench(
                     phase_progress(index, len(configs), config, phase_text(kind, phase))
             measured = measure_config(
                 spec, config, context=context, columns=columns, min_seconds=min_seconds, budget_s=budget_s,
-                seq_len=seq_len, image_size=image_size, describe=workload_needs_description(database, wid),
+                seq_len=seq_len, image_size=image_size, shapes=shapes,
+                describe=workload_needs_description(database, wid),
                 save_artifacts=save_artifacts, warm_start=wants_warm_start(config), sample_hz=sample_hz,
                 on_phase=on_phase,
             )
