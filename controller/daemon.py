@@ -578,7 +578,7 @@ class Daemon:
             return measure_config(
                 policy.workload, cfg, context=context, columns=run_columns(self.db),
                 min_seconds=self.cfg.bench.min_seconds, budget_s=self.cfg.bench.budget_s,
-                seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
+                seq_len=shape.get("seq_len"), image_size=shape.get("image_size"), shapes=policy.shapes,
                 describe=workload_needs_description(self.db, wid), cancel=stop_check, on_start=on_start,
             )
 
