@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import CompileConfig
 from .options import ConfigError
 
 SHAPE_DIMS = ("seq_len", "image_size")
@@ -115,3 +116,44 @@ class ShapeSet:
     def from_dict(cls, data: Mapping[str, Any]) -> ShapeSet:
         return cls(dim=data["dim"], sizes=tuple(data["sizes"]), weights=tuple(data.get("weights") or ()),
                    buckets=tuple(data.get("buckets") or ()))
+
+
+def parse_shape_set(text: str, buckets: str | None = None) -> ShapeSet:
+    """`seq_len=64:4,128:3,256:2,512:1` (size:weight; a size without a weight weighs 1) and optional buckets
+    `128,512`, as `bench --shapes` and `--buckets` take them. Raises ConfigError saying what to write."""
+    example = "write e.g. seq_len=64:4,128:3,256:2,512:1 (size:weight, weight optional)"
+    dim, sep, rest = text.partition("=")
+    dim = dim.strip()
+    if not sep or dim not in SHAPE_DIMS:
+        raise ConfigError(f"shape set {text!r} must start with seq_len= or image_size=; {example}")
+    sizes: list[int] = []
+    weights: list[float] = []
+    for item in (part.strip() for part in rest.split(",")):
+        size, _, weight = item.partition(":")
+        try:
+            sizes.append(int(size))
+            weights.append(float(weight) if weight.strip() else 1.0)
+        except ValueError:
+            raise ConfigError(f"shape set {text!r}: {item!r} is not SIZE or SIZE:WEIGHT; {example}") from None
+    try:
+        bucket_sizes = tuple(int(b) for b in buckets.split(",") if b.strip()) if buckets else ()
+    except ValueError:
+        raise ConfigError(f"buckets {buckets!r} must be a comma list of sizes, e.g. 128,512") from None
+    return ShapeSet(dim=dim, sizes=tuple(sizes), weights=tuple(weights), buckets=bucket_sizes)
+
+
+def shape_set_variants(configs: list[CompileConfig], shapes: ShapeSet,
+                       dynamics: tuple[bool, ...] = (False, True)) -> list[CompileConfig]:
+    """Each compiled configuration static and dynamic, unpadded and padded to buckets (padded only when that
+    changes some size); eager once, as it compiles nothing. Order kept, duplicates dropped."""
+    paddings = ("none", "buckets") if shapes.padding_changes_anything else ("none",)
+    seen: set[str] = set()
+    out: list[CompileConfig] = []
+    for config in configs:
+        variants = [config.replace(dynamic=False, padding="none")] if not config.compiles else \
+            [config.replace(dynamic=d, padding=p) for d in dynamics for p in paddings]
+        for variant in variants:
+            if variant.id not in seen:
+                seen.add(variant.id)
+                out.append(variant)
+    return out

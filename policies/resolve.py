@@ -101,6 +101,7 @@ class Candidate:
     amortised_energy_j: float | None = None
     break_even_inferences: float | None = None
     flagged: str | None = None  # the run's "repeat this run" warning, when bench flagged it
+    notes: list[str] = field(default_factory=list)  # marks that reject nothing (a recompile limit hit over a shape set)
     # Over the counted repeats (measured candidates): the median objective and its interval, the
     # interval's larger half-width in percent of the median, how the interval was made, and the runs.
     median: float | None = None
@@ -541,6 +542,9 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             if cand.score is None:
                 cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
             cand.status = "rejected" if cand.reasons else "kept"
+            hit = next((r for r in rep.runs if r.extra.get("recompile_limit_hit")), None)
+            if hit is not None:
+                cand.notes.append(f"run {hit.id}: {hit.extra.get('recompile_warning') or 'hit the recompile limit'}")
             if not rep.clean:
                 newest = rep.runs[0]
                 cand.flagged = run_flag(newest)

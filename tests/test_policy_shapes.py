@@ -1,5 +1,5 @@
-"""A policy's [shapes]: parsing and one-line errors, the search grid it opens (dynamic x padding), and the
-daemon measuring the policy's shape set."""
+"""A policy's [shapes]: parsing and one-line errors, the search grid it opens (dynamic x padding), the daemon
+measuring the policy's shape set, `policy explain` marking a recompile limit hit, and `bench --shapes`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 from daemon_factories import daemon_cmd, query, use_fake_worker, write_daemon_config
+from decision_factories import db_file, seed_runs
+from decision_factories import write_policy as write_decision_policy
 from joulepilot.compiler import CompileConfig, ShapeSet
 from joulepilot.controller.planner import ordered_candidates
 from joulepilot.policies import PolicyError, load_policy
-from joulepilot.policies.resolve import policy_workload_id
+from joulepilot.policies.resolve import policy_workload_id, resolve
 
 from joulepilot.cli import main
 
@@ -129,3 +131,40 @@ def test_the_daemon_measures_the_policys_shape_set(tmp_path, monkeypatch):
     padded = json.loads(runs[1]["extra"])["shapes"]["sizes"]
     assert [s["run_size"] for s in padded] == [8, 16]
     assert query(db, "SELECT id FROM workloads") == [{"id": policy_workload_id(policy)}]
+
+
+def test_explain_notes_a_recompile_limit_hit_without_rejecting_the_configuration(db, tmp_path):
+    warning = "hit torch._dynamo's recompile limit (8) at seq_len 320: from then on Dynamo runs new shapes ..."
+    seed_runs(db, {("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3},
+                   ("default", "fp32"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.3,
+                                         "extra": {"recompile_limit_hit": True, "recompile_warning": warning}}})
+    policy = load_policy(write_decision_policy(tmp_path, limit_w=10.0))
+    decision = resolve(policy, db, "cpu")
+    by_label = {c.label: c for c in decision.candidates}
+    marked = by_label["default/fp32/b8"]
+    assert marked.status == "chosen" and len(marked.notes) == 1 and warning in marked.notes[0]
+    assert by_label["eager/fp32/b8"].notes == []
+    result = CliRunner().invoke(main, ["policy", "explain", str(policy.path), "--db", db_file(db), "--json"])
+    assert result.exit_code == 0, result.output
+    shown = {c["label"]: c for c in json.loads(result.output)["candidates"]}
+    assert warning in shown["default/fp32/b8"]["notes"][0]
+
+
+def test_bench_cli_measures_a_shape_set_and_refuses_a_bad_one_in_one_line(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", "tests.shape_workloads:build", "--modes", "eager", "--shapes",
+                                  "seq_len=4:3,12", "--batch-size", "2", "--device", "cpu", "--min-seconds", "0.2",
+                                  "--db", str(tmp_path / "j.db"), "--json"])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)
+    assert run["config_label"] == "eager/fp32/b2"  # eager once: it compiles nothing, so it neither recompiles nor pads
+    assert [s["size"] for s in run["extra"]["shapes"]["sizes"]] == [4, 12]
+    assert [s["share"] for s in run["extra"]["shapes"]["sizes"]] == [0.75, 0.25]
+    for args, says in ((["--shapes", "seq_len=4:x"], "'4:x' is not SIZE or SIZE:WEIGHT"),
+                       (["--shapes", "batch=4,8"], "must start with seq_len= or image_size="),
+                       (["--shapes", "seq_len=4,8", "--seq-len", "4"], "drop --seq-len"),
+                       (["--buckets", "8"], "give --shapes too"),
+                       (["--shapes", "seq_len=4,40", "--buckets", "16"], "largest padding bucket (16)")):
+        bad = runner.invoke(main, ["bench", "mlp", "--device", "cpu", "--db", str(tmp_path / "j.db"), *args])
+        assert bad.exit_code == 1 and says in bad.output, bad.output
+        assert len(bad.output.strip().splitlines()) == 1 and "Traceback" not in bad.output

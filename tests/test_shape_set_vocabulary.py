@@ -7,6 +7,7 @@ import sqlite3
 
 import pytest
 from joulepilot.compiler import CompileConfig, ConfigError, ShapeSet
+from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
 from joulepilot.compiler.workloads import workload_id
 from joulepilot.store import (
     SCHEMA_VERSION,
@@ -117,3 +118,14 @@ def test_a_shape_set_makes_its_own_workload_id():
     assert mixed == workload_id("transformer", 4, shapes=ShapeSet("seq_len", (128, 64), (0.25, 0.75)))
     assert mixed != workload_id("transformer", 4, shapes=ShapeSet("seq_len", (64, 128), (1, 1)))
     assert mixed != workload_id("transformer", 4, shapes=ShapeSet("seq_len", (64, 128), (3, 1), buckets=(256,)))
+
+
+def test_bench_variants_sweep_static_dynamic_and_padding_for_compiled_modes_only():
+    plain = [CompileConfig(mode="eager"), CompileConfig(mode="default", precision="bf16")]
+    labels = [c.label for c in shape_set_variants(plain, parse_shape_set("seq_len=5:2,9"))]
+    assert labels == ["eager/fp32/b1", "default/bf16/b1", "default/bf16/pad/b1", "default/bf16/dynamic/b1",
+                      "default/bf16/dynamic/pad/b1"]
+    on_buckets = parse_shape_set("seq_len=8,16", buckets="8,16")
+    assert [c.label for c in shape_set_variants(plain, on_buckets, (True,))] == ["eager/fp32/b1",
+                                                                               "default/bf16/dynamic/b1"]
+    assert parse_shape_set("image_size=224:1,160:3") == ShapeSet("image_size", (160, 224), (3, 1))
