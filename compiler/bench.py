@@ -304,6 +304,8 @@ def measure_config(
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
+        if shapes is not None:  # the first size, at the size the configuration ran it (padded to its bucket)
+            warm_job[shapes.dim] = shapes.run_size(shapes.sizes[0], config.padding)
         warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase)
         extra = result.setdefault("extra", {})
         if warm.get("status") == "ok":

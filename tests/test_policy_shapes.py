@@ -1,23 +1,29 @@
 """A policy's [shapes]: parsing and one-line errors, the search grid it opens (dynamic x padding), the daemon
-measuring the policy's shape set, `policy explain` marking a recompile limit hit, and `bench --shapes`."""
+measuring the policy's shape set, `policy explain` marking a recompile limit hit, `bench --shapes`, and the hook
+warning that a padded decision needs padded inputs."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import warnings
+from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from daemon_factories import daemon_cmd, query, use_fake_worker, write_daemon_config
 from decision_factories import db_file, seed_runs
 from decision_factories import write_policy as write_decision_policy
 from joulepilot.compiler import CompileConfig, ShapeSet
 from joulepilot.controller.planner import ordered_candidates
-from joulepilot.policies import PolicyError, load_policy
+from joulepilot.policies import Decision, PolicyError, load_policy, torch_minor, write_lock
 from joulepilot.policies.resolve import policy_workload_id, resolve
+from joulepilot.runtime import compile as jp_compile
 
 from joulepilot.cli import main
 
+EXAMPLES = Path(__file__).parent.parent / "examples" / "policies"
 BASE = 'name = "mixer"\nworkload = "tests.shape_workloads:build"\nbatch_size = 2\n'
 SHAPES = "[shapes]\nseq_len = [5, 6, 7, 9, 12]\nweights = [5, 4, 3, 2, 1]\n"
 
@@ -168,3 +174,24 @@ def test_bench_cli_measures_a_shape_set_and_refuses_a_bad_one_in_one_line(tmp_pa
         bad = runner.invoke(main, ["bench", "mlp", "--device", "cpu", "--db", str(tmp_path / "j.db"), *args])
         assert bad.exit_code == 1 and says in bad.output, bad.output
         assert len(bad.output.strip().splitlines()) == 1 and "Traceback" not in bad.output
+
+
+def test_the_hook_warns_once_that_a_padded_decision_needs_padded_inputs(tmp_path):
+    path = write(tmp_path, (EXAMPLES / "transformer.toml").read_text(), "transformer.toml")
+    policy = load_policy(path)
+
+    def lock(config):
+        write_lock(path, Decision(policy=policy.name, policy_hash=policy.hash, device_kind="cpu",
+                                  torch_version=torch_minor(), workload=policy.workload,
+                                  workload_id=policy_workload_id(policy), config=config.to_row(), state="verified",
+                                  reason="chosen by the test", objective="energy", expected_inferences=1000))
+
+    model = torch.nn.Linear(4, 4)
+    lock(CompileConfig("default", dynamic=True, batch_size=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # an unpadded decision: nothing to say
+        jp_compile(model, policy=path, db=tmp_path / "none.db")
+    lock(CompileConfig("default", padding="buckets", batch_size=4))
+    with pytest.warns(UserWarning, match=r"padded to the seq_len buckets 32, 64; joulepilot.compile does not pad"):
+        compiled = jp_compile(model, policy=path, db=tmp_path / "none.db")
+    assert compiled.decision.config["padding"] == "buckets"

@@ -10,6 +10,8 @@ slow runs `bench` with Inductor in the real worker process.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch._dynamo
@@ -177,3 +179,26 @@ def test_bench_with_inductor_recompiles_per_size_statically_and_once_dynamically
     assert static["status"] == dynamic["status"] == "ok", (static.get("reason"), dynamic.get("reason"))
     assert static["recompiles"] == 2 and [s["compiled_frames"] for s in static["extra"]["shapes"]["sizes"]] == [1, 1, 1]
     assert dynamic["recompiles"] <= 1 < static["recompiles"]
+
+
+def test_the_warm_start_of_a_padded_configuration_runs_its_first_size_at_the_bucket(monkeypatch):
+    bench_mod = importlib.import_module("joulepilot.compiler.bench")  # the module (the package exports bench())
+    jobs = []
+
+    def record(job, **_):  # stands in for the worker processes: this test is about the jobs they are given
+        jobs.append(job)
+        if job["kind"] == "bench":
+            return {"status": "ok", "artifacts_path": "/nonexistent/artifacts.bin", "extra": {}}
+        return {"status": "ok", "warm_start_s": 0.5}
+
+    monkeypatch.setattr(bench_mod, "run_worker_job", record)
+    context = bench_mod.SweepContext("cpu", {"device_name": "cpu", "torch_version": torch.__version__,
+                                             "triton_version": "", "provenance_key": "p"}, [], {}, 0.0)
+    shapes = ShapeSet("seq_len", (5, 9))
+    for padding, warm_size in (("buckets", 8), ("none", 5)):
+        jobs.clear()
+        bench_mod.measure_config(SPEC, CompileConfig(mode="default", padding=padding, batch_size=2), context=context,
+                                 columns=set(), min_seconds=0.2, budget_s=60, shapes=shapes, warm_start=True)
+        first, warm = jobs
+        assert first["shapes"] == shapes.to_dict() and first["seq_len"] == 5
+        assert warm["kind"] == "warm_start" and warm["seq_len"] == warm_size
