@@ -19,17 +19,20 @@ from .describe import count_flops, describe_workload
 from .doctor import DoctorError, analyse_model, doctor
 from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
-from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError
+from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, ConfigError
+from .shape_set import ShapeSet
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
 
 __all__ = [
     "FUSION_PRESETS",
     "MODES",
+    "PADDINGS",
     "PRECISIONS",
     "CompileConfig",
     "ConfigError",
     "DoctorError",
     "MeasuredRun",
+    "ShapeSet",
     "SweepContext",
     "WorkerBudget",
     "RunResult",

@@ -41,6 +41,7 @@ from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
+from .shape_set import ShapeSet
 from .workloads import check_spec, split_spec, workload_id
 
 log = logging.getLogger("joulepilot.bench")
@@ -271,6 +272,7 @@ def measure_config(
     budget_s: float,
     seq_len: int | None = None,
     image_size: int | None = None,
+    shapes: ShapeSet | None = None,
     describe: bool = False,
     save_artifacts: bool = True,
     warm_start: bool = False,
@@ -288,11 +290,13 @@ def measure_config(
     phase)` hears each phase its workers enter. `columns` are the runs
     table's columns (other result keys go into `extra`). `worker_env`: variables for its workers (see
     `device_pool.worker_env`: the device numbering and, beside other workers, the compile-thread share);
-    recorded in the run's `extra.worker_env`, as compile time depends on them."""
+    recorded in the run's `extra.worker_env`, as compile time depends on them. With `shapes`, the worker measures every size of the
+    set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
+    the number of sizes."""
     device = context.device
     origin = context.origin
-    wid = workload_id(spec, config.batch_size, seq_len, image_size)
-    budget = worker_budget(budget_s, min_seconds)
+    wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
+    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else 1))
     artifacts = None
     if config.compiles and save_artifacts:
         artifacts = str(artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
@@ -303,12 +307,16 @@ def measure_config(
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin,
     }
+    if shapes is not None:  # the worker builds the workload at the set's first size, then the others
+        job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
     env = dict(worker_env) if worker_env is not None else default_worker_env(1)
     result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, env=env)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
+        if shapes is not None:  # the first size, at the size the configuration ran it (padded to its bucket)
+            warm_job[shapes.dim] = shapes.run_size(shapes.sizes[0], config.padding)
         warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase, env=env)
         extra = result.setdefault("extra", {})
         if warm.get("status") == "ok":
@@ -319,6 +327,8 @@ def measure_config(
             extra["warm_start_error"] = warm.get("reason")
     described = result.get("workload")
     workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
+    if shapes is not None:  # the worker described the workload at the set's first size
+        workload["id"] = wid
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["budget"] = budget.to_dict()
@@ -397,6 +407,7 @@ def bench(
     batch_size: int | None = None,
     seq_len: int | None = None,
     image_size: int | None = None,
+    shapes: ShapeSet | None = None,
     idle_s: float | None = None,
     warm_start: bool | Callable[[CompileConfig], bool] | None = None,
     save_artifacts: bool = True,
@@ -416,7 +427,9 @@ def bench(
     own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
-    times a second fresh process that loads the saved compile artifacts. `stop_before(config)`
+    times a second fresh process that loads the saved compile artifacts. `shapes` measures each
+    configuration over a shape set (a weighted mix of input sizes; see `compiler.shapes`), the only case
+    where a configuration's `padding` means anything. `stop_before(config)`
     returning True ends the sweep before that configuration (a wall-clock deadline, say).
 
     `devices` (several GPUs, e.g. ["cuda:0", "cuda:1"]) measures that many configurations at once, one
@@ -445,6 +458,8 @@ def bench(
     if configs is None:
         configs = plan_configs(default_modes(device), precisions=default_precisions(device), batch_size=batch_size or 1)
     configs = [c.replace(batch_size=batch_size) if batch_size and c.batch_size != batch_size else c for c in configs]
+    if shapes is None and any(c.padding != "none" for c in configs):
+        raise ConfigError("padding to buckets needs a shape set to pad: pass shapes=ShapeSet(...) (bench --shapes)")
     min_seconds = default_min_seconds(device) if min_seconds is None else float(min_seconds)
     idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
@@ -456,7 +471,7 @@ def bench(
         sweep = _Sweep(spec, configs, database=database, force=force, progress=progress, notice=notice,
                        stop_before=stop_before, phase_progress=phase_progress,
                        measure_kwargs={"min_seconds": min_seconds, "budget_s": budget_s, "seq_len": seq_len,
-                                       "image_size": image_size, "save_artifacts": save_artifacts,
+                                       "image_size": image_size, "shapes": shapes, "save_artifacts": save_artifacts,
                                        "sample_hz": sample_hz},
                        wants_warm_start=wants_warm_start)
         if len(chosen) > 1:
@@ -484,7 +499,7 @@ class _Sweep:
 
     def _workload_id(self, config: CompileConfig) -> str:
         return workload_id(self.spec, config.batch_size, self.measure_kwargs["seq_len"],
-                           self.measure_kwargs["image_size"])
+                           self.measure_kwargs["image_size"], self.measure_kwargs.get("shapes"))
 
     def _already_measured(self, index: int, config: CompileConfig, contexts: Sequence[SweepContext]
                           ) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""One point of the configuration space: mode, fusion preset, raw Inductor options, precision, shapes, batch.
+"""One point of the configuration space: mode, fusion preset, raw Inductor options, precision, dynamic
+shapes, padding to shape buckets, batch.
 
 Part of the torch-free vocabulary (an import-linter contract keeps torch out): building, naming and
 storing a configuration needs no torch. What the installed torch makes of it (option checks, mode
@@ -15,7 +16,7 @@ from typing import Any
 
 from joulepilot.store import stable_id
 
-from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError, check_choice
+from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, ConfigError, check_choice
 
 OptionItems = tuple[tuple[str, Any], ...]
 
@@ -44,11 +45,14 @@ class CompileConfig:
     precision: str = "fp32"
     dynamic: bool = False
     batch_size: int = 1
+    # "buckets": inputs of a shape set are padded up to their bucket before each call (compiler.shape_set).
+    padding: str = "none"
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
         check_choice("fusion preset", self.fusion, FUSION_PRESETS)
         check_choice("precision", self.precision, PRECISIONS)
+        check_choice("padding", self.padding, PADDINGS)
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         object.__setattr__(self, "dynamic", bool(self.dynamic))
@@ -64,8 +68,11 @@ class CompileConfig:
 
     @property
     def id(self) -> str:
-        return stable_id("config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
-                         self.dynamic, self.batch_size)
+        parts: list[Any] = ["config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
+                            self.dynamic, self.batch_size]
+        if self.padding != "none":  # appended only when set, so every configuration named before keeps its id
+            parts.append(f"padding={self.padding}")
+        return stable_id(*parts)
 
     @property
     def label(self) -> str:
@@ -76,6 +83,8 @@ class CompileConfig:
         parts.append(self.precision)
         if self.dynamic:
             parts.append("dynamic")
+        if self.padding != "none":
+            parts.append("pad")
         parts.append(f"b{self.batch_size}")
         return "/".join(parts)
 
@@ -84,7 +93,9 @@ class CompileConfig:
         return self.mode != "eager"
 
     def to_row(self) -> dict[str, Any]:
-        return {
+        """A configs-table row; `padding` only when set (the column defaults to 'none'), so the rows of every
+        configuration named before it existed are unchanged."""
+        row = {
             "id": self.id,
             "label": self.label,
             "mode": self.mode,
@@ -94,6 +105,9 @@ class CompileConfig:
             "dynamic": int(self.dynamic),
             "batch_size": self.batch_size,
         }
+        if self.padding != "none":
+            row["padding"] = self.padding
+        return row
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CompileConfig:
@@ -108,10 +122,11 @@ class CompileConfig:
             precision=row.get("precision") or "fp32",
             dynamic=bool(row.get("dynamic")),
             batch_size=int(row.get("batch_size") or 1),
+            padding=row.get("padding") or "none",
         )
 
     def replace(self, **changes: Any) -> CompileConfig:
         values = {"mode": self.mode, "fusion": self.fusion, "options": self.options, "precision": self.precision,
-                  "dynamic": self.dynamic, "batch_size": self.batch_size}
+                  "dynamic": self.dynamic, "batch_size": self.batch_size, "padding": self.padding}
         values.update(changes)
         return CompileConfig(**values)

@@ -140,5 +140,8 @@ def torch_compile_kwargs(config: CompileConfig, device: str | None = None) -> di
 
 def effective_key(config: CompileConfig, device: str | None = None) -> str:
     """Equal for configurations that run identically on `device` (used to skip duplicates)."""
-    return stable_id(config.compiles, inductor_options(config, device) if config.compiles else {},
-                     config.precision, config.dynamic, config.batch_size)
+    parts = [config.compiles, inductor_options(config, device) if config.compiles else {}, config.precision,
+             config.dynamic, config.batch_size]
+    if config.padding != "none":
+        parts.append(config.padding)
+    return stable_id(*parts)

@@ -167,6 +167,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
+    from .shapes import ShapeSetRun
     from .workloads import load_workload
 
     device = job["device"]
@@ -185,6 +186,9 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
                              seed=int(job.get("seed", 1234)))
     model, inputs = workload.model, workload.example_inputs
+    shape_run = ShapeSetRun.from_job(job, config, device)  # None unless the job measures a shape set
+    if shape_run is not None:
+        inputs = shape_run.first_inputs(inputs)
     sync = synchronizer(device)
 
     phases.enter("reference")
@@ -256,6 +260,12 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         meter.begin("window")
         calls = back_to_back(call, sync, min_seconds=min_seconds)
         window = meter.end("window")
+        if shape_run is not None:
+            shape_run.record_first(compile_s=compile_s, compile_window=compile_m, max_rel_error=check.max_rel_error,
+                                   latencies=latencies, window=window, calls=calls)
+            shape_run.measure_rest(model=model, make_call=lambda args: untraced(lambda: run(*args)), meter=meter,
+                                   sync=sync, phases=phases, min_seconds=min_seconds, latency_s=latency_s,
+                                   warmup_max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
         peak_window = _peak_memory_bytes(device)
     finally:
         meter.close()
@@ -290,6 +300,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         "peak_memory_bytes": max(peak_before_window, peak_window),
     })
     _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra)
+    if shape_run is not None:
+        shape_run.fold(result)
     extra["peak_memory_window_bytes"] = peak_window
     extra["window"] = {"devices": [d.to_dict() for d in window.devices]}
     extra["compile_window"] = compile_window

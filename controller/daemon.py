@@ -645,7 +645,7 @@ class Daemon:
             context = sweep_context(device, default_idle_s(device))
             return measure_config(
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
-                budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
+                budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"), shapes=policy.shapes,
                 describe=describes, cancel=stop_check, on_start=on_start, worker_env=env,
             )
 

@@ -104,7 +104,7 @@ class FeatureSpace:
     @property
     def names(self) -> list[str]:
         return (
-            ["log_params", "log_flops", "log_graph_nodes", "log2_batch_size", "dynamic"]
+            ["log_params", "log_flops", "log_graph_nodes", "log2_batch_size", "dynamic", "padded"]
             + [f"op:{o}" for o in self.op_families]
             + [f"mode={m}" for m in self.modes]
             + [f"fusion={f}" for f in self.fusions]
@@ -118,7 +118,7 @@ class FeatureSpace:
         mix = op_mix_fractions(workload)
         return (
             [nums["log_params"], nums["log_flops"], nums["log_graph_nodes"], nums["log2_batch_size"],
-             float(bool(cfg.get("dynamic")))]
+             float(bool(cfg.get("dynamic"))), float((cfg.get("padding") or "none") != "none")]
             + [mix.get(o, 0.0) for o in self.op_families]
             + [float(cfg["mode"] == m) for m in self.modes]
             + [float(cfg["fusion"] == f) for f in self.fusions]

@@ -101,7 +101,8 @@ Decision = tuple[str, MeasuredConfig | None, str, str, list[MeasuredConfig]]
 
 def _is_baseline(config: Mapping[str, Any], batch_size: int) -> bool:
     return (config.get("precision") == "fp32" and config.get("fusion") == "default"
-            and not bool(config.get("dynamic")) and json_column(config.get("options"), {}) in ({}, None)
+            and not bool(config.get("dynamic")) and (config.get("padding") or "none") == "none"
+            and json_column(config.get("options"), {}) in ({}, None)
             and int(config.get("batch_size") or 1) == batch_size and config.get("mode") in ("eager", "default"))
 
 

@@ -112,6 +112,8 @@ def similarity(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
         weight *= 0.5 ** abs(math.log2(batch_a / batch_b))
     if bool(a.get("dynamic")) != bool(b.get("dynamic")):
         weight *= 0.6
+    if (a.get("padding") or "none") != (b.get("padding") or "none"):
+        weight *= 0.6
     return weight
 
 

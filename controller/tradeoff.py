@@ -109,7 +109,8 @@ def training_samples(db: sqlite_utils.Database) -> list[Sample]:
         values = {t: getattr(run, TARGET_SOURCES.get(t, t)) for t in TARGETS}
         samples.append(Sample(
             workload=workload,
-            config={k: getattr(run, k) for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options")},
+            config={k: getattr(run, k) for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options",
+                                                  "padding")},
             device=run.device_kind,
             targets={t: v for t, v in values.items() if _usable(t, v)},
             group=str(workload["spec"]),
@@ -242,10 +243,12 @@ def cross_validate(db: sqlite_utils.Database, n_splits: int = 5) -> dict[str, di
 
 
 def measured_keys(runs: Iterable[Mapping[str, Any]]) -> set[tuple]:
-    """(mode, fusion, precision, dynamic) of runs, to tell measured points from predicted ones."""
-    return {(r["mode"], r["fusion"], r["precision"], int(bool(r["dynamic"]))) for r in runs}
+    """(mode, fusion, precision, dynamic, padding) of runs, to tell measured points from predicted ones."""
+    return {(r["mode"], r["fusion"], r["precision"], int(bool(r["dynamic"])), r.get("padding") or "none")
+            for r in runs}
 
 
 def config_key(config: Any) -> tuple:
     row = config_row(config)
-    return (row["mode"], row["fusion"], row["precision"], int(bool(row.get("dynamic"))))
+    return (row["mode"], row["fusion"], row["precision"], int(bool(row.get("dynamic"))),
+            row.get("padding") or "none")

@@ -64,6 +64,9 @@ def _bench_with_progress(configs: list[Any], *, parallel: int = 1, **kwargs: Any
             report.finish(message + (f" on {run.get('device')}" if parallel > 1 else ""), index)
             if warning:
                 report.note(f"warning: {warning}", index)
+            limit = (run.get("extra") or {}).get("recompile_warning") if isinstance(run.get("extra"), dict) else None
+            if limit:
+                report.note(f"warning: {limit}", index)
 
         def on_phase(index: int, total: int, config: Any, doing: str) -> None:
             report.phase(doing, index + 1)
@@ -120,6 +123,12 @@ def _sigterm_as_exit() -> Iterator[None]:
 @click.option("--dynamic", is_flag=True, help="Compile with dynamic shapes.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length for token workloads.")
 @click.option("--image-size", type=click.IntRange(min=1), help="Image side for vision workloads.")
+@click.option("--shapes", metavar="DIM=SIZE[:WEIGHT],...",
+              help="Measure over a shape set, e.g. seq_len=64:4,128:3,256:2,512:1: J per call weighted by the "
+                   "sizes' shares, recompiles counted over them; compiled modes are swept static and dynamic "
+                   "(--dynamic: dynamic only), unpadded and padded to buckets.")
+@click.option("--buckets", metavar="SIZE,...",
+              help="Padding buckets for --shapes (default: powers of two).")
 @click.option("--min-seconds", type=click.FloatRange(min=0.05),
               help="Length of each energy window (default 5 on a GPU, 2 on CPU).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
@@ -138,9 +147,9 @@ def _sigterm_as_exit() -> Iterator[None]:
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (progress stays on stderr).")
 def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, seq_len: int | None,
-                  image_size: int | None, min_seconds: float | None, budget_s: float, device: str | None,
-                  devices_text: str | None, force: bool, warm_start: bool | None, db: str | None,
-                  as_json: bool) -> None:
+                  image_size: int | None, shapes: str | None, buckets: str | None, min_seconds: float | None,
+                  budget_s: float, device: str | None, devices_text: str | None, force: bool,
+                  warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
@@ -149,6 +158,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
     from joulepilot.compiler import ConfigError, WorkloadError, check_device, default_device, plan_configs
     from joulepilot.compiler.bench import check_devices, default_modes, default_precisions
     from joulepilot.compiler.options import parse_option_assignments
+    from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
@@ -163,11 +173,20 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             _split_values(precisions) or default_precisions(device),
             batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
         )
+        shape_set = None
+        if buckets and not shapes:
+            raise ConfigError("--buckets pads the sizes of a shape set: give --shapes too")
+        if shapes:
+            shape_set = parse_shape_set(shapes, buckets)
+            if {"seq_len": seq_len, "image_size": image_size}[shape_set.dim] is not None:
+                raise ConfigError(f"--shapes gives the {shape_set.dim} sizes: drop --{shape_set.dim.replace('_', '-')}")
+            configs = shape_set_variants(configs, shape_set, (True,) if dynamic else (False, True))
         with _sigterm_as_exit():
             runs = _bench_with_progress(configs, parallel=len(devices or [device]), spec=spec, device=device,
                                         devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
-                                        image_size=image_size, warm_start=warm_start, force=force, notice=_notice)
+                                        image_size=image_size, shapes=shape_set, warm_start=warm_start, force=force,
+                                        notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:

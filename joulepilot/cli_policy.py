@@ -227,7 +227,8 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
                      "max_rel_error": fig.get("max_rel_error"), "break_even": c.break_even_inferences,
-                     "why": "; ".join(c.reasons) or "within every limit"})
+                     "why": "; ".join([*c.reasons, *c.notes]) if c.reasons else
+                     "; ".join(["within every limit", *c.notes])})
     return rows
 
 

@@ -3,7 +3,9 @@
 Rules (the README's "How a decision is made" says the same for users):
 
 * Candidates are every allowed configuration: search.modes x search.precisions x search.fusion x
-  search.dynamic at the policy's batch size (eager ignores fusion, so it appears once per precision).
+  search.dynamic x search.padding at the policy's batch size (eager compiles nothing, so it ignores
+  fusion, dynamic and padding and appears once per precision). Padding is searched only when it changes
+  something: a shape set whose sizes all sit on their buckets runs the same calls either way.
 * A candidate's figures come from its latest ok run of the same workload (spec, batch and shape) on
   the same device kind under the same torch major.minor. Limits are checked against these
   measurements only. A measured figure that a limit needs but the run lacks rejects the candidate:
@@ -31,6 +33,7 @@ Rules (the README's "How a decision is made" says the same for users):
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import math
 import time
@@ -101,6 +104,7 @@ class Candidate:
     amortised_energy_j: float | None = None
     break_even_inferences: float | None = None
     flagged: str | None = None  # the run's "repeat this run" warning, when bench flagged it
+    notes: list[str] = field(default_factory=list)  # marks that reject nothing (a recompile limit hit over a shape set)
     # Over the counted repeats (measured candidates): the median objective and its interval, the
     # interval's larger half-width in percent of the median, how the interval was made, and the runs.
     median: float | None = None
@@ -177,17 +181,19 @@ def candidate_configs(policy: Policy) -> list[Any]:
     """Every allowed configuration, in a stable order, without duplicates."""
     from joulepilot.compiler import CompileConfig
 
+    search = policy.search
+    shapes = getattr(policy, "shapes", None)
+    paddings = search.padding if shapes is not None and shapes.padding_changes_anything else ("none",)
     seen, configs = set(), []
-    for mode in policy.search.modes:
-        for precision in policy.search.precisions:
-            for fusion in policy.search.fusion:
-                for dynamic in policy.search.dynamic:
-                    fusion_used = "default" if mode == "eager" else fusion
-                    cfg = CompileConfig(mode=mode, fusion=fusion_used, precision=precision, dynamic=dynamic,
-                                        batch_size=policy.batch_size)
-                    if cfg.id not in seen:
-                        seen.add(cfg.id)
-                        configs.append(cfg)
+    for mode, precision, fusion, dynamic, padding in itertools.product(
+            search.modes, search.precisions, search.fusion, search.dynamic, paddings):
+        if mode == "eager":
+            fusion, dynamic, padding = "default", False, "none"
+        cfg = CompileConfig(mode=mode, fusion=fusion, precision=precision, dynamic=dynamic, padding=padding,
+                            batch_size=policy.batch_size)
+        if cfg.id not in seen:
+            seen.add(cfg.id)
+            configs.append(cfg)
     return configs
 
 
@@ -202,7 +208,8 @@ def fallback_config(policy: Policy) -> Any:
 def policy_workload_id(policy: Policy) -> str:
     from joulepilot.compiler import workload_id
 
-    return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size)
+    return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size,
+                       getattr(policy, "shapes", None))
 
 
 def run_flag(run: RunRow | Mapping[str, Any]) -> str | None:
@@ -542,6 +549,9 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             if cand.score is None:
                 cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
             cand.status = "rejected" if cand.reasons else "kept"
+            hit = next((r for r in rep.runs if r.extra.get("recompile_limit_hit")), None)
+            if hit is not None:
+                cand.notes.append(f"run {hit.id}: {hit.extra.get('recompile_warning') or 'hit the recompile limit'}")
             if not rep.clean:
                 newest = rep.runs[0]
                 cand.flagged = run_flag(newest)

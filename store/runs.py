@@ -76,6 +76,7 @@ class RunRow(StoredRow):
     options: dict[str, Any] = field(default_factory=dict)
     dynamic: int | None = None
     batch_size: int | None = None
+    padding: str | None = None
 
     @classmethod
     def from_columns(cls, row: Any) -> RunRow:

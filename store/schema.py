@@ -205,6 +205,11 @@ ALTER TABLE runs ADD COLUMN compile_energy_cpu_j REAL;
 ALTER TABLE runs ADD COLUMN compile_energy_cpu_source TEXT;
 """
 
+# Version 6: how a configuration meets a set of input shapes ('none' | 'buckets': pad to shape buckets).
+V6 = """
+ALTER TABLE configs ADD COLUMN padding TEXT NOT NULL DEFAULT 'none';
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -229,5 +234,5 @@ def _v5(conn: sqlite3.Connection) -> None:
 
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6)]
 SCHEMA_VERSION = len(MIGRATIONS)
