@@ -4,6 +4,7 @@ temporary directory of its own."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -97,3 +98,14 @@ def fake_worker(monkeypatch):
     """Every worker this test starts (in-process `bench`, or a daemon or CLI subprocess, which inherit the
     environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
     return use_fake_worker(monkeypatch)
+
+
+@pytest.fixture
+def restore_logging():
+    """The `joulepilot` logger as it was before the test: the daemon, run in this process, sets it up."""
+    logger = logging.getLogger("joulepilot")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
