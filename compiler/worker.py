@@ -89,14 +89,22 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kB on Linux
 
 
+def _dynamo_counters() -> Any | None:
+    """Dynamo's counters, or None when this process never imported Dynamo: then nothing was compiled and every
+    count is zero. An eager run does not import it, which takes about a second of CPU."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return None if utils is None else utils.counters
+
+
 def _dynamo_counts() -> tuple[int, int]:
     """(graph breaks so far, frames Dynamo has compiled so far).
 
     Breaks are counted as `torch._dynamo.explain` counts them: the graphs Dynamo handed to the backend,
     minus one. Dynamo's `graph_break` counter misses breaks it records elsewhere (a data-dependent
     branch is counted as 'unimplemented'), so it undercounts."""
-    from torch._dynamo.utils import counters
-
+    counters = _dynamo_counters()
+    if counters is None:
+        return 0, 0
     graphs = int(counters["stats"]["unique_graphs"])
     return max(0, graphs - 1), int(counters["frames"]["total"])
 
@@ -125,8 +133,9 @@ def _graph_break_reasons(limit: int = 10) -> list[str]:
 
 def _cache_counters() -> dict[str, int]:
     """Inductor FX-graph and AOTAutograd cache hits/misses so far (shows whether a warm start hit)."""
-    from torch._dynamo.utils import counters
-
+    counters = _dynamo_counters()
+    if counters is None:
+        return {}
     wanted = ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit", "autograd_cache_miss")
     found = {**counters["inductor"], **counters["aot_autograd"]}
     return {k: int(found[k]) for k in wanted if found.get(k)}
