@@ -256,9 +256,11 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
             if on_start is not None:
                 on_start(proc.pid)
             while proc.poll() is None:
-                time.sleep(POLL_S)
-                if proc.poll() is not None:
+                try:  # returns as soon as the worker ends, rather than up to POLL_S later
+                    proc.wait(timeout=POLL_S)
                     break
+                except subprocess.TimeoutExpired:
+                    pass
                 phases_seen = read_phases(phase_path)
                 if on_phase is not None and phases_seen and phases_seen[-1][0] != reported:
                     reported = phases_seen[-1][0]

@@ -92,17 +92,27 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kB on Linux
 
 
-def _dynamo_counts() -> tuple[int, int]:
-    """(graphs Dynamo handed to the backend so far, frames Dynamo has compiled so far)."""
-    from torch._dynamo.utils import counters
+def _dynamo_counters() -> Any | None:
+    """Dynamo's counters, or None when this process never imported Dynamo: then nothing was compiled and every
+    count is zero. An eager run does not import it, which takes about a second of CPU."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return None if utils is None else utils.counters
 
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs Dynamo handed to the backend so far, frames Dynamo has compiled so far); zeros when
+    Dynamo was never imported (nothing was compiled)."""
+    counters = _dynamo_counters()
+    if counters is None:
+        return 0, 0
     return int(counters["stats"]["unique_graphs"]), int(counters["frames"]["total"])
 
 
 def _cache_counters() -> dict[str, int]:
     """Inductor FX-graph and AOTAutograd cache hits/misses so far (shows whether a warm start hit)."""
-    from torch._dynamo.utils import counters
-
+    counters = _dynamo_counters()
+    if counters is None:
+        return {}
     wanted = ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit", "autograd_cache_miss")
     found = {**counters["inductor"], **counters["aot_autograd"]}
     return {k: int(found[k]) for k in wanted if found.get(k)}

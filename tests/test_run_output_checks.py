@@ -6,6 +6,7 @@ Inductor compile would only add time."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,14 @@ def test_graph_breaks_are_counted_and_placed(fresh_dynamo, monkeypatch):
     assert [(Path(b["file"]).name, b["function"], b["kind"]) for b in places] == [
         ("output_models.py", "forward", "print"), ("output_models.py", "forward", "data_dependent_branch")]
     assert result["max_rel_error"] == 0.0 and "numeric_check" not in result["extra"]
+
+
+def test_an_eager_run_counts_zero_compiles_without_importing_dynamo(monkeypatch):
+    """A worker that compiled nothing never imported Dynamo, whose import alone takes about a second of CPU:
+    its graph and cache counts are zeros without it. (Dynamo's import is blocked here: a run that needed it
+    would fail.)"""
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", None)
+    result = run_job(_job("print_and_branch", CompileConfig(mode="eager")))
+    assert result["status"] == "ok", result.get("reason")
+    assert result["graph_breaks"] == 0 and result["recompiles"] == 0
+    assert result["extra"]["dynamo_frames_first_call"] == 0 and result["extra"]["compile_caches"] == {}

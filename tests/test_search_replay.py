@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 H200 = DATA / "gpu_sweep_h200.json"
 SYNTHETIC = DATA / "synthetic_sweep.json"
+# The replays (seconds of CPU each) are computed once per module: keep its tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("search_replay")
+
 KEYS = {"workload", "scenario", "grid", "measured", "cost_s", "exhaustive_cost_s", "chosen", "oracle", "regret"}
 
 
