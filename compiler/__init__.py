@@ -24,15 +24,18 @@ from .bench import (
 from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
 from .describe import count_flops, describe_workload
+from .doctor import DoctorError, analyse_model, doctor
 from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
-from .options import FUSION_PRESETS, MODES, PRECISIONS, REGIONAL_AUTO, ConfigError
+from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, REGIONAL_AUTO, ConfigError
 from .regional import BlockClass, RegionalError, block_classes, choose_block, compile_blocks
+from .shape_set import ShapeSet
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
 
 __all__ = [
     "FUSION_PRESETS",
     "MODES",
+    "PADDINGS",
     "PRECISIONS",
     "REGIONAL_AUTO",
     "ArtifactsInfo",
@@ -40,12 +43,15 @@ __all__ = [
     "RegionalError",
     "CompileConfig",
     "ConfigError",
+    "DoctorError",
     "MeasuredRun",
+    "ShapeSet",
     "SweepContext",
     "WorkerBudget",
     "RunResult",
     "Workload",
     "WorkloadError",
+    "analyse_model",
     "apply_config",
     "artifact_key",
     "artifact_path_for",
@@ -59,6 +65,7 @@ __all__ = [
     "count_flops",
     "default_device",
     "describe_workload",
+    "doctor",
     "load_artifacts",
     "load_warm_start",
     "load_workload",

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,10 +35,13 @@ from joulepilot.store.jsonvalues import json_object
 from .artifacts import artifact_path_for
 from .budget import worker_budget
 from .config import CompileConfig
+from .device_pool import DevicePool, Finished
+from .device_pool import worker_env as default_worker_env
 from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
+from .shape_set import ShapeSet
 from .warmstart import precompile_opted_in
 from .workloads import check_spec, split_spec, workload_id
 
@@ -70,7 +74,11 @@ class RunResult(TypedDict, total=False):
     status: str
     reason: str | None
     compile_s: float | None
-    compile_energy_j: float | None
+    compile_energy_j: float | None  # GPU part + CPU part
+    compile_energy_gpu_j: float | None
+    compile_energy_gpu_source: str | None
+    compile_energy_cpu_j: float | None
+    compile_energy_cpu_source: str | None
     latency_ms_p50: float | None
     latency_ms_p95: float | None
     throughput_per_s: float | None
@@ -272,6 +280,7 @@ def measure_config(
     budget_s: float,
     seq_len: int | None = None,
     image_size: int | None = None,
+    shapes: ShapeSet | None = None,
     describe: bool = False,
     save_artifacts: bool = True,
     warm_start: bool = False,
@@ -280,6 +289,7 @@ def measure_config(
     cancel: CancelCheck | None = None,
     on_start: Callable[[int], None] | None = None,
     on_phase: Callable[[str, str], None] | None = None,
+    worker_env: dict[str, str] | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
@@ -291,11 +301,15 @@ def measure_config(
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
     returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
     phase)` hears each phase its workers enter. `columns` are the runs
-    table's columns (other result keys go into `extra`)."""
+    table's columns (other result keys go into `extra`). `worker_env`: variables for its workers (see
+    `device_pool.worker_env`: the device numbering and, beside other workers, the compile-thread share);
+    recorded in the run's `extra.worker_env`, as compile time depends on them. With `shapes`, the worker measures every size of the
+    set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
+    the number of sizes."""
     device = context.device
     origin = context.origin
-    wid = workload_id(spec, config.batch_size, seq_len, image_size)
-    budget = worker_budget(budget_s, min_seconds)
+    wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
+    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else 1))
     if precompile is None:
         precompile = precompile_opted_in()
     artifacts = None
@@ -308,24 +322,30 @@ def measure_config(
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
     }
-    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
+    if shapes is not None:  # the worker builds the workload at the set's first size, then the others
+        job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
+    env = dict(worker_env) if worker_env is not None else default_worker_env(1)
+    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, env=env)
     precompile_error = None
     if job["precompile"] and result.get("status") not in ("ok", "cancelled"):
         # Precompile must never cost a configuration its measurement: measure it again, as without it.
         precompile_error = f"compile with precompile: {result.get('reason')}"
         job = dict(job, precompile=False)
-        result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
+        result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, env=env)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if precompile_error:
         result.setdefault("extra", {})["precompile_error"] = precompile_error
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
-        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase)
+        if shapes is not None:  # the first size, at the size the configuration ran it (padded to its bucket)
+            warm_job[shapes.dim] = shapes.run_size(shapes.sizes[0], config.padding)
+        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase, env=env)
         extra = result.setdefault("extra", {})
         if job["precompile"] and warm.get("status") not in ("ok", "cancelled"):
             extra["precompile_error"] = f"warm start with precompile: {warm.get('reason')}"
-            warm = run_worker_job(dict(warm_job, precompile=False), budget=budget, cancel=cancel, on_phase=on_phase)
+            warm = run_worker_job(dict(warm_job, precompile=False), budget=budget, cancel=cancel, on_phase=on_phase,
+                                  env=env)
         if warm.get("status") == "ok":
             result["warm_start_s"] = warm["warm_start_s"]
             extra["artifacts_load_s"] = warm.get("artifacts_load_s")
@@ -335,9 +355,12 @@ def measure_config(
             extra["warm_start_error"] = warm.get("reason")
     described = result.get("workload")
     workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
+    if shapes is not None:  # the worker described the workload at the set's first size
+        workload["id"] = wid
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["budget"] = budget.to_dict()
+    row["extra"]["worker_env"] = env
     return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices)
 
 
@@ -369,17 +392,50 @@ def _default_notice(text: str) -> None:
     log.warning("%s", text)
 
 
+def _store_measured(database: sqlite_utils.Database, spec: str, measured: MeasuredRun, notice: NoticeFn
+                    ) -> dict[str, Any]:
+    """Commit one measured run (or set it aside when the commit fails); the run as `bench` returns it."""
+    try:
+        outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())
+    except Exception:
+        notice(_lost_run_text(measured))
+        raise
+    if outcome.run_id is not None:
+        return _stored_run(database, outcome.run_id)
+    assert outcome.pending_path is not None
+    notice(f"{measured.config.label}: the run could not be stored in the database ({outcome.error}); it is "
+           f"kept in {outcome.pending_path} and imported the next time bench or the daemon opens this database")
+    return _set_aside_view(spec, measured, outcome.pending_path, outcome.error)
+
+
+def check_devices(devices: Sequence[str]) -> list[str]:
+    """`bench --devices`: each one checked as by `check_device`, none twice, GPUs only when there are several
+    (one CPU cannot run two measurements without each disturbing the other's)."""
+    checked = [check_device(d if not str(d).strip().isdigit() else f"cuda:{str(d).strip()}") for d in devices]
+    if not checked:
+        raise ConfigError("--devices is empty: give GPU indices like 0,1")
+    repeated = sorted({d for d in checked if checked.count(d) > 1})
+    if repeated:
+        raise ConfigError(f"--devices names {', '.join(repeated)} more than once; one measurement per GPU at a time")
+    if len(checked) > 1 and "cpu" in checked:
+        raise ConfigError("--devices: cpu cannot share a sweep with other devices (its measurements would disturb "
+                          "each other's); give GPU indices like 0,1, or --device cpu")
+    return checked
+
+
 def bench(
     spec: str,
     configs: Sequence[CompileConfig] | None = None,
     *,
     device: str | None = None,
+    devices: Sequence[str] | None = None,
     min_seconds: float | None = None,
     budget_s: float = 600.0,
     db: sqlite_utils.Database | str | os.PathLike | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
     image_size: int | None = None,
+    shapes: ShapeSet | None = None,
     idle_s: float | None = None,
     warm_start: bool | Callable[[CompileConfig], bool] | None = None,
     save_artifacts: bool = True,
@@ -402,8 +458,15 @@ def bench(
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
     times a second fresh process that loads the saved compile artifacts; `precompile` (default:
     $JOULEPILOT_PRECOMPILE, off unless set) has the compile record Dynamo's precompiled frames with them
-    (see `measure_config`). `stop_before(config)`
+    (see `measure_config`). `shapes` measures each
+    configuration over a shape set (a weighted mix of input sizes; see `compiler.shapes`), the only case
+    where a configuration's `padding` means anything. `stop_before(config)`
     returning True ends the sweep before that configuration (a wall-clock deadline, say).
+
+    `devices` (several GPUs, e.g. ["cuda:0", "cuda:1"]) measures that many configurations at once, one
+    per GPU, each metered on its own GPU and stored with it, each worker compiling with its share of the
+    cores; a configuration measured ok on any of them is skipped. Runs are stored as they finish, by this
+    thread. Without it, `device` (default: cuda:0 when available, else cpu) measures one at a time.
 
     A run whose commit fails (disk full) is kept in a side file beside the database and imported at
     the next start; it is returned with `pending_path` set and no `run_id`. `notice` receives one line
@@ -413,18 +476,21 @@ def bench(
     RunNotStored when a run can be neither committed nor set aside. `progress(index, total, config, run)`
     is called before each configuration (run None) and after it (index + 1, the stored run);
     `phase_progress(index, total, config, doing)` whenever its worker moves on ('compiling',
-    'warming up', 'measuring', ...).
+    'warming up', 'measuring', ...). Both are called from this thread, also with several devices.
     """
     notice = notice or _default_notice
     for folder in remove_stale_workdirs():
         notice(f"removed {folder}, left by a worker whose bench or daemon was killed")
-    device = check_device(device or default_device())
+    chosen = check_devices(devices) if devices else [check_device(device or default_device())]
+    device = chosen[0]
     on_gpu = device.startswith("cuda")
     split_spec(spec)
     check_spec(spec)
     if configs is None:
         configs = plan_configs(default_modes(device), precisions=default_precisions(device), batch_size=batch_size or 1)
     configs = [c.replace(batch_size=batch_size) if batch_size and c.batch_size != batch_size else c for c in configs]
+    if shapes is None and any(c.padding != "none" for c in configs):
+        raise ConfigError("padding to buckets needs a shape set to pad: pass shapes=ShapeSet(...) (bench --shapes)")
     min_seconds = default_min_seconds(device) if min_seconds is None else float(min_seconds)
     idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
@@ -433,52 +499,190 @@ def bench(
     try:
         for item in import_pending_runs(database):
             notice(describe_import(item))
-        context = sweep_context(device, idle_s)
-        columns = run_columns(database)
-        runs: list[dict[str, Any]] = []
-        for index, config in enumerate(configs):
-            if stop_before is not None and stop_before(config):
-                break
-            wid = workload_id(spec, config.batch_size, seq_len, image_size)
-            done = None if force else find_ok_run(database, workload_id=wid, config_id=config.id,
-                                                  provenance_key=context.provenance_key, device=device)
-            if done is not None:
-                stored = _stored_run(database, done)
-                stored["skipped"] = True
-                runs.append(stored)
-                if progress:
-                    progress(index + 1, len(configs), config, stored)
-                continue
-            if progress:
-                progress(index, len(configs), config, None)
-            on_phase = None
-            if phase_progress is not None:
-                def on_phase(kind: str, phase: str, index: int = index, config: CompileConfig = config) -> None:
-                    phase_progress(index, len(configs), config, phase_text(kind, phase))
-            measured = measure_config(
-                spec, config, context=context, columns=columns, min_seconds=min_seconds, budget_s=budget_s,
-                seq_len=seq_len, image_size=image_size, describe=workload_needs_description(database, wid),
-                save_artifacts=save_artifacts, warm_start=wants_warm_start(config), precompile=precompile,
-                sample_hz=sample_hz,
-                on_phase=on_phase,
-            )
-            try:
-                outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())
-            except Exception:
-                notice(_lost_run_text(measured))
-                raise
-            if outcome.run_id is not None:
-                stored = _stored_run(database, outcome.run_id)
-            else:
-                assert outcome.pending_path is not None
-                notice(f"{config.label}: the run could not be stored in the database ({outcome.error}); it is "
-                       f"kept in {outcome.pending_path} and imported the next time bench or the daemon opens "
-                       "this database")
-                stored = _set_aside_view(spec, measured, outcome.pending_path, outcome.error)
-            runs.append(stored)
-            if progress:
-                progress(index + 1, len(configs), config, stored)
-        return runs
+        sweep = _Sweep(spec, configs, database=database, force=force, progress=progress, notice=notice,
+                       stop_before=stop_before, phase_progress=phase_progress,
+                       measure_kwargs={"min_seconds": min_seconds, "budget_s": budget_s, "seq_len": seq_len,
+                                       "image_size": image_size, "shapes": shapes, "save_artifacts": save_artifacts,
+                                       "precompile": precompile, "sample_hz": sample_hz},
+                       wants_warm_start=wants_warm_start)
+        if len(chosen) > 1:
+            return sweep.on_devices(chosen, idle_s)
+        return sweep.one_at_a_time(sweep_context(device, idle_s))
     finally:
         if owned:
             database.close()
+
+
+@dataclass
+class _Sweep:
+    """One `bench` call's configurations and the callbacks it reports to."""
+
+    spec: str
+    configs: list[CompileConfig]
+    database: sqlite_utils.Database
+    force: bool
+    progress: ProgressFn | None
+    notice: NoticeFn
+    stop_before: Callable[[CompileConfig], bool] | None
+    phase_progress: PhaseProgressFn | None
+    measure_kwargs: dict[str, Any]
+    wants_warm_start: Callable[[CompileConfig], bool]
+
+    def _workload_id(self, config: CompileConfig) -> str:
+        return workload_id(self.spec, config.batch_size, self.measure_kwargs["seq_len"],
+                           self.measure_kwargs["image_size"], self.measure_kwargs.get("shapes"))
+
+    def _already_measured(self, index: int, config: CompileConfig, contexts: Sequence[SweepContext]
+                          ) -> dict[str, Any] | None:
+        """The stored ok run that makes measuring `config` again unnecessary (reported as skipped), if any."""
+        if self.force:
+            return None
+        wid = self._workload_id(config)
+        for context in contexts:
+            done = find_ok_run(self.database, workload_id=wid, config_id=config.id,
+                               provenance_key=context.provenance_key, device=context.device)
+            if done is not None:
+                stored = _stored_run(self.database, done)
+                stored["skipped"] = True
+                if self.progress:
+                    self.progress(index + 1, len(self.configs), config, stored)
+                return stored
+        return None
+
+    def _on_phase(self, index: int, config: CompileConfig) -> Callable[[str, str], None] | None:
+        if self.phase_progress is None:
+            return None
+        report = self.phase_progress
+
+        def on_phase(kind: str, phase: str) -> None:
+            report(index, len(self.configs), config, phase_text(kind, phase))
+
+        return on_phase
+
+    def _measure(self, config: CompileConfig, context: SweepContext, *, columns: set[str], describe: bool,
+                 **kwargs: Any) -> MeasuredRun:
+        return measure_config(self.spec, config, context=context, columns=columns, describe=describe,
+                              warm_start=self.wants_warm_start(config), **self.measure_kwargs, **kwargs)
+
+    def one_at_a_time(self, context: SweepContext) -> list[dict[str, Any]]:
+        columns = run_columns(self.database)
+        runs: list[dict[str, Any]] = []
+        for index, config in enumerate(self.configs):
+            if self.stop_before is not None and self.stop_before(config):
+                break
+            skipped = self._already_measured(index, config, [context])
+            if skipped is not None:
+                runs.append(skipped)
+                continue
+            if self.progress:
+                self.progress(index, len(self.configs), config, None)
+            measured = self._measure(config, context, columns=columns,
+                                     describe=workload_needs_description(self.database, self._workload_id(config)),
+                                     on_phase=self._on_phase(index, config))
+            stored = _store_measured(self.database, self.spec, measured, self.notice)
+            runs.append(stored)
+            if self.progress:
+                self.progress(index + 1, len(self.configs), config, stored)
+        return runs
+
+    def on_devices(self, devices: list[str], idle_s: float) -> list[dict[str, Any]]:
+        """The configurations in plan order over `devices`, one running per device; each run stored here as
+        it finishes. An error, Ctrl-C or SIGTERM stops every worker before it propagates."""
+        pool = DevicePool(devices)
+        stop = threading.Event()
+        env = default_worker_env(pool.concurrent)
+        columns = run_columns(self.database)
+        contexts = self._contexts(pool, idle_s)
+        by_index: dict[int, dict[str, Any]] = {}
+        pending = list(enumerate(self.configs))
+        describing: set[str] = set()
+        total = len(self.configs)
+
+        def cancelled() -> str | None:
+            return "the sweep was stopped" if stop.is_set() else None
+
+        try:
+            while True:
+                for device in pool.free():
+                    item = self._next_to_measure(pending, contexts, by_index)
+                    if item is None:
+                        break
+                    index, config = item
+                    wid = self._workload_id(config)
+                    describe = wid not in describing and workload_needs_description(self.database, wid)
+                    if describe:
+                        describing.add(wid)
+                    if self.progress:
+                        self.progress(index, total, config, None)
+                    key = (index, config, wid)
+
+                    def measure(device: str = device, config: CompileConfig = config, key: Any = key,
+                                describe: bool = describe) -> MeasuredRun:
+                        return self._measure(config, contexts[device], describe=describe, columns=columns,
+                                             cancel=cancelled, worker_env=env,
+                                             on_phase=lambda kind, phase: pool.post(device, key, "phase",
+                                                                                    (kind, phase)))
+
+                    pool.start(device, key, measure)
+                if not pool.running():
+                    break
+                event = pool.next_event(timeout=1.0)
+                if event is None:
+                    continue
+                index, config, wid = event.key
+                if not isinstance(event, Finished):
+                    if self.phase_progress is not None:
+                        self.phase_progress(index, total, config, phase_text(*event.value))
+                    continue
+                describing.discard(wid)
+                if event.error is not None:
+                    raise event.error
+                stored = _store_measured(self.database, self.spec, event.result, self.notice)
+                by_index[index] = stored
+                if self.progress:
+                    self.progress(index + 1, total, config, stored)
+        except BaseException:
+            stop.set()
+            _drain(pool)
+            raise
+        return [by_index[i] for i in sorted(by_index)]
+
+    def _contexts(self, pool: DevicePool, idle_s: float) -> dict[str, SweepContext]:
+        """Each device's provenance and idle baseline, all devices at once."""
+        for device in pool.devices:
+            pool.start(device, device, lambda device=device: sweep_context(device, idle_s))
+        contexts: dict[str, SweepContext] = {}
+        error: BaseException | None = None
+        while pool.running():
+            event = pool.next_event(timeout=1.0)
+            if isinstance(event, Finished):
+                if event.error is not None:
+                    error = error or event.error
+                else:
+                    contexts[event.device] = event.result
+        if error is not None:
+            raise error
+        return contexts
+
+    def _next_to_measure(self, pending: list[tuple[int, CompileConfig]], contexts: dict[str, SweepContext],
+                         by_index: dict[int, dict[str, Any]]) -> tuple[int, CompileConfig] | None:
+        """The next configuration to hand to a free device; skipped ones are answered from the store on the
+        way. None when none is left or `stop_before` ends the sweep."""
+        while pending:
+            index, config = pending[0]
+            if self.stop_before is not None and self.stop_before(config):
+                pending.clear()
+                return None
+            pending.pop(0)
+            skipped = self._already_measured(index, config, list(contexts.values()))
+            if skipped is None:
+                return index, config
+            by_index[index] = skipped
+        return None
+
+
+def _drain(pool: DevicePool, timeout_s: float = 60.0) -> None:
+    """Wait for the measurements still running (told to stop) to end, their workers killed."""
+    deadline = time.monotonic() + timeout_s
+    while pool.running() and time.monotonic() < deadline:
+        pool.next_event(timeout=0.5)

@@ -1,5 +1,6 @@
-"""One point of the configuration space: mode, fusion preset, raw Inductor options, precision, shapes, batch,
-and whether the whole model or its repeated blocks are compiled (regional compilation).
+"""One point of the configuration space: mode, fusion preset, raw Inductor options, precision, dynamic
+shapes, padding to shape buckets, batch, and whether the whole model or its repeated blocks are compiled
+(regional compilation).
 
 Part of the torch-free vocabulary (an import-linter contract keeps torch out): building, naming and
 storing a configuration needs no torch. What the installed torch makes of it (option checks, mode
@@ -16,7 +17,7 @@ from typing import Any
 
 from joulepilot.store import stable_id
 
-from .options import FUSION_PRESETS, MODES, PRECISIONS, ConfigError, check_choice, check_regional
+from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, ConfigError, check_choice, check_regional
 
 OptionItems = tuple[tuple[str, Any], ...]
 
@@ -50,12 +51,15 @@ class CompileConfig:
     precision: str = "fp32"
     dynamic: bool = False
     batch_size: int = 1
+    # "buckets": inputs of a shape set are padded up to their bucket before each call (compiler.shape_set).
+    padding: str = "none"
     regional: str = ""
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
         check_choice("fusion preset", self.fusion, FUSION_PRESETS)
         check_choice("precision", self.precision, PRECISIONS)
+        check_choice("padding", self.padding, PADDINGS)
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         object.__setattr__(self, "dynamic", bool(self.dynamic))
@@ -74,9 +78,12 @@ class CompileConfig:
 
     @property
     def id(self) -> str:
-        parts = ["config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
-                 self.dynamic, self.batch_size]
-        if self.regional:  # appended only when set: whole-model ids stay as they were
+        parts: list[Any] = ["config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
+                            self.dynamic, self.batch_size]
+        # Each appended only when set, so every configuration named before it existed keeps its id.
+        if self.padding != "none":
+            parts.append(f"padding={self.padding}")
+        if self.regional:
             parts.append(["regional", self.regional])
         return stable_id(*parts)
 
@@ -89,6 +96,8 @@ class CompileConfig:
         parts.append(self.precision)
         if self.dynamic:
             parts.append("dynamic")
+        if self.padding != "none":
+            parts.append("pad")
         if self.regional:
             parts.append("regional" if self.regional == "auto" else f"regional={self.regional}")
         parts.append(f"b{self.batch_size}")
@@ -99,8 +108,9 @@ class CompileConfig:
         return self.mode != "eager"
 
     def to_row(self) -> dict[str, Any]:
-        """The configs-table row. `regional` only when set: a whole-model configuration's row, in decisions,
-        lock files and exports, is what it was before the field existed (the column's default is '')."""
+        """The configs-table row. `padding` and `regional` only when set (their columns default to 'none' and
+        ''), so the rows of every configuration named before them, in decisions, lock files and exports, are
+        unchanged."""
         row = {
             "id": self.id,
             "label": self.label,
@@ -111,6 +121,8 @@ class CompileConfig:
             "dynamic": int(self.dynamic),
             "batch_size": self.batch_size,
         }
+        if self.padding != "none":
+            row["padding"] = self.padding
         if self.regional:
             row["regional"] = self.regional
         return row
@@ -128,11 +140,13 @@ class CompileConfig:
             precision=row.get("precision") or "fp32",
             dynamic=bool(row.get("dynamic")),
             batch_size=int(row.get("batch_size") or 1),
+            padding=row.get("padding") or "none",
             regional=row.get("regional") or "",
         )
 
     def replace(self, **changes: Any) -> CompileConfig:
         values = {"mode": self.mode, "fusion": self.fusion, "options": self.options, "precision": self.precision,
-                  "dynamic": self.dynamic, "batch_size": self.batch_size, "regional": self.regional}
+                  "dynamic": self.dynamic, "batch_size": self.batch_size, "padding": self.padding,
+                  "regional": self.regional}
         values.update(changes)
         return CompileConfig(**values)

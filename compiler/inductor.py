@@ -142,6 +142,8 @@ def effective_key(config: CompileConfig, device: str | None = None) -> str:
     """Equal for configurations that run identically on `device` (used to skip duplicates)."""
     parts = [config.compiles, inductor_options(config, device) if config.compiles else {}, config.precision,
              config.dynamic, config.batch_size]
+    if config.padding != "none":
+        parts.append(config.padding)
     if config.regional:
         parts.append(["regional", config.regional])
     return stable_id(*parts)

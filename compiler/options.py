@@ -31,6 +31,10 @@ FUSION_PRESETS: dict[str, dict[str, Any]] = {
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
+# How a configuration meets a set of input shapes (see `compiler.shape_set`): "none" runs each shape as it
+# is; "buckets" pads each input up to its bucket first, so a static compile sees fewer distinct shapes.
+PADDINGS = ("none", "buckets")
+
 # Options that only mean something on a CUDA device; Inductor ignores them for CPU graphs.
 CUDA_ONLY_OPTIONS = frozenset({"triton.cudagraphs"})
 

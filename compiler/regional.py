@@ -150,10 +150,3 @@ def describe_regional(block: BlockClass) -> dict[str, Any]:
         out["warning"] = (f"{block.variants} distinct {block.name} variants exceed Dynamo's recompile limit of "
                           f"{limit}: the instances past it run eagerly; name another block class")
     return out
-
-
-def graph_breaks(graphs: int, block: BlockClass | None) -> int:
-    """Graph breaks, from the graphs Dynamo compiled in the first call: one graph is expected of a whole
-    model (graphs - 1, as torch._dynamo.explain counts), and one per variant of a regional block class."""
-    expected = 1 if block is None else max(1, block.variants)
-    return max(0, graphs - expected)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -207,31 +207,33 @@ def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
 
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
                    on_start: Callable[[int], None] | None = None, keep_dir: bool = False,
-                   on_phase: PhaseFn | None = None) -> dict[str, Any]:
+                   on_phase: PhaseFn | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Run one worker job in a fresh subprocess; always returns a result dict (never raises for the
     worker's failures).
 
     `cancel`, polled every POLL_S, returns a reason to stop the worker now (the result then has status
     'cancelled'); `on_start` receives the worker's pid. An exception or signal in this process (Ctrl-C,
     SystemExit) kills the worker and removes the scratch folder before it propagates. `on_phase(kind, phase)`
-    hears each phase the worker enters, as the parent sees it (within POLL_S)."""
+    hears each phase the worker enters, as the parent sees it (within POLL_S). `env`: variables set for this
+    worker only, over the parent's environment (the scheduler's compile-thread share and device order)."""
     workdir = new_workdir()
     try:
-        return _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase)
+        return _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, env or {})
     finally:
         if not keep_dir:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: CancelCheck | None,
-            on_start: Callable[[int], None] | None, keep_dir: bool, on_phase: PhaseFn | None) -> dict[str, Any]:
+            on_start: Callable[[int], None] | None, keep_dir: bool, on_phase: PhaseFn | None,
+            extra_env: Mapping[str, str]) -> dict[str, Any]:
     job = dict(job)
     job["result_path"] = str(workdir / "result.json")
     job["phase_path"] = str(workdir / "phases.tsv")
     job["parent_pid"] = os.getpid()
     job["budget"] = budget.to_dict()
     (workdir / "job.json").write_text(json.dumps(job, default=str))
-    env = dict(os.environ)
+    env = {**os.environ, **extra_env}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor-cache")
     env["TRITON_CACHE_DIR"] = str(workdir / "triton-cache")
     env["PYTHONPATH"] = _child_pythonpath()
@@ -254,9 +256,11 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
             if on_start is not None:
                 on_start(proc.pid)
             while proc.poll() is None:
-                time.sleep(POLL_S)
-                if proc.poll() is not None:
+                try:  # returns as soon as the worker ends, rather than up to POLL_S later
+                    proc.wait(timeout=POLL_S)
                     break
+                except subprocess.TimeoutExpired:
+                    pass
                 phases_seen = read_phases(phase_path)
                 if on_phase is not None and phases_seen and phases_seen[-1][0] != reported:
                     reported = phases_seen[-1][0]

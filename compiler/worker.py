@@ -5,10 +5,12 @@ object (see `compiler/runner.py`, which writes it); the result is written as JSO
 `job["result_path"]`, and the phase reached so far is appended to `job["phase_path"]` so the parent can
 tell a compile that overran its budget from a slow measurement. Kinds of job:
 
-- "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile),
-  warm-up, latency pass, energy window, numerical check, optional artifact save and description.
+- "bench": load the workload, eager fp32 reference, apply the configuration, cold first call (compile,
+  metered on the GPU and on the CPU that compiles: `compile_meter`), warm-up, latency pass, energy window,
+  numerical check, optional artifact save and description.
 - "warm_start": load saved artifacts into this (fresh) process's caches, then time applying the
   configuration and its first call (see `compiler.warmstart`).
+- "doctor": graph breaks, graphs, recompiles and eager time of a workload (`compiler/doctor.py`).
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
 call's time is a cold compile. The worker dies with its parent (`bench` or the daemon): a SIGKILL of
@@ -28,6 +30,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .graph_breaks import recording_graph_breaks
 
 OOM_REASON = "out of memory"
 PR_SET_PDEATHSIG = 1
@@ -90,44 +94,27 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kB on Linux
 
 
+def _dynamo_counters() -> Any | None:
+    """Dynamo's counters, or None when this process never imported Dynamo: then nothing was compiled and every
+    count is zero. An eager run does not import it, which takes about a second of CPU."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return None if utils is None else utils.counters
+
+
 def _dynamo_counts() -> tuple[int, int]:
-    """(graph breaks so far, frames Dynamo has compiled so far).
-
-    Breaks are counted as `torch._dynamo.explain` counts them: the graphs Dynamo handed to the backend,
-    minus one. Dynamo's `graph_break` counter misses breaks it records elsewhere (a data-dependent
-    branch is counted as 'unimplemented'), so it undercounts."""
-    from torch._dynamo.utils import counters
-
-    graphs = int(counters["stats"]["unique_graphs"])
-    return max(0, graphs - 1), int(counters["frames"]["total"])
-
-
-def _graph_break_reasons(limit: int = 10) -> list[str]:
-    """Each distinct graph break so far, in one line: where in the user's code, what, and Dynamo's
-    explanation when it gives one."""
-    from torch._dynamo.utils import graph_break_reasons
-
-    reasons: list[str] = []
-    for reason in graph_break_reasons:
-        lines = [line.strip() for line in str(reason.reason).strip().splitlines() if line.strip()]
-        if not lines:
-            continue
-        text = lines[0]
-        explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
-        if explanation:
-            text += f" ({explanation.removeprefix('Explanation:').strip()})"
-        stack = getattr(reason, "user_stack", None) or []
-        if stack:
-            text = f"{os.path.basename(stack[-1].filename)}:{stack[-1].lineno}: {text}"
-        if text not in reasons:
-            reasons.append(text)
-    return reasons[:limit]
+    """(graphs Dynamo handed to the backend so far, frames Dynamo has compiled so far); zeros when
+    Dynamo was never imported (nothing was compiled)."""
+    counters = _dynamo_counters()
+    if counters is None:
+        return 0, 0
+    return int(counters["stats"]["unique_graphs"]), int(counters["frames"]["total"])
 
 
 def _cache_counters() -> dict[str, int]:
     """Inductor FX-graph and AOTAutograd cache hits/misses so far (shows whether a warm start hit)."""
-    from torch._dynamo.utils import counters
-
+    counters = _dynamo_counters()
+    if counters is None:
+        return {}
     wanted = ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit", "autograd_cache_miss")
     found = {**counters["inductor"], **counters["aot_autograd"]}
     return {k: int(found[k]) for k in wanted if found.get(k)}
@@ -186,12 +173,14 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from . import inductor
     from .apply import apply_config
     from .artifacts import kernel_cache_dirs, save_warm_start
+    from .compile_meter import compile_energy_fields, open_cpu_meter
     from .config import CompileConfig
     from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
-    from .regional import describe_regional, graph_breaks
+    from .regional import describe_regional
+    from .shapes import ShapeSetRun
     from .warmstart import compile_timers, enable_precompile
     from .workloads import load_workload
 
@@ -211,6 +200,9 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
                              seed=int(job.get("seed", 1234)))
     model, inputs = workload.model, workload.example_inputs
+    shape_run = ShapeSetRun.from_job(job, config, device)  # None unless the job measures a shape set
+    if shape_run is not None:
+        inputs = shape_run.first_inputs(inputs)
     sync = synchronizer(device)
 
     phases.enter("reference")
@@ -241,21 +233,29 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         call = untraced(lambda: run(*inputs))
 
         phases.enter("compile")
-        meter.begin("compile")
-        output, compile_s = timed_call(call, sync)
-        compile_m = meter.end("compile")
+        cpu_meter, cpu_error = open_cpu_meter(meter)
+        try:
+            meter.begin("compile")
+            if cpu_meter is not None:
+                cpu_meter.begin("compile")
+            with recording_graph_breaks() as breaks:
+                output, compile_s = timed_call(call, sync)
+            cpu_compile_m = cpu_meter.end("compile") if cpu_meter is not None else None
+            compile_m = meter.end("compile")
+        finally:
+            if cpu_meter is not None:
+                cpu_meter.close()
         phases.enter("compiled")
         result["compile_s"] = compile_s
-        result["compile_energy_j"] = compile_m.energy_j
+        compile_columns, compile_window = compile_energy_fields(compile_m, cpu_compile_m, cpu_error)
+        result.update(compile_columns)
         check = numeric_check(output, reference)
         result["max_rel_error"] = check.max_rel_error
         if check.note:
             extra["numeric_check"] = check.note
         del output
-        breaks_after_first, frames_after_first = _dynamo_counts()
-        breaks_after_first = graph_breaks(breaks_after_first + 1, run.regional)  # a block variant is no break
+        _, frames_after_first = _dynamo_counts()
         extra["compile_timers_s"] = compile_timers()
-        break_reasons = _graph_break_reasons() if breaks_after_first else []
 
         phases.enter("warmup")
         warm_calls, warmup_s = warm_up(call, sync, max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
@@ -279,18 +279,24 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         meter.begin("window")
         calls = back_to_back(call, sync, min_seconds=min_seconds)
         window = meter.end("window")
+        if shape_run is not None:
+            shape_run.record_first(compile_s=compile_s, compile_window=compile_m, max_rel_error=check.max_rel_error,
+                                   latencies=latencies, window=window, calls=calls)
+            shape_run.measure_rest(model=model, make_call=lambda args: untraced(lambda: run(*args)), meter=meter,
+                                   sync=sync, phases=phases, min_seconds=min_seconds, latency_s=latency_s,
+                                   warmup_max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
         peak_window = _peak_memory_bytes(device)
     finally:
         meter.close()
 
     _, frames = _dynamo_counts()
-    # Breaks are a property of the model under this configuration: count them over the first call, as
-    # torch._dynamo.explain does; graphs compiled later are recompiles, counted separately.
-    result["graph_breaks"] = breaks_after_first
+    # Breaks are a property of the model under this configuration: each place Dynamo broke the graph in
+    # the first call, as `joulepilot doctor` lists them; graphs compiled later are recompiles.
+    result["graph_breaks"] = len(breaks.breaks)
     result["recompiles"] = max(0, frames - frames_after_first)
     extra["dynamo_frames_first_call"] = frames_after_first
-    if break_reasons:
-        extra["graph_break_reasons"] = break_reasons
+    if breaks.breaks:
+        extra["graph_breaks"] = breaks.to_list()
     extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
     extra["compile_caches"] = _cache_counters()
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
@@ -313,9 +319,11 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         "peak_memory_bytes": max(peak_before_window, peak_window),
     })
     _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra)
+    if shape_run is not None:
+        shape_run.fold(result)
     extra["peak_memory_window_bytes"] = peak_window
     extra["window"] = {"devices": [d.to_dict() for d in window.devices]}
-    extra["compile_window"] = {"duration_s": compile_m.duration_s, "sources": compile_m.sources}
+    extra["compile_window"] = compile_window
     result["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
 
     if config.compiles and job.get("artifacts_path"):
@@ -411,7 +419,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     try:
         kind = job.get("kind", "bench")
-        result = run_warm_start(job, phases) if kind == "warm_start" else run_bench(job, phases)
+        if kind == "doctor":
+            from .doctor import run_doctor_job
+
+            result = run_doctor_job(job, phases)
+        else:
+            result = run_warm_start(job, phases) if kind == "warm_start" else run_bench(job, phases)
     except Exception as exc:
         result = _failure(exc, phases.current)
     result["started_at"] = started

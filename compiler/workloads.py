@@ -28,6 +28,8 @@ from typing import Any
 from joulepilot.store import stable_id
 from joulepilot.store.safeio import shorten
 
+from .shape_set import ShapeSet
+
 ADAPTERS = ("torchvision", "timm", "transformers")
 # The keys of builtin_models.BUILTIN, named here so that checking a spec does not import torch.
 BUILTIN_NAMES = ("mlp", "convnet", "transformer")
@@ -53,8 +55,12 @@ def quote_spec(spec: str) -> str:
     return repr(shorten(spec, 120))
 
 
-def workload_id(spec: str, batch_size: int, seq_len: int | None = None, image_size: int | None = None) -> str:
-    return stable_id("workload", spec, int(batch_size), seq_len, image_size)
+def workload_id(spec: str, batch_size: int, seq_len: int | None = None, image_size: int | None = None,
+                shapes: ShapeSet | None = None) -> str:
+    """Stable id of a workload; a shape set (measured as a weighted mix of its sizes) makes another one."""
+    if shapes is None:
+        return stable_id("workload", spec, int(batch_size), seq_len, image_size)
+    return stable_id("workload", spec, int(batch_size), seq_len, image_size, {"shapes": shapes.key()})
 
 
 @dataclass

@@ -5,18 +5,19 @@ Each pass:
  2. takes the hooks' unhandled requests and the policies whose decision is missing or stale;
  3. plans their configurations (cheapest compile first, skipping fresh measurements and
     configurations a deployment found over the envelope) and queues them durably in `jobs`;
- 4. runs queued jobs one at a time in a killable child, only while the device is idle, re-queueing
-    a job when production load returns or the daemon is stopped;
+ 4. runs queued jobs in killable workers, one per idle device at once (`devices`: several GPUs measure
+    side by side, see gpu_scheduler.py), re-queueing a job when production load returns on its device
+    or the daemon is stopped;
  5. refits the trade-off model, re-resolves each policy whose sweep is complete, writes its decision
     and lock file, and marks its requests handled;
  6. writes a heartbeat with the pass summary.
 
-Safety: one daemon per database (flock); SIGTERM/SIGINT stop within seconds (the running job is
+Safety: one daemon per database (flock); SIGTERM/SIGINT stop within seconds (the running jobs are
 killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config. Two process levels:
-the daemon starts the compiler's benchmark worker itself (which dies with the daemon), and stores
-the worker's run in the same transaction that marks its job done; a run whose commit fails waits in
-a side file that the next pass or start imports, and jobs left `running` by a dead daemon are
-re-queued at start.
+the daemon starts the compiler's benchmark workers itself (which die with the daemon), and stores each
+worker's run in the same transaction that marks its job done, from the pass's thread alone (the threads
+that wait for the workers never touch the store); a run whose commit fails waits in a side file that the
+next pass or start imports, and jobs left `running` by a dead daemon are re-queued at start.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import schedule
+from joulepilot.compiler.device_pool import Finished
 from joulepilot.store import (
     RunNotStored,
     commit_run_or_set_aside,
@@ -65,10 +67,12 @@ from joulepilot.store.decisions import latest_decision
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, allowed_devices, probe_device
+from .gpu_scheduler import WORKER_STARTED, GpuScheduler
 from .guided import GuidedPlan, plan_guided
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
-from .job_runner import JobOutcome, JobRunner
+from .job_runner import JobOutcome
+from .pass_bill import PassBill
 from .planner import plan_policy, stale_reason
 from .redecide import (
     decide_policy,
@@ -100,6 +104,17 @@ class GuidedState:
 
 
 @dataclass
+class RunningJob:
+    """A job handed to a device: what the pass needs when it ends."""
+
+    job: JobRow
+    policy: Any
+    label: str
+    device: str
+    describes: bool  # its worker describes the workload (FLOPs, op mix), which no other running job does
+
+
+@dataclass
 class DaemonResult:
     exit_code: int
     summary: dict[str, Any] = field(default_factory=dict)
@@ -115,10 +130,11 @@ class Daemon:
         self.stop_event = threading.Event()
         self.stop_reason = ""
         self._reload = threading.Event()
-        self.runner = JobRunner()
+        self.scheduler: GpuScheduler | None = None  # this pass's jobs, one per idle device
         self.db: Any = None
         self.host = socket.gethostname()
-        self.current_job: dict[str, Any] | None = None
+        self._jobs_view: dict[int, dict[str, Any]] = {}  # running job id -> what heartbeats say of it
+        self._jobs_lock = threading.Lock()
         self.last_pass: dict[str, Any] = {}
         self._trackers: dict[str, IdleTracker] = {}
         self._paused = False
@@ -128,9 +144,11 @@ class Daemon:
         self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
         self._pass_model: Any = None
         self._pass_model_fitted = False
+        self._pass_bill = PassBill()  # what this pass's jobs cost, per policy
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
-        # ("jobs_planned", {"total"}), ("job_started", {"job_id", "label"}) and ("job_finished",
-        # {"job_id", "kind", "status", "run_id", "reason", "wall_s"}).
+        # ("jobs_planned", {"total", "devices"}), ("job_started", {"job_id", "label", "device"}) and
+        # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device"}); jobs on
+        # several devices overlap. Always from the pass's thread.
         self.listener: Callable[[str, dict[str, Any]], None] | None = None
 
     @classmethod
@@ -143,7 +161,9 @@ class Daemon:
         if not self.stop_event.is_set():
             self.stop_reason = reason
             self.stop_event.set()
-        self.runner.cancel(reason)
+        scheduler = self.scheduler
+        if scheduler is not None:
+            scheduler.cancel_all(reason)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -189,9 +209,16 @@ class Daemon:
             log.debug("progress listener failed on %s", event, exc_info=True)
 
     # --- heartbeats ---------------------------------------------------------------------------------
+    def running_jobs(self) -> list[dict[str, Any]]:
+        """The jobs running now (id, policy, workload, config, device, started_at, worker_pid), oldest first."""
+        with self._jobs_lock:
+            return [dict(v) for _, v in sorted(self._jobs_view.items())]
+
     def heartbeat(self, state: str, doing: str, **extra: Any) -> None:
+        jobs = self.running_jobs()
+        # `job`: the oldest running job (what `joulepilot status` shows as the current job); `jobs`: all of them
         detail = {"doing": doing, "hostname": self.host, "interval_s": self.cfg.interval_s,
-                  "job": self.current_job, "last_pass": bounded_pass(self.last_pass),
+                  "job": jobs[0] if jobs else None, "jobs": jobs, "last_pass": bounded_pass(self.last_pass),
                   "config": str(self.config_path or ""), **extra}
         try:
             write_heartbeat(self.db, state, detail)
@@ -231,7 +258,8 @@ class Daemon:
             self._stop_exporter()
             if self.db is not None:
                 stop_doing = self.stop_reason or ("--once pass finished" if once else "exited")
-                self.current_job = None
+                with self._jobs_lock:
+                    self._jobs_view.clear()
                 self.heartbeat("stopped", stop_doing)
                 self.db.close()
                 self.db = None
@@ -258,11 +286,12 @@ class Daemon:
                     scheduler.every(interval).seconds.do(self._guarded_pass)
             scheduler.run_pending()
             now = time.monotonic()
-            # A paused sweep resumes as soon as the device has been quiet long enough.
+            # A paused sweep resumes as soon as a device has been quiet long enough.
             if self._paused and now - last_idle_check >= self.cfg.idle.poll_s:
                 last_idle_check = now
-                if self._device_idle(self._primary_device()):
-                    log.info("device idle again: resuming the sweep")
+                idle = next((d for d in allowed_devices(self.cfg.devices) if self._device_idle(d)), None)
+                if idle is not None:
+                    log.info("%s idle again: resuming the sweep", idle)
                     self._guarded_pass()
             if now - last_beat >= min(HEARTBEAT_EVERY_S, interval):
                 last_beat = now
@@ -298,9 +327,6 @@ class Daemon:
             self._exporter = None
 
     # --- devices ------------------------------------------------------------------------------------
-    def _primary_device(self) -> str:
-        return allowed_devices(self.cfg.devices)[0]
-
     def _tracker(self, device: str) -> IdleTracker:
         if device not in self._trackers:
             self._trackers[device] = IdleTracker(LoadProbe(device, self.cfg.idle))
@@ -309,23 +335,23 @@ class Daemon:
     def _device_idle(self, device: str) -> bool:
         return self._tracker(device).poll(own_process_tree())
 
-    def _wait_for_idle(self, devices: Sequence[str]) -> str | None:
-        """An idle device, waiting (polling) up to one interval; None when stopped or still busy."""
-        deadline = time.monotonic() + max(self.cfg.interval_s, self.cfg.idle.min_idle_s + self.cfg.idle.poll_s)
-        announced = False
-        while not self.stop_event.is_set():
-            for device in devices:
-                if self._device_idle(device):
-                    return device
-            if time.monotonic() >= deadline:
-                return None
-            if not announced:
-                reason = self._tracker(devices[0]).last.reason if self._tracker(devices[0]).last else ""
-                log.info("waiting for an idle device (%s)", reason or "quiet period")
-                self.heartbeat("paused", f"waiting for an idle device: {reason}")
-                announced = True
-            self.stop_event.wait(self.cfg.idle.poll_s)
-        return None
+    def _devices_like(self, devices: list[str], probe: DeviceProbe) -> list[str]:
+        """The devices whose measurements count for the pass's device kind and provenance (the first
+        device's): the others (a CPU, another GPU model) are left out, with a warning."""
+        usable = [devices[0]]
+        for device in devices[1:]:
+            try:
+                other = probe_device(device)
+            except Exception as exc:  # an unreadable GPU is not used; the pass goes on with the others
+                log.warning("%s is not used: %s: %s", device, type(exc).__name__, exc)
+                continue
+            if other.provenance_key == probe.provenance_key:
+                usable.append(device)
+            else:
+                log.warning("%s (%s) is not used: this pass measures for %s (%s), the first of `devices`; "
+                            "list one kind of device in `devices`", device, other.device_kind, devices[0],
+                            probe.device_kind)
+        return usable
 
     # --- one pass -----------------------------------------------------------------------------------
     def run_pass(self) -> dict[str, Any]:
@@ -333,8 +359,10 @@ class Daemon:
         summary: dict[str, Any] = {"started_at": started, "finished_at": None, "policies": 0, "policy_errors": [],
                                    "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
-                                   "lock_files": [], "unknown_requests": [], "refused_requests": []}
+                                   "lock_files": [], "unknown_requests": [], "refused_requests": [],
+                                   "measuring": []}
         self.last_pass = {**summary, "in_progress": True}
+        self._pass_bill = PassBill()
         self._import_pending()
         policies, errors = load_policy_folders(self.cfg.policies)
         summary["policies"], summary["policy_errors"] = len(policies), errors
@@ -343,7 +371,9 @@ class Daemon:
 
         devices = allowed_devices(self.cfg.devices)
         probe = probe_device(devices[0])
+        devices = self._devices_like(devices, probe)
         summary["device"], summary["device_kind"] = devices[0], probe.device_kind
+        summary["devices"] = devices
         summary["provenance_key"] = probe.provenance_key
 
         # 1. requests and stale decisions. Only the daemon's own policies are served: a request naming
@@ -415,7 +445,7 @@ class Daemon:
         self._pass_model = None
         self._pass_model_fitted = False
         self._advance_guided(by_name, probe, summary)
-        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)))
+        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)), devices=len(devices))
         self._run_queue(by_name, devices, probe, summary)
 
         # 4. decide the policies whose sweep is complete
@@ -425,6 +455,9 @@ class Daemon:
         summary["finished_at"] = time.time()
         summary["duration_s"] = round(summary["finished_at"] - started, 2)
         summary["queue"] = queue_counts(self.db)
+        summary["measuring"] = self._pass_bill.per_policy(self.db)
+        for spent in summary["measuring"]:
+            log.info("policy %s: measuring this pass cost %s", spent["policy"], spent["text"])
         self.last_pass = summary
         log.info("pass done in %.1fs: %d stale, %d queued, %d ok / %d failed runs, %d decided%s",
                  summary["duration_s"], len(stale), summary["enqueued"], summary["runs_ok"], summary["runs_failed"],
@@ -462,36 +495,76 @@ class Daemon:
 
     def _run_queue(self, by_name: dict[str, Any], devices: list[str], probe: DeviceProbe,
                    summary: dict[str, Any]) -> None:
+        """Run the queue: a job on every idle device at once, each job's end stored here as it comes.
+
+        Returns when the queue is empty, when the daemon stops (the running jobs killed and re-queued), or
+        when jobs wait and no device is idle: at once if production load took a device back during this
+        pass, else after waiting up to one interval (the pass is then `paused`)."""
+        from joulepilot.compiler.device_pool import worker_env
+
         self._paused = False
-        device: str | None = None
-        while not self.stop_event.is_set():
-            job = next(iter(self._runnable_jobs(by_name, probe)), None)
-            if job is None and self._advance_guided(by_name, probe, summary):
-                runnable = self._runnable_jobs(by_name, probe)
-                self._notify("jobs_planned", total=len(runnable))  # the guided search queued more
-                job = next(iter(runnable), None)
-            if job is None:
-                return
-            # Within a sweep the device was ours until a moment ago, so its utilisation still shows our
-            # last job: go on unless someone else has started computing, instead of waiting out a new
-            # quiet period before every configuration.
-            if device is None or self._tracker(device).busy_now(own_process_tree()):
-                device = self._wait_for_idle(devices)
-            if device is None:
-                if not self.stop_event.is_set():
-                    summary["paused"] = self._paused = True
-                return
-            policy = by_name[job.policy]
-            outcome = self._run_job(job, policy, device)
-            if outcome.kind == "measured":
-                summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
-            elif outcome.kind == "error":
-                summary["runs_failed"] += 1
-            else:
-                summary["requeued"] += 1
-                if outcome.kind == "preempted":
-                    summary["paused"] = self._paused = True
-                    return
+        scheduler = GpuScheduler(devices, self._tracker, preempt_every_s=self.cfg.idle.poll_s)
+        self.scheduler = scheduler
+        if self.stop_event.is_set():
+            scheduler.cancel_all(self.stop_reason or "stopped")
+        env = worker_env(scheduler.concurrent)
+        wait_s = max(self.cfg.interval_s, self.cfg.idle.min_idle_s + self.cfg.idle.poll_s)
+        plan_guided = True  # the guided searches may have a next measurement (again after each job's end)
+        waiting_since: float | None = None
+        try:
+            while True:
+                runnable: list[JobRow] = []
+                if not self.stop_event.is_set() and scheduler.free():
+                    runnable = self._runnable_jobs(by_name, probe)
+                    if not runnable and plan_guided:
+                        plan_guided = False
+                        if self._advance_guided(by_name, probe, summary):
+                            runnable = self._runnable_jobs(by_name, probe)
+                            self._notify("jobs_planned", total=len(runnable), devices=len(devices))
+                    if runnable:
+                        for device, job in zip(scheduler.ready_devices(own_process_tree()), runnable, strict=False):
+                            self._start_job(scheduler, job, by_name[job.policy], device, env)
+                if not scheduler.running():
+                    if self.stop_event.is_set() or not runnable:
+                        return
+                    # Jobs wait and no device is idle.
+                    now = time.monotonic()
+                    if waiting_since is None:
+                        waiting_since = now
+                        reason = scheduler.waiting_reason()
+                        log.info("waiting for an idle device (%s)", reason)
+                        self.heartbeat("paused", f"waiting for an idle device: {reason}")
+                    if scheduler.preempted or now - waiting_since >= wait_s:
+                        summary["paused"] = self._paused = True
+                        return
+                    self.stop_event.wait(self.cfg.idle.poll_s)
+                    continue
+                waiting_since = None
+                event = scheduler.next_event(timeout=self.cfg.idle.poll_s)
+                if event is None:
+                    continue
+                if isinstance(event, Finished):
+                    plan_guided = True
+                    self._job_finished(event, summary)
+                elif event.what == WORKER_STARTED:
+                    self._worker_started(event.key, event.value)
+        finally:
+            if scheduler.running():  # the pass failed: end its jobs, back in the queue
+                scheduler.cancel_all("the pass failed")
+                self._end_running(scheduler)
+            self.scheduler = None
+
+    def _end_running(self, scheduler: GpuScheduler, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while scheduler.running() and time.monotonic() < deadline:
+            event = scheduler.next_event(timeout=0.5)
+            if isinstance(event, Finished):
+                try:
+                    requeue_job(self.db, event.key.job.id)
+                except Exception:  # the store is what failed: a restart re-queues the job
+                    log.exception("job %d not re-queued", event.key.job.id)
+                with self._jobs_lock:
+                    self._jobs_view.pop(event.key.job.id, None)
 
     def _model_for_pass(self) -> Any:
         """The trade-off model the guided searches of this pass plan with: fitted once per pass (the
@@ -541,75 +614,90 @@ class Daemon:
             log.info("policy %s: guided search measures %s (%s): %s", name, step.config.label, step.kind, step.why)
         return queued
 
-    def _run_job(self, job: JobRow, policy: Any, device: str) -> JobOutcome:
-        """Measure one job in a compiler worker started here, then store its run and the job's end in
-        one transaction. Stopped or pre-empted jobs go back to the queue."""
+    def _start_job(self, scheduler: GpuScheduler, job: JobRow, policy: Any, device: str,
+                   env: dict[str, str]) -> None:
+        """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
         from joulepilot.compiler import CompileConfig, measure_config, sweep_context
         from joulepilot.compiler.bench import default_idle_s
 
         if not claim_job(self.db, job.id):
-            return JobOutcome("stopped", reason="job was taken by someone else")
+            return
         row = config_row(self.db, job.config_id)
         if row is None:
             raise LookupError(f"job {job.id}: configuration {job.config_id} is not in the store")
         cfg = CompileConfig.from_row(row)
         if policy.batch_size and cfg.batch_size != policy.batch_size:
             cfg = cfg.replace(batch_size=policy.batch_size)
-        self.current_job = {"id": job.id, "policy": policy.name, "workload": policy.workload,
-                            "config": cfg.label, "device": device, "started_at": time.time()}
+        running = scheduler.running().values()
+        # One worker describes a workload (FLOPs through torch.export, once): not two at the same time.
+        describes = (workload_needs_description(self.db, job.workload_id)
+                     and not any(r.describes and r.job.workload_id == job.workload_id for r in running))
+        with self._jobs_lock:
+            self._jobs_view[job.id] = {"id": job.id, "policy": policy.name, "workload": policy.workload,
+                                       "config": cfg.label, "device": device, "started_at": time.time()}
         log.info("job %d: %s %s on %s", job.id, policy.workload, cfg.label, device)
-        self._notify("job_started", job_id=job.id, label=f"{policy.name} {cfg.label} on {device}")
-        tracker = self._tracker(device)
-        needs_check = tracker.needs_quiet_period
+        self._notify("job_started", job_id=job.id, label=f"{policy.name} {cfg.label} on {device}", device=device)
         shape = policy.shape_args()
+        columns = run_columns(self.db)
+        bench_cfg = self.cfg.bench
 
-        def production_returned() -> str | None:
-            if needs_check and tracker.busy_now(own_process_tree()):
-                return tracker.last.reason if tracker.last else "production load returned"
-            return None
-
-        def started(worker_pid: int) -> None:
-            self.current_job = {**(self.current_job or {}), "worker_pid": worker_pid}
-            self.heartbeat("sweeping", f"measuring {policy.name}: {cfg.label} on {device}")
-
-        def measure(stop_check: Any, on_start: Any) -> Any:
+        def measure(stop_check: Any, on_start: Any) -> Any:  # on the job's thread: no store here
             context = sweep_context(device, default_idle_s(device))
-            wid = job.workload_id
             return measure_config(
-                policy.workload, cfg, context=context, columns=run_columns(self.db),
-                min_seconds=self.cfg.bench.min_seconds, budget_s=self.cfg.bench.budget_s,
-                seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
-                describe=workload_needs_description(self.db, wid), cancel=stop_check, on_start=on_start,
+                policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
+                budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"), shapes=policy.shapes,
+                describe=describes, cancel=stop_check, on_start=on_start, worker_env=env,
             )
 
-        outcome: JobOutcome | None = None
+        scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
+
+    def _worker_started(self, running: RunningJob, worker_pid: int) -> None:
+        with self._jobs_lock:
+            if running.job.id in self._jobs_view:
+                self._jobs_view[running.job.id]["worker_pid"] = worker_pid
+            others = len(self._jobs_view) - 1
+        more = f" (and {others} more job{'s' if others > 1 else ''})" if others > 0 else ""
+        self.heartbeat("sweeping", f"measuring {running.policy.name}: {running.label} on {running.device}{more}")
+
+    def _job_finished(self, event: Finished, summary: dict[str, Any]) -> JobOutcome:
+        """A job ended on its device: store its run and the job's end in one transaction, or put a stopped or
+        pre-empted job back in the queue, or mark a job that could not be measured failed."""
+        running: RunningJob = event.key
+        job = running.job
         run_id: int | None = None
+        outcome: JobOutcome | None = None
         try:
-            try:
-                outcome = self.runner.run(measure, preempt_check=production_returned,
-                                          preempt_every_s=self.cfg.idle.poll_s, on_start=started)
-            except Exception as exc:  # the device could not be metered, the workload not resolved ...
+            if event.error is not None:  # the device could not be metered, the workload not resolved ...
+                exc = event.error
                 log.error("job %d could not be measured: %s: %s", job.id, type(exc).__name__, exc)
                 finish_job(self.db, job.id, state="failed", run_id=None)
                 outcome = JobOutcome("error", reason=f"{type(exc).__name__}: {exc}")
-                return outcome
-            if outcome.kind == "measured":
-                run_id = self._store_measured(job, policy, outcome)
+                summary["runs_failed"] += 1
             else:
-                requeue_job(self.db, job.id)
-                log.info("job %d re-queued: %s", job.id, outcome.reason)
+                outcome = event.result
+                if outcome.kind == "measured":
+                    run_id = self._store_measured(job, running.policy, outcome)
+                    summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
+                else:
+                    requeue_job(self.db, job.id)
+                    summary["requeued"] += 1
+                    log.info("job %d re-queued: %s", job.id, outcome.reason)
         finally:
-            self.current_job = None
+            with self._jobs_lock:
+                self._jobs_view.pop(job.id, None)
             if outcome is not None:
+                self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s)
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
-                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
+                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device)
         return outcome
 
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
         measured = outcome.result
+        # `job_wall_s`: the whole job (worker start-up, idle baseline, ...), which the tuning bill counts.
         measured.row["extra"].update({"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
-                                      "job_provenance_key": job.provenance_key})
+                                      "job_provenance_key": job.provenance_key,
+                                      "job_wall_s": round(outcome.wall_s, 3)})
         outcome.extra["status"] = measured.status
         try:
             stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),
@@ -702,30 +790,38 @@ def bounded_pass(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _end_leftover_worker(db: Any) -> None:
-    """A worker of a daemon that died (SIGKILL) dies with it (PR_SET_PDEATHSIG); make sure of it."""
-    import psutil
+    """Workers of a daemon that died (SIGKILL) die with it (PR_SET_PDEATHSIG); make sure of it, for every job
+    its last heartbeats name (one per device it measured on)."""
     from joulepilot.store.daemon_state import list_heartbeats
+
+    pids: dict[int, None] = {}
+    for hb in list_heartbeats(db, limit=5):
+        for job in (hb.detail.get("job"), *(hb.detail.get("jobs") or [])):
+            pid = (job.get("worker_pid") or job.get("child_pid")) if isinstance(job, dict) else None
+            if pid:
+                pids[int(pid)] = None
+    for pid in pids:
+        _end_orphan_worker(pid)
+
+
+def _end_orphan_worker(pid: int) -> None:
+    import psutil
 
     from .job_runner import kill_tree_of_pid
 
-    for hb in list_heartbeats(db, limit=5):
-        job = hb.detail.get("job") or {}
-        pid = job.get("worker_pid") or job.get("child_pid")
-        if not pid:
-            continue
-        try:
-            proc = psutil.Process(int(pid))
-            cmdline = proc.cmdline()
-            if not any(name in part for part in cmdline
-                       for name in ("joulepilot.compiler.worker", "joulepilot.controller.job_child")):
-                continue
-            # A reused pid may belong to a live bench's worker: only an orphan (its parent gone) is ended.
-            if _original_parent(cmdline) == proc.ppid():
-                continue
-            log.warning("ending benchmark worker %d left by a previous daemon", proc.pid)
-            kill_tree_of_pid(proc.pid)
-        except psutil.Error:
-            pass
+    try:
+        proc = psutil.Process(pid)
+        cmdline = proc.cmdline()
+        if not any(name in part for part in cmdline
+                   for name in ("joulepilot.compiler.worker", "joulepilot.controller.job_child")):
+            return
+        # A reused pid may belong to a live bench's worker: only an orphan (its parent gone) is ended.
+        if _original_parent(cmdline) == proc.ppid():
+            return
+        log.warning("ending benchmark worker %d left by a previous daemon", proc.pid)
+        kill_tree_of_pid(proc.pid)
+    except psutil.Error:
+        pass
 
 
 def _original_parent(cmdline: list[str]) -> int | None:

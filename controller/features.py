@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from joulepilot.store.devicekind import device_kind as device_kind  # the device kind a run is grouped by
@@ -41,6 +42,7 @@ OP_GROUPS = (
 )
 
 
+@lru_cache(maxsize=4096)  # a few hundred op names recur in every feature vector of every fit and prediction
 def op_group(name: str) -> str:
     low = name.lower()
     for group, needles in OP_GROUPS:
@@ -57,7 +59,8 @@ def op_mix_fractions(workload: Mapping[str, Any]) -> dict[str, float]:
     counts: dict[str, float] = {}
     for name, count in raw.items():
         if isinstance(count, int | float) and count > 0:
-            counts[op_group(str(name))] = counts.get(op_group(str(name)), 0.0) + float(count)
+            group = op_group(str(name))
+            counts[group] = counts.get(group, 0.0) + float(count)
     total = sum(counts.values())
     return {k: v / total for k, v in counts.items()} if total else {}
 
@@ -104,7 +107,7 @@ class FeatureSpace:
     @property
     def names(self) -> list[str]:
         return (
-            ["log_params", "log_flops", "log_graph_nodes", "log2_batch_size", "dynamic", "regional"]
+            ["log_params", "log_flops", "log_graph_nodes", "log2_batch_size", "dynamic", "padded", "regional"]
             + [f"op:{o}" for o in self.op_families]
             + [f"mode={m}" for m in self.modes]
             + [f"fusion={f}" for f in self.fusions]
@@ -118,7 +121,8 @@ class FeatureSpace:
         mix = op_mix_fractions(workload)
         return (
             [nums["log_params"], nums["log_flops"], nums["log_graph_nodes"], nums["log2_batch_size"],
-             float(bool(cfg.get("dynamic"))), float(bool(cfg.get("regional")))]
+             float(bool(cfg.get("dynamic"))), float((cfg.get("padding") or "none") != "none"),
+             float(bool(cfg.get("regional")))]
             + [mix.get(o, 0.0) for o in self.op_families]
             + [float(cfg["mode"] == m) for m in self.modes]
             + [float(cfg["fusion"] == f) for f in self.fusions]

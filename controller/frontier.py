@@ -33,24 +33,27 @@ def pareto_front(points: Sequence[Mapping[str, Any]], x: str = "latency_ms_p95",
 
 def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[Any]:
     """Allowed configurations: the policy's search space, else every combination of the modes,
-    precisions, fusion presets and dynamic settings measured on this device."""
+    precisions, fusion presets, dynamic and padding settings measured on this device (eager: only plain)."""
     from joulepilot.compiler import CompileConfig
 
     if search is not None:
         modes, precisions, fusions, dynamics = search.modes, search.precisions, search.fusion, search.dynamic
+        paddings = getattr(search, "padding", ("none",))
         regionals = search.regional_settings()
     else:
         modes = sorted({r.mode for r in runs})
         precisions = sorted({r.precision for r in runs})
         fusions = sorted({r.fusion for r in runs})
         dynamics = sorted({bool(r.dynamic) for r in runs})
+        paddings = sorted({r.padding or "none" for r in runs})
         regionals = sorted({r.regional or "" for r in runs})
     seen, out = set(), []
-    for mode, precision, fusion, dynamic, regional in itertools.product(modes, precisions, fusions, dynamics,
-                                                                        regionals):
+    for mode, precision, fusion, dynamic, padding, regional in itertools.product(modes, precisions, fusions,
+                                                                                 dynamics, paddings, regionals):
         eager = mode == "eager"
         cfg = CompileConfig(mode=mode, fusion="default" if eager else fusion, precision=precision,
-                            dynamic=dynamic, batch_size=batch_size, regional="" if eager else regional)
+                            dynamic=dynamic and not eager, padding="none" if eager else padding,
+                            batch_size=batch_size, regional="" if eager else regional)
         if cfg.id not in seen:
             seen.add(cfg.id)
             out.append(cfg)

@@ -11,6 +11,11 @@ Which runs count: those of the policy's workload on this device kind under this 
 or failed, repeats included. The budget (`[search] budget_s`, `max_measurements`) counts the runs the
 daemon made for this policy (`extra.policy`); runs made otherwise (`joulepilot bench`) count as
 measurements but cost the policy nothing.
+
+On a host with several GPUs a guided policy still has one measurement in flight (the daemon queues its next
+one only when it has no open job), while other policies' jobs run beside it: each pick rests on every result
+before it, so two picks made without each other's result could be the same configuration, or spend what the
+stop rule would have saved after the first; the search therefore measures and decides as on one GPU.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ class NextMeasurement:
     fresh_process: bool
     why: str
     runs: int  # runs of it the search already counts
+    windows: int = 1  # energy windows to take in the one worker process, each stored as a run
 
     def to_dict(self) -> dict[str, Any]:
         return {"config_id": self.config.id, "label": self.config.label, "kind": self.kind,
-                "fresh_process": self.fresh_process, "why": self.why, "runs": self.runs}
+                "fresh_process": self.fresh_process, "why": self.why, "runs": self.runs, "windows": self.windows}
 
 
 @dataclass
@@ -159,8 +165,8 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
     result = search.result(stop or IN_PROGRESS)
     by_id = {c.id: c for c in grid}
     if step is not None:
-        arm, fresh, kind, why = step
-        plan.next.append(NextMeasurement(by_id[arm.id], kind, fresh, why, len(arm.runs)))
+        plan.next.append(NextMeasurement(by_id[step.arm.id], step.kind, step.fresh_process, step.why,
+                                         len(step.arm.runs), step.windows))
         plan.skipped = [s for s in result.skipped if s.config_id in search.skip_reasons]
     else:
         plan.stop_reason = stop

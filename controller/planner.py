@@ -11,7 +11,7 @@ flagged run does not count until it was repeated) and those a deployment found o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +25,19 @@ PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16")
 
 
 def compile_cost_rank(config: Any) -> tuple:
-    mode = getattr(config, "mode", None) or config["mode"]
-    precision = getattr(config, "precision", None) or config["precision"]
-    fusion = getattr(config, "fusion", None) or config["fusion"]
-    regional = getattr(config, "regional", None) if not isinstance(config, dict) else config.get("regional")
+    """Sort key, cheapest compile first: mode, fusion preset, precision, then static before dynamic,
+    unpadded before padded, and a regional variant right after its whole-model configuration (the comparison
+    it exists for); configuration objects or rows."""
+    def knob(name: str, default: Any = None) -> Any:
+        if isinstance(config, Mapping):
+            return config.get(name, default)
+        return getattr(config, name, default)
+
+    mode, precision, fusion = knob("mode"), knob("precision"), knob("fusion")
     mode_rank = MODE_COST_ORDER.index(mode) if mode in MODE_COST_ORDER else len(MODE_COST_ORDER)
     prec_rank = PRECISION_ORDER.index(precision) if precision in PRECISION_ORDER else len(PRECISION_ORDER)
-    # A regional variant right after its whole-model configuration: the comparison it exists for.
-    return (mode_rank, fusion != "default", fusion, prec_rank, bool(regional))
+    return (mode_rank, fusion != "default", fusion, prec_rank, bool(knob("dynamic", False)),
+            (knob("padding", "none") or "none") != "none", bool(knob("regional", "")))
 
 
 def ordered_candidates(policy: Any) -> list[Any]:

@@ -21,7 +21,7 @@ SAMPLE_METRICS = (("energy_j", "J"), ("inferences", "calls"), ("j_per_inference"
 SUMMARY_COLUMNS = ("name", "policy", "device_kind", "config", "decision_state", "start", "end", "samples",
                    "energy_j", "energy_kwh", "inferences", "j_per_inference", "avg_power_w", "peak_power_w",
                    "max_avg_power_w", "violations", "saving_vs_eager_fp32", "saving_vs_compile_default_fp32",
-                   "co2_g", "energy_source", "shared_windows", "serves_baseline")
+                   "co2_g", "energy_source", "shared_windows", "serves_baseline", "payback", "paid_back_after_s")
 
 
 def cell(value: Any) -> Any:
@@ -71,6 +71,20 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
             (f"baseline.{key}", "saving_fraction", b.saving_fraction, "fraction", src),
             (f"baseline.{key}", "saving_j", b.saving_j, "J", src),
             (f"baseline.{key}", "note", b.note, "", None),
+        ]
+    pb = report.payback
+    if pb is not None:
+        rows += [
+            ("payback", "verdict", pb.verdict, "", None),
+            ("payback", "search_energy_j", pb.search_energy_j, "J", pb.search_source),
+            ("payback", "search_seconds", pb.search_seconds, "s", None),
+            ("payback", "saving_j_per_inference", pb.saving_j_per_inference, "J/call", pb.saving_source),
+            ("payback", "payback_inferences", pb.payback_inferences, "calls", pb.payback_source),
+            ("payback", "calls", pb.calls, "calls", None),
+            ("payback", "fraction", pb.fraction, "fraction", pb.payback_source),
+            ("payback", "paid_back_after_s", pb.paid_back_after_s, "s", pb.payback_source),
+            ("payback", "remaining_s", pb.remaining_s, "s", pb.payback_source),
+            ("payback", "text", pb.text, "", None),
         ]
     if report.co2:
         rows += [("co2", "grid_gco2_per_kwh", report.co2.grid_gco2_per_kwh, "gCO2/kWh", "configured"),

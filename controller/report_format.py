@@ -107,6 +107,32 @@ def source_label(source: str | None) -> str:
     return f"{source} (ESTIMATE, not measured)" if "estimate" in source else f"{source} (measured)"
 
 
+# -- the tuning's payback -------------------------------------------------------------------------
+def payback_headline(payback: Mapping[str, Any] | None) -> str:
+    """'after 3.1 hours', 'not yet (34%)', 'never' or 'not known': when this deployment paid back the tuning."""
+    from joulepilot.policies.bill import duration_text
+
+    if not payback:
+        return DASH
+    verdict = payback["verdict"]
+    if verdict == "paid_back":
+        return f"after {duration_text(payback['paid_back_after_s'])}"
+    if verdict == "not_yet":
+        return f"not yet ({percent(payback['fraction'])})"
+    return "never" if verdict == "never" else "not known"
+
+
+def search_cost(payback: Mapping[str, Any]) -> str:
+    """'41.2 kJ (nvml+estimate) over 7 runs, 6.2 min of measuring', or a dash when no bill is known."""
+    from joulepilot.policies.bill import duration_text
+
+    if payback.get("search_energy_j") is None:
+        return DASH
+    runs = payback.get("search_runs") or 0
+    return (f"{energy(payback['search_energy_j'])} ({payback.get('search_source') or 'no source'}) over {runs} "
+            f"run{'s' if runs != 1 else ''}, {duration_text(payback.get('search_seconds'))} of measuring")
+
+
 # -- baselines ------------------------------------------------------------------------------------
 BASELINE_ITSELF = "this deployment is the baseline"
 

@@ -7,6 +7,7 @@ from functools import cache
 from importlib.resources import files
 
 import jinja2
+from joulepilot.policies.bill import calls_text
 
 from . import report_format as f
 from .report_model import DeploymentReport, Summary, SummaryRow, iso
@@ -24,7 +25,8 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(
         energy=f.energy, kwh=f.kwh, kwh_if_readable=f.kwh_if_readable, fmt=f.fmt, number=f.number, si=f.si,
-        percent=f.percent, human_time=f.human_time, iso=iso, versus=f.versus_baseline, saved=f.energy_saved)
+        percent=f.percent, human_time=f.human_time, iso=iso, versus=f.versus_baseline, saved=f.energy_saved,
+        payback_headline=f.payback_headline, search_cost=f.search_cost, calls=calls_text)
     return env
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from joulepilot.policies.bill import calls_text
+
 from . import report_format as f
 from .report_model import DeploymentReport, Summary, iso
 
@@ -50,6 +52,8 @@ def report_md(r: DeploymentReport) -> str:
         lines.append(f"| vs {md(b.label)} | {f.versus_baseline(b)} |")
     if r.co2:
         lines.append(f"| CO2 | {f.fmt(r.co2.co2_g, 'g')} at {f.fmt(r.co2.grid_gco2_per_kwh, 'g/kWh')} |")
+    if r.payback:
+        lines.append(f"| tuning paid back | {f.payback_headline(r.payback)} |")
     lines += ["", "## Configuration", "",
               f"- In use: {md(c.label or c.config_id or 'unknown')}",
               f"- Decision: {md(c.decision_state)}" + (f" ({c.decided_at})" if c.decided_at else ""),
@@ -59,6 +63,8 @@ def report_md(r: DeploymentReport) -> str:
         lines += [f"- {md(h.label or h.config_id)}: {h.samples} windows, {f.energy(h.energy_j)}, "
                   f"{f.number(h.inferences)} inferences" for h in c.history]
         lines.append("")
+    if r.payback:
+        lines += _payback_md(r)
     lines += ["## Savings against baselines measured on the same device kind", "",
               "| baseline | J/inference | source | this deployment per inference | energy saved | note |",
               "|---|---|---|---|---|---|"]
@@ -99,6 +105,21 @@ def report_md(r: DeploymentReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _payback_md(r: DeploymentReport) -> list[str]:
+    pb = r.payback
+    assert pb is not None
+    lines = ["## Tuning bill", "", f"- {md(pb.text)}", f"- Search: {md(f.search_cost(pb))}"]
+    if pb.saving_j_per_inference is not None:
+        lines.append(f"- Saving per call against {md(pb.baseline)}: {f.energy(pb.saving_j_per_inference)} "
+                     f"({md(pb.saving_source)})")
+    if pb.payback_inferences is not None:
+        lines.append(f"- Pays back after: {calls_text(pb.payback_inferences)} calls ({md(pb.payback_source)})")
+    rate = f" at {f.number(pb.calls_per_s)} calls/s" if pb.calls_per_s else ""
+    lines += [f"- This deployment: {f.number(pb.calls)} calls of {md(pb.config_label)} since its first window{rate}",
+              ""]
+    return lines
+
+
 def _versus(saving: float | None, key: str, serves_baseline: list[str]) -> str:
     return f.versus(saving, is_baseline=key in serves_baseline, itself="is the baseline")
 
@@ -108,8 +129,8 @@ def summary_md(summary: Summary) -> str:
     if summary.since:
         lines += [f"Since {summary.since}.", ""]
     lines += ["| deployment | policy | device | config | energy | inferences | J/inference | avg W "
-              "| peak W | limit W | violations | vs eager fp32 | vs compile fp32 | source |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| peak W | limit W | violations | vs eager fp32 | vs compile fp32 | tuning paid back | source |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary.deployments:
         lines.append(
             f"| {md(r.name)} | {md(r.policy)} | {md(r.device_kind)} | {md(r.config)} | "
@@ -117,7 +138,7 @@ def summary_md(summary: Summary) -> str:
             f"{f.number(r.avg_power_w)} | {f.number(r.peak_power_w)} | {f.number(r.max_avg_power_w)} | "
             f"{r.violations} | {_versus(r.saving_vs_eager_fp32, 'eager_fp32', r.serves_baseline)} | "
             f"{_versus(r.saving_vs_compile_default_fp32, 'compile_default_fp32', r.serves_baseline)} | "
-            f"{md(f.source_label(r.energy_source))} |")
+            f"{md(r.payback)} | {md(f.source_label(r.energy_source))} |")
     if not summary.deployments:
-        lines.append("| (no deployments recorded) |" + " |" * 13)
+        lines.append("| (no deployments recorded) |" + " |" * 14)
     return "\n".join(lines) + "\n"

@@ -13,7 +13,10 @@ Where figures come from:
 - the configuration and why: the newest decision of the policy for the configuration served;
 - baselines: `runs` of the same workload (same id, hence same batch and shapes) on the same device
   kind, for eager fp32 and stock `torch.compile` (mode default, fp32);
-- peak efficiency: the datasheet rows of `gpu_datasheets.toml`.
+- peak efficiency: the datasheet rows of `gpu_datasheets.toml`;
+- the tuning's payback: the tuning bill (`policies.bill`) of the newest decision for the configuration
+  served, and every call this deployment served with that configuration, from its first window
+  (whatever `since` says: payback counts from the start).
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.bill import NEVER, PAYS_BACK, deployment_payback
 from joulepilot.store import get_deployment, list_deployments, list_violations, read_samples
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
-from joulepilot.store.decisions import DecisionRow, latest_decision
+from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
 from joulepilot.store.devicekind import device_kind
+from joulepilot.store.runs import latest_runs
 from joulepilot.store.timevalues import iso_utc, parse_since
 
 from .gpu_datasheets import find_datasheet
@@ -183,6 +188,10 @@ class Configuration(Section):
     decided_at: str | None
     served_config_ids: list[str]
     history: list[ConfigShare]
+    # Graph breaks bench found in the served configuration (its latest ok run on this device kind), and
+    # their one-line summary naming where they are and the `joulepilot doctor` command to run.
+    graph_breaks: int | None = None
+    graph_break_summary: str | None = None
 
 
 @dataclass
@@ -231,6 +240,37 @@ class Sharing(Section):
 
 
 @dataclass
+class Payback(Section):
+    """When this deployment's calls paid back the tuning: the energy the search behind the decision it
+    serves cost, over the saving per call that decision brings against its baseline.
+
+    `verdict`: `paid_back` (`paid_back_after_s` from the first window counted), `not_yet` (`fraction` of
+    the calls needed so far, `remaining_s` at the call rate so far), `never` (nothing is saved per call)
+    or `unknown` (`why`: no decision, no bill, no baseline ...)."""
+
+    verdict: str
+    text: str
+    why: str | None = None
+    decision_id: int | None = None
+    config_label: str | None = None
+    search_energy_j: float | None = None
+    search_source: str | None = None
+    search_seconds: float | None = None
+    search_runs: int | None = None
+    baseline: str | None = None
+    saving_j_per_inference: float | None = None
+    saving_source: str | None = None
+    payback_inferences: float | None = None
+    payback_source: str | None = None
+    calls: int = 0
+    fraction: float | None = None
+    calls_per_s: float | None = None
+    paid_back_at: float | None = None  # epoch seconds (ISO text and `paid_back_at_epoch` in JSON)
+    paid_back_after_s: float | None = None
+    remaining_s: float | None = None
+
+
+@dataclass
 class DeploymentReport(Section):
     kind: str
     version: int
@@ -246,6 +286,7 @@ class DeploymentReport(Section):
     sharing: Sharing
     notes: list[str]
     samples: list[Window]
+    payback: Payback | None = None
 
 
 @dataclass
@@ -272,6 +313,8 @@ class SummaryRow(Section):
     co2_g: float | None
     energy_source: str | None
     shared_windows: int
+    payback: str | None = None
+    paid_back_after_s: float | None = None
 
 
 @dataclass
@@ -454,6 +497,23 @@ def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: 
         decided_at=iso(decision.decided_at if decision else None), served_config_ids=served, history=history)
 
 
+def _graph_breaks(db: sqlite_utils.Database, dep: Mapping[str, Any], workload: Mapping[str, Any] | None,
+                  configuration: Configuration, kind: str) -> None:
+    """Fill the configuration's graph breaks from the latest ok run of the served configuration."""
+    from joulepilot.compiler.graph_breaks import break_summary, doctor_command, run_breaks
+
+    if not dep.get("workload_id") or not configuration.config_id:
+        return
+    run = latest_runs(db, dep["workload_id"], kind).get(configuration.config_id)
+    if run is None:
+        return
+    breaks, count = run_breaks(run)
+    configuration.graph_breaks = count
+    spec = (workload or {}).get("spec")
+    command = doctor_command(spec, (workload or {}).get("batch_size")) if spec else None
+    configuration.graph_break_summary = break_summary(breaks, count, command)
+
+
 def _cannot_be_met(decision: DecisionRow | None) -> str | None:
     """The statement that the envelope cannot be met, when the decision in force says so."""
     if decision is None or decision.state != "infeasible":
@@ -528,6 +588,50 @@ def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], 
     return notes
 
 
+def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Payback:
+    """The payback section (see `Payback`): the newest decision that applies the configuration served."""
+    served = dep.get("config_id")
+    decision = latest_decision(db, dep["policy"], kind, states=APPLICABLE_STATES, config_id=served) \
+        if dep.get("policy") and served else None
+    if decision is None:
+        why = ("deployed without a policy" if not dep.get("policy") else
+               f"no decision of policy {dep['policy']} on {kind} applies the configuration served")
+        return Payback("unknown", f"payback not known: {why}", why)
+    bill = decision.details.get("bill")
+    label = store_reports.config_labels(db, [served]).get(served)
+    if not isinstance(bill, Mapping):
+        why = ("the decision was stored before joulepilot recorded tuning bills; decide again (the daemon's next "
+               "pass, or `joulepilot policy lock`) to record one")
+        return Payback("unknown", f"payback not known: {why}", why, decision.id, label)
+    search = bill.get("search") or {}
+    out = Payback("unknown", "", bill.get("why") or None, decision.id, label,
+                  search_energy_j=search.get("energy_j"), search_source=search.get("source"),
+                  search_seconds=search.get("seconds"), search_runs=search.get("runs"),
+                  baseline=(bill.get("baseline") or {}).get("kind"),
+                  saving_j_per_inference=bill.get("saving_j_per_inference"), saving_source=bill.get("saving_source"),
+                  payback_inferences=bill.get("payback_inferences"), payback_source=bill.get("payback_source"))
+    windows = [(s["t_start"], s["t_end"], int(s["inferences"] or 0)) for s in read_samples(db, dep["id"])
+               if (s.get("config_id") or served) == served]
+    if bill.get("verdict") not in (PAYS_BACK, NEVER):
+        out.text = f"payback not known: {out.why}"
+        out.calls = sum(n for _, _, n in windows)
+        return out
+    reached = deployment_payback(out.payback_inferences if bill.get("verdict") == PAYS_BACK else None, windows)
+    out.verdict, out.calls, out.fraction = reached.verdict, reached.calls, reached.fraction
+    out.calls_per_s, out.remaining_s = reached.calls_per_s, reached.remaining_s
+    out.paid_back_at = reached.paid_back_at
+    out.paid_back_after_s = reached.paid_back_after_s
+    out.text = f"the tuning never pays back: {out.why}" if reached.verdict == NEVER else f"the tuning {reached.text}"
+    return out
+
+
+def _break_notes(configuration: Configuration) -> list[str]:
+    if not configuration.graph_break_summary:
+        return []
+    return [f"the served configuration ({configuration.label or configuration.config_id}) has "
+            f"{configuration.graph_break_summary}"]
+
+
 def build_report(db: sqlite_utils.Database, deployment: str, since: float | str | None = None, *,
                  grid_gco2_per_kwh: float | str | None = None) -> DeploymentReport:
     """Every figure of one deployment's report (see the module docstring)."""
@@ -547,6 +651,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
 
     totals = _totals(windows)
     configuration = _configuration(db, dep, decision, windows, kind)
+    _graph_breaks(db, dep, workload, configuration, kind)
     served = {w.config_id for w in windows if w.config_id} or ({dep["config_id"]} if dep.get("config_id") else set())
     baselines = {key: _baseline(db, key, dep.get("workload_id"), kind, totals.j_per_inference, totals.inferences,
                                 totals.energy_source or "", served) for key in BASELINE_LABELS}
@@ -571,8 +676,9 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                                                energy_source=totals.energy_source),
         efficiency=_efficiency(workload, dep, kind, configuration.precision, totals),
         sharing=sharing,
-        notes=_notes(totals, sharing, baselines, windows),
+        notes=_notes(totals, sharing, baselines, windows) + _break_notes(configuration),
         samples=windows,
+        payback=_payback(db, dep, kind),
     )
 
 
@@ -595,6 +701,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             saving_vs_compile_default_fp32=stock.saving_fraction,
             serves_baseline=[k for k, b in r.baselines.items() if b.served_is_baseline],
             co2_g=r.co2.co2_g if r.co2 else None, energy_source=t.energy_source,
-            shared_windows=r.sharing.windows_shared))
+            shared_windows=r.sharing.windows_shared, payback=r.payback.text if r.payback else None,
+            paid_back_after_s=r.payback.paid_back_after_s if r.payback else None))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

@@ -18,15 +18,19 @@ How it searches (`strategy = "guided"`):
    predicted probability that it meets the limits (with `margin_pct`), divided by the predicted seconds
    to measure it (compile seconds plus the workload's measured overhead per run). Before anything
    feasible is measured it is the probability of meeting the limits per second, scaled by 1/objective.
-4. A configuration is skipped, with its reason recorded, when its optimistic bound (prediction / exp(k
-   std), k = `optimism_k`) cannot beat the best measured median by more than that median's noise, when
-   it is predicted to break a limit (probability below `min_feasible_probability`), or, for the energy
-   objective, when its expected saving over `expected_inferences` is less than the energy measuring it
-   costs (so max-autotune is measured only when it is predicted to be worth its compile time).
+4. A configuration is skipped, with its reason recorded, when its expected improvement on the best
+   measured median beyond that median's noise (lognormal prediction, times its probability of meeting
+   the limits) is under `min_expected_gain` (1%) of that median, when it is predicted to break a limit
+   (probability below `min_feasible_probability`), or, for the energy objective, when its expected
+   saving over `expected_inferences` is less than the energy measuring it costs (so max-autotune is
+   measured only when it is predicted to be worth its compile time).
 5. Contenders are measured again (`policies.noise.repeat_advice`): the best measured configuration
-   within the limits and every one whose interval overlaps it, at least `min_repeats` times with a
-   fresh process among them, close calls (a tie, or an average power whose interval straddles the
-   envelope) one run at a time up to `max_repeats`.
+   within the limits and every one whose interval overlaps it, at least `min_repeats` times in at
+   least two processes. A repeat starts a new worker process and takes the windows still needed in it
+   (`Step.windows`: each window is stored as a run of its own, the later ones marked as windows of the
+   same process), so confirming a contender costs one more compile, not two. Close calls (a tie, or
+   an average power whose interval straddles the envelope) get another process of two windows, up to
+   `max_repeats` runs.
 6. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
    or after `max_measurements` measurements; a measurement predicted to overrun the budget is not
    started.
@@ -50,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from joulepilot.policies.noise import (
     MIN_FRESH_PROCESSES,
@@ -97,7 +101,9 @@ Decision = tuple[str, MeasuredConfig | None, str, str, list[MeasuredConfig]]
 
 def _is_baseline(config: Mapping[str, Any], batch_size: int) -> bool:
     return (config.get("precision") == "fp32" and config.get("fusion") == "default"
-            and not bool(config.get("dynamic")) and json_column(config.get("options"), {}) in ({}, None)
+            and not bool(config.get("dynamic")) and (config.get("padding") or "none") == "none"
+            and not config.get("regional")
+            and json_column(config.get("options"), {}) in ({}, None)
             and int(config.get("batch_size") or 1) == batch_size and config.get("mode") in ("eager", "default"))
 
 
@@ -107,6 +113,17 @@ def _cost_rank(config: Mapping[str, Any]) -> tuple:
     return (mode_rank(str(config.get("mode"))), config.get("fusion") != "default",
             precision_order.index(precision) if precision in precision_order else len(precision_order),
             int(config.get("batch_size") or 1), str(config.get("label") or config.get("id")))
+
+
+class Step(NamedTuple):
+    """One measurement the search asks for: a process measuring `arm` for `windows` windows in a row
+    (the first counts as a fresh process when `fresh_process`, the others as further windows of it)."""
+
+    arm: Arm
+    fresh_process: bool
+    kind: str  # baseline | guided | exhaustive | repeat
+    why: str
+    windows: int = 1
 
 
 class GuidedSearch:
@@ -347,11 +364,11 @@ class GuidedSearch:
         if best is None:
             return ""
         noise = best.objective.median - best.objective.low
-        optimistic = fc.optimistic(s.optimism_k)
-        if optimistic >= best.objective.median - noise:
+        gain = expected_improvement(*fc.log_objective, best.objective.median - noise) * fc.p_feasible
+        if gain < s.min_expected_gain * best.objective.median:
             return (f"predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, measured best "
-                    f"{fmt(best.objective.median, self.unit)} ({best.label}): even {fmt(optimistic, self.unit)} "
-                    f"would not beat it by more than the noise ({fmt(noise, self.unit)})")
+                    f"{fmt(best.objective.median, self.unit)} ({best.label}): expected gain beyond the noise "
+                    f"{gain / best.objective.median:.1%} of it (less than {s.min_expected_gain:.0%})")
         if s.objective == "energy" and fc.power_w:
             calls = s.expected_inferences * (max(1, int(arm.config.get("batch_size") or 1)) if self.per_sample else 1)
             saving_j = expected_improvement(*fc.log_objective, best.objective.median) * fc.p_feasible * calls
@@ -377,7 +394,13 @@ class GuidedSearch:
         if state == "infeasible":
             straddling = [m for m in summaries.values() if m.power_straddles and m is not chosen
                           and all(v.startswith("max_avg_power_w") for v in m.violations)]
-            return [chosen, *sorted(straddling, key=lambda m: m.objective.median)], {m.config_id for m in straddling}
+            # Resting only on flagged runs, yet under the power limit: a clean run may make it feasible.
+            bound = dict(self.limits.items()).get("max_avg_power_w")
+            flagged = [m for m in summaries.values() if not m.ok and m.status == "flagged" and bound is not None
+                       and any(r.avg_power_w is not None and r.avg_power_w <= limit_value(
+                           "max_avg_power_w", bound, self.settings.margin_pct) for r in self.arms[m.config_id].ok_runs())]
+            hopeful = sorted(straddling, key=lambda m: m.objective.median) + flagged
+            return [chosen, *hopeful], {m.config_id for m in hopeful}
         best = min(ties, key=lambda m: m.objective.median)
         level = {m.config_id: m.objective.median for m in ties}
         # As good as the best, but over the envelope only within the noise, lacking a figure a limit
@@ -403,7 +426,7 @@ class GuidedSearch:
         ordered = sorted(level, key=lambda cid: (level[cid], cid))
         return [summaries[cid] for cid in ordered], close | hopeful
 
-    def _repeat(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, bool, str] | None:
+    def _repeat(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, int, str] | None:
         """The contender that most needs another run, and whether that run must start a fresh process.
 
         Contenders short of the minimum come first, lowest median first (confirming the best may end
@@ -417,7 +440,8 @@ class GuidedSearch:
                                    min_repeats=self.settings.min_repeats, max_repeats=self.settings.max_repeats)
             if advice.more <= 0:
                 continue
-            if median([r.wall_s for r in arm.runs]) > self._remaining_s():
+            if median([r.wall_s for r in arm.runs if r.fresh_process] or [r.wall_s for r in arm.runs]) \
+                    > self._remaining_s():
                 self._budget_blocked = True
                 continue
             below_minimum = len(arm.counted_runs()) < self.settings.min_repeats
@@ -425,30 +449,32 @@ class GuidedSearch:
         if not wanted:
             return None
         _, arm, advice = min(wanted, key=lambda w: w[0])
-        return arm, advice.fresh_process, f"repeat: {advice.why}"
+        windows = advice.more
+        return arm, windows, f"repeat: {advice.why}" + (f" ({windows} windows in one process)" if windows > 1 else "")
 
-    def _next(self) -> tuple[Arm, bool, str, str] | None:
+    def _next(self) -> Step | None:
         for arm in self.baselines:
             if not arm.runs:
                 if DEFAULT_OVERHEAD_S > self._remaining_s():
                     self._budget_blocked = True
                     break
-                return arm, True, "baseline", "baseline that reports compare against"
+                return Step(arm, True, "baseline", "baseline that reports compare against")
         summaries = self.summaries()
         picked = self._explore(summaries)
         if picked is not None:
-            return picked[0], True, "exhaustive" if self.settings.strategy == "exhaustive" else "guided", picked[1]
+            kind = "exhaustive" if self.settings.strategy == "exhaustive" else "guided"
+            return Step(picked[0], True, kind, picked[1])
         repeat = self._repeat(summaries)
         if repeat is not None:
-            return repeat[0], repeat[1], "repeat", repeat[2]
+            return Step(repeat[0], True, "repeat", repeat[2], repeat[1])
         return None
 
     @property
     def measurements(self) -> int:
         return self.measurements_before + len(self.steps)
 
-    def advance(self) -> tuple[tuple[Arm, bool, str, str] | None, str]:
-        """The next measurement (arm, fresh process, kind, why) without making it, or (None, why it stops)."""
+    def advance(self) -> tuple[Step | None, str]:
+        """The next measurement (a Step) without making it, or (None, why it stops)."""
         s = self.settings
         if s.budget_s is not None and self.spent_s >= s.budget_s:
             return None, f"budget_s spent ({self.spent_s:.0f} of {s.budget_s:g} s)"
@@ -468,12 +494,16 @@ class GuidedSearch:
             step, stop = self.advance()
             if step is None:
                 break
-            arm, fresh, kind, why = step
-            observation = self.measure(arm.config, fresh)
-            arm.runs.append(observation)
-            self.spent_s += observation.wall_s
-            self.steps.append(SearchStep(len(self.steps) + 1, arm.id, arm.label, kind, fresh, why,
-                                         observation.ok, observation.wall_s))
+            for window in range(step.windows):
+                fresh = step.fresh_process and window == 0
+                observation = self.measure(step.arm.config, fresh)
+                step.arm.runs.append(observation)
+                self.spent_s += observation.wall_s
+                self.steps.append(SearchStep(len(self.steps) + 1, step.arm.id, step.arm.label, step.kind, fresh,
+                                             step.why if window == 0 else f"window {window + 1} of {step.windows} "
+                                             "in the same process", observation.ok, observation.wall_s))
+                if not observation.ok:
+                    break  # a process that failed takes no more windows
         return self.result(stop)
 
     def result(self, stop: str) -> SearchResult:

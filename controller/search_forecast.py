@@ -1,14 +1,15 @@
 """The guided search's view of a configuration it has not measured: objective, limits, cost.
 
 The trade-off model predicts each target from other workloads; what was measured of *this* workload
-corrects it. Each measured configuration's log ratio measured / predicted (its residual) shifts the
-prediction of an unmeasured one: a share (`GLOBAL_OFFSET_SHARE`) of the mean residual for every
-configuration (the model's error on a workload is partly the same everywhere), then the residuals of
-similar configurations (`similarity`: precision matters most, then eager versus compiled, mode,
-fusion, batch size), shrunk towards no correction by `CALIBRATION_PRIOR_WEIGHT`. The log-space spread
-falls from `SPREAD_FAR_LOG` (or the forest's own spread when larger) towards `SPREAD_NEAR_LOG` as
-similar configurations are measured. On the committed sweeps (each workload predicted by a model that
-never saw it) about 8% of calibrated predictions fall outside +-2 spreads, as a normal would put 5%.
+corrects it. Each measured configuration's log ratio measured / predicted is its residual. The model's
+error on an unseen workload is mostly one offset shared by all its configurations (about 1.2 in log
+energy across the committed workloads, against about 0.26 between configurations of one workload), so
+the mean residual shifts every prediction almost whole after the first measurement; what is left of
+the residuals is shared with similar configurations (`similarity`: precision matters most, then eager
+versus compiled, mode, fusion, batch size), shrunk towards no correction by `CALIBRATION_PRIOR_WEIGHT`.
+The log-space spread is `SPREAD_UNCALIBRATED_LOG` before anything is measured, then falls from
+`SPREAD_FAR_LOG` (the forest's own spread, up to `SPREAD_FAR_MAX_LOG`) towards `SPREAD_NEAR_LOG` as
+similar configurations are measured.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ from joulepilot.policies.schema import Limits
 
 from .search_types import LIMIT_FIGURES, LIMIT_UNITS, Observation, SearchSettings, fmt, limit_value
 
-SPREAD_FAR_LOG = 0.35  # the trade-off model's cross-validated error on unseen workloads is about 30%
+# The model's log error on an unseen workload: about 1.2 before anything of it is measured (one offset
+# for the whole workload: FLOPs do not translate into joules alike on every model and device), about
+# 0.26 between configurations once that offset is removed (committed sweeps, leave-one-workload-out).
+SPREAD_UNCALIBRATED_LOG = 1.2
+SPREAD_FAR_LOG = 0.26
+SPREAD_FAR_MAX_LOG = 0.45
 SPREAD_NEAR_LOG = 0.07
+OFFSET_PRIOR_N = 0.1
 SPREAD_NO_MODEL_LOG = 0.5  # a guess from measured neighbours alone
 CALIBRATION_PRIOR_WEIGHT = 0.5
-GLOBAL_OFFSET_SHARE = 0.5
 PRECISION_SIMILARITY = 0.1
 # Numerical error is set mostly by precision: configurations of one precision differ by about 10%
 # (fusion and mode reorder the arithmetic), so a measured one predicts the others within this log spread.
@@ -106,6 +112,10 @@ def similarity(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
         weight *= 0.5 ** abs(math.log2(batch_a / batch_b))
     if bool(a.get("dynamic")) != bool(b.get("dynamic")):
         weight *= 0.6
+    if (a.get("padding") or "none") != (b.get("padding") or "none"):
+        weight *= 0.6
+    if (a.get("regional") or "") != (b.get("regional") or ""):
+        weight *= 0.6
     return weight
 
 
@@ -152,7 +162,12 @@ class Forecaster:
         return median(values) if values else None
 
     def calibrated(self, arm: Arm, target: str) -> tuple[float, float] | None:
-        """(log mean, log sd) of `target` for `arm`, corrected by the measured arms; None: no idea."""
+        """(log mean, log sd) of `target` for `arm`, corrected by the measured arms; None: no idea.
+
+        The model's log error on a workload is mostly one offset shared by all its configurations (its
+        spread across workloads, about 1.2 for energy, dwarfs the spread within one, about 0.26): the
+        mean residual is applied almost whole after one measurement (shrunk by n / (n + OFFSET_PRIOR_N)),
+        then the residuals left by it are shared with similar configurations (`similarity`)."""
         residuals: list[tuple[float, float]] = []  # (weight, log residual)
         neighbours: list[tuple[float, float]] = []  # (weight, log measured), for a guess without a model
         for other in self.arms.values():
@@ -168,14 +183,18 @@ class Forecaster:
         if target in arm.raw:
             mean, std = arm.raw[target]
             log_value = math.log(self._padded(target, mean))
-            far = max(std / mean, SPREAD_FAR_LOG)
+            # The trees' spread mostly measures disagreement about the workload offset, which the
+            # calibration removes: it widens the spread between configurations only up to a cap.
+            within = min(max(std / mean, SPREAD_FAR_LOG), SPREAD_FAR_MAX_LOG)
             if not residuals:
-                return log_value, far
+                return log_value, max(within, SPREAD_UNCALIBRATED_LOG)
+            n = len(residuals)
+            offset = sum(r for _, r in residuals) / n * n / (n + OFFSET_PRIOR_N)
             total = sum(w for w, _ in residuals)
-            offset = GLOBAL_OFFSET_SHARE * sum(r for _, r in residuals) / (len(residuals) + 1)
             shift = offset + sum(w * (r - offset) for w, r in residuals) / (total + CALIBRATION_PRIOR_WEIGHT)
             share_far = CALIBRATION_PRIOR_WEIGHT / (total + CALIBRATION_PRIOR_WEIGHT)
-            return log_value + shift, math.sqrt(SPREAD_NEAR_LOG ** 2 + (far ** 2 - SPREAD_NEAR_LOG ** 2) * share_far)
+            spread_sq = SPREAD_NEAR_LOG ** 2 + (within ** 2 - SPREAD_NEAR_LOG ** 2) * share_far
+            return log_value + shift, math.sqrt(spread_sq + within ** 2 / (n + OFFSET_PRIOR_N) * share_far)
         if not neighbours:
             return None
         total = sum(w for w, _ in neighbours)
@@ -222,7 +241,11 @@ class Forecaster:
         unknown = (0.0, math.inf)
         log_obj = unknown
         if energy is not None:
-            amortised = math.exp(energy[0]) + compile_s * (power_w or 0.0) / s.expected_inferences
+            # Compile energy (GPU + CPU) as the model predicts it when it learnt it, else seconds x power.
+            learnt = arm.compiles and "compile_energy_j" in arm.raw
+            compile_log_j = self.calibrated(arm, "compile_energy_j") if learnt else None
+            compile_j = math.exp(compile_log_j[0]) if compile_log_j else compile_s * (power_w or 0.0)
+            amortised = math.exp(energy[0]) + compile_j / s.expected_inferences
             if self.per_sample:
                 amortised /= max(1, int(arm.config.get("batch_size") or 1))
             log_obj = (math.log(amortised), energy[1])

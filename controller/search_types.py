@@ -56,8 +56,9 @@ class Observation:
     run_id: int | None = None
 
     @classmethod
-    def from_run(cls, run: Mapping[str, Any], *, fresh_process: bool = True) -> Observation:
-        """From a runs row (store.list_runs, or an export's `run`)."""
+    def from_run(cls, run: Mapping[str, Any], *, fresh_process: bool | None = None) -> Observation:
+        """From a runs row (store.list_runs, or an export's `run`); `fresh_process` defaults to what
+        the run records (`extra.window_in_process` above 1: a further window of one worker process)."""
         started, finished = run.get("started_at"), run.get("finished_at")
         wall_s = float(finished) - float(started) if isinstance(started, int | float) and \
             isinstance(finished, int | float) else 0.0
@@ -70,6 +71,9 @@ class Observation:
                 and math.isfinite(value) else None
 
         energy = num("energy_j_per_inference")
+        if fresh_process is None:
+            index = extra.get("window_in_process", 1) if isinstance(extra, dict) else 1
+            fresh_process = not (isinstance(index, int) and index > 1)
         return cls(ok=run.get("status") == "ok" and energy is not None, wall_s=max(0.0, wall_s),
                    energy_j_per_inference=energy, avg_power_w=num("avg_power_w"), peak_power_w=num("peak_power_w"),
                    latency_ms_p95=num("latency_ms_p95"), compile_s=num("compile_s"),
@@ -88,8 +92,9 @@ Measurer = Callable[[Mapping[str, Any], bool], Observation]
 class SearchSettings:
     """How to search: the policy's `[search]` and `[objective]` tables and `[limits] margin_pct`.
 
-    `optimism_k`: a candidate is skipped when even its prediction / exp(k x log std) cannot beat the best
-    measured median by more than the noise; `min_feasible_probability`: skipped when less likely than
+    `min_expected_gain`: a candidate is skipped when its expected improvement on the best measured median
+    beyond that median's noise (lognormal prediction, times its probability of meeting the limits) is
+    less than this share of the best; `min_feasible_probability`: skipped when less likely than
     this to meet the limits; `confidence`: of the intervals of medians (policies.noise)."""
 
     strategy: str = "guided"
@@ -101,7 +106,7 @@ class SearchSettings:
     min_repeats: int = MIN_REPEATS
     max_repeats: int = MAX_REPEATS
     confidence: float = DEFAULT_CONFIDENCE
-    optimism_k: float = 2.0
+    min_expected_gain: float = 0.01
     min_feasible_probability: float = 0.05
     baseline_batch_size: int | None = None  # default: the first candidate's
 

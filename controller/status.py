@@ -1,4 +1,5 @@
-"""What `joulepilot status` shows: is the daemon alive, what it does, the queue, each policy's decision."""
+"""What `joulepilot status` shows: is the daemon alive, what it does, the queue, what measuring cost per
+policy, each policy's decision and its payback."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 import psutil
 import sqlite_utils
+from joulepilot.policies.bill import bill_of, bill_text
 from joulepilot.store.daemon_state import latest_heartbeat, list_jobs, queue_counts, unhandled_requests
 from joulepilot.store.decisions import latest_decisions
+from joulepilot.store.runs import daemon_runs
 
 from .instance_lock import lock_is_held, lock_path_for, read_lock_pid
 
@@ -44,6 +47,7 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "state": hb.state if hb else None,
         "doing": detail.get("doing"),
         "current_job": detail.get("job"),
+        "current_jobs": detail.get("jobs") or ([detail["job"]] if detail.get("job") else []),  # one per device
         "last_heartbeat_at": hb.at if hb else None,
         "last_heartbeat_age_s": round(now - hb.at, 1) if hb else None,
         "interval_s": detail.get("interval_s"),
@@ -58,6 +62,7 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "reason": d.reason,
         "decided_at": d.decided_at,
         "age_s": round(now - d.decided_at, 1),
+        "bill": _decision_bill(d.details),
     } for d in latest_decisions(db)]
     last_pass = detail.get("last_pass") or {}
     return {
@@ -74,5 +79,32 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
             ],
         },
         "requests_pending": len(unhandled_requests(db)),
+        "measuring": measuring_per_policy(db, last_pass),
         "decisions": decisions,
     }
+
+
+def measuring_per_policy(db: sqlite_utils.Database, last_pass: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per policy, what the daemon spent measuring for it: every run it made for the policy (`extra.policy`)
+    priced by `policies.bill`, and the last pass's share (`last_pass`: that pass's entry, or None when it
+    measured nothing for the policy)."""
+    by_policy: dict[str, list[Any]] = {}
+    for run in daemon_runs(db):
+        by_policy.setdefault(str(run.extra.get("policy")), []).append(run)
+    in_last = {e.get("policy"): e for e in last_pass.get("measuring") or [] if isinstance(e, dict)}
+    out = []
+    for policy in sorted(by_policy.keys() | {p for p in in_last if isinstance(p, str)}):
+        bill = bill_of(by_policy.get(policy, [])).to_dict()
+        out.append({"policy": policy, **bill, "text": bill_text(bill), "last_pass": in_last.get(policy)})
+    return out
+
+
+def _decision_bill(details: dict[str, Any]) -> dict[str, Any] | None:
+    """The decision's tuning bill without its run ids (None for a decision stored before bills were)."""
+    bill = details.get("bill")
+    if not isinstance(bill, dict):
+        return None
+    search = bill.get("search")
+    if isinstance(search, dict):
+        bill = {**bill, "search": {k: v for k, v in search.items() if k != "run_ids"}}
+    return bill

@@ -2,8 +2,8 @@
 
 One random forest per target (`TARGETS`), on the features of `controller.features`. Targets are
 learnt in log space, and the two that grow with the amount of work (energy and latency per forward
-call) are first divided by the workload's FLOPs, and compile time by its graph size, so that the
-trees learn "joules per FLOP under this configuration" — something that carries over to a workload
+call) are first divided by the workload's FLOPs, and compile time and compile energy by its graph size,
+so that the trees learn "joules per FLOP under this configuration" — something that carries over to a workload
 they have not seen, which raw joules do not.
 
 Uncertainty: each prediction's `std` is the spread (standard deviation) of the forest's individual
@@ -11,6 +11,10 @@ trees, each tree's output mapped back to the target's units; the `mean` is the f
 space mapped back (a geometric mean). Tree spread captures how much the data disagrees near the
 query; it understates the error on a workload unlike any seen, which is why `cross_validate` holds out
 whole workloads.
+
+Compile energy (`compile_energy_j`, GPU part + CPU part) is a target of its own, learnt only from runs
+that metered both parts (see `TARGET_SOURCES`). Where RAPL cannot be read the CPU part is the labelled
+estimate; `summary()["compile_energy_cpu_sources"]` counts how many of those runs rest on one.
 
 Nothing is pickled: `fit(db)` takes well under a second on thousands of runs.
 """
@@ -30,10 +34,19 @@ from joulepilot.store.runs import ok_runs
 
 from .features import FeatureSpace, config_row
 
-TARGETS = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "compile_s")
+TARGETS = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "compile_s", "compile_energy_j")
 N_TREES = 64
-# APE denominators are at least this much, so eager's near-zero compile time does not dominate MAPE.
-APE_FLOOR = {"compile_s": 1.0}
+# APE denominators are at least this much, so eager's near-zero compile time and energy do not dominate MAPE.
+APE_FLOOR = {"compile_s": 1.0, "compile_energy_j": 100.0}
+# The run attribute a target is learnt from, where it is not the target's own column: compile energy only
+# from runs whose GPU and CPU parts were both metered (`store.compile_energy`). Runs from before the CPU
+# part was metered hold the GPU part alone; learning from them would teach the model that compiling costs
+# the GPU's joules only, and adding a guessed CPU part would pass a guess off as a measurement. With no
+# complete run the target is not learnt, and callers fall back to compile seconds x average power.
+TARGET_SOURCES = {"compile_energy_j": "complete_compile_energy_j"}
+NOT_LEARNT = {"compile_energy_j": "no ok run has both parts of its compile energy metered (runs stored before "
+                                  "joulepilot metered the CPU part of compiles hold the GPU part only); compile "
+                                  "energy is predicted as compile seconds x average power"}
 
 
 class TradeoffError(RuntimeError):
@@ -46,31 +59,31 @@ def _offset(target: str, workload: Mapping[str, Any]) -> float:
 
     if target in ("energy_j_per_inference", "latency_ms_p95"):
         return math.log(work_scale(workload))
-    if target == "compile_s":
+    if target in ("compile_s", "compile_energy_j"):
         return math.log(1.0 + float(workload.get("graph_nodes") or 0))
     return 0.0
 
 
 COMPILE_PAD_S = 0.05  # added before the log so eager's ~0 s compile stays finite
+COMPILE_PAD_J = 1.0  # likewise for eager's few joules of first call
+PADS = {"compile_s": COMPILE_PAD_S, "compile_energy_j": COMPILE_PAD_J}
 
 
 def _to_learnt(target: str, value: float, workload: Mapping[str, Any]) -> float:
-    if target == "compile_s":
-        value = value + COMPILE_PAD_S
-    return math.log(value) - _offset(target, workload)
+    return math.log(value + PADS.get(target, 0.0)) - _offset(target, workload)
 
 
 def _from_learnt(target: str, learnt: np.ndarray, workload: Mapping[str, Any]) -> np.ndarray:
     value = np.exp(learnt + _offset(target, workload))
-    if target == "compile_s":
-        value = np.maximum(0.0, value - COMPILE_PAD_S)
+    if target in PADS:
+        value = np.maximum(0.0, value - PADS[target])
     return value
 
 
 def _usable(target: str, value: Any) -> bool:
     if value is None or not isinstance(value, int | float) or not math.isfinite(value):
         return False
-    return value >= 0 if target == "compile_s" else value > 0
+    return value >= 0 if target in PADS else value > 0
 
 
 @dataclass
@@ -82,6 +95,7 @@ class Sample:
     device: str
     targets: dict[str, float]
     group: str  # workload spec: cross-validation holds these out whole
+    compile_cpu_source: str | None = None  # of the CPU part of compile_energy_j: 'rapl' or 'estimate'
 
 
 def training_samples(db: sqlite_utils.Database) -> list[Sample]:
@@ -92,12 +106,15 @@ def training_samples(db: sqlite_utils.Database) -> list[Sample]:
         workload = workloads.get(run.workload_id)
         if workload is None:
             continue
+        values = {t: getattr(run, TARGET_SOURCES.get(t, t)) for t in TARGETS}
         samples.append(Sample(
             workload=workload,
-            config={k: getattr(run, k) for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options")},
+            config={k: getattr(run, k) for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options",
+                                                  "padding", "regional")},
             device=run.device_kind,
-            targets={t: getattr(run, t) for t in TARGETS if _usable(t, getattr(run, t))},
+            targets={t: v for t, v in values.items() if _usable(t, v)},
             group=str(workload["spec"]),
+            compile_cpu_source=run.compile_energy_cpu_source,
         ))
     return samples
 
@@ -112,15 +129,19 @@ class TradeoffModel:
     workloads: list[str]
     devices: list[str]
     fitted_at: float = field(default_factory=time.time)
+    # how many of the runs compile_energy_j was learnt from had a measured ('rapl') or estimated CPU part
+    compile_cpu_sources: dict[str, int] = field(default_factory=dict)
 
     def predict_many(self, workload: Mapping[str, Any], configs: Sequence[Any],
                      device_name: str) -> list[dict[str, tuple[float, float]]]:
         if not configs:
             return []
-        x = np.array([self.space.vector(workload, c, device_name) for c in configs], dtype=float)
+        # The trees' own input type, converted once: each tree's predict then skips sklearn's input checks,
+        # which cost far more than the prediction itself (64 trees per target, per call).
+        x = np.ascontiguousarray([self.space.vector(workload, c, device_name) for c in configs], dtype=np.float32)
         out: list[dict[str, tuple[float, float]]] = [{} for _ in configs]
         for target, forest in self.forests.items():
-            per_tree = np.stack([tree.predict(x) for tree in forest.estimators_])  # trees x configs
+            per_tree = np.stack([tree.predict(x, check_input=False) for tree in forest.estimators_])  # trees x configs
             values = _from_learnt(target, per_tree, workload)
             means = _from_learnt(target, per_tree.mean(axis=0), workload)
             stds = values.std(axis=0)
@@ -136,7 +157,10 @@ class TradeoffModel:
     def summary(self) -> dict[str, Any]:
         return {"targets": list(self.forests), "samples": self.n_samples, "workloads": self.workloads,
                 "devices": self.devices, "features": self.space.names, "fitted_at": self.fitted_at,
-                "uncertainty": "std of the random forest's per-tree predictions"}
+                "uncertainty": "std of the random forest's per-tree predictions",
+                "not_learnt": {t: NOT_LEARNT.get(t, "no ok run measured it") for t in TARGETS
+                               if t not in self.forests},
+                "compile_energy_cpu_sources": dict(self.compile_cpu_sources)}
 
 
 def _forest(seed: int = 0):
@@ -159,8 +183,13 @@ def fit_samples(samples: Sequence[Sample]) -> TradeoffModel:
         y = np.array([_to_learnt(target, s.targets[target], s.workload) for s in rows])
         forests[target] = _forest().fit(x, y)
         counts[target] = len(rows)
+    cpu_sources: dict[str, int] = {}
+    for s in samples:
+        if "compile_energy_j" in s.targets:
+            key = s.compile_cpu_source or "unknown"
+            cpu_sources[key] = cpu_sources.get(key, 0) + 1
     return TradeoffModel(space, forests, counts, sorted({s.group for s in samples}),
-                         sorted({s.device for s in samples}))
+                         sorted({s.device for s in samples}), compile_cpu_sources=cpu_sources)
 
 
 def fit(db: sqlite_utils.Database) -> TradeoffModel:
@@ -173,7 +202,7 @@ def _metrics(target: str, truth: Sequence[float], pred: Sequence[float]) -> dict
     p = np.asarray(pred, dtype=float)
     floor = APE_FLOOR.get(target, 0.0)
     ape = np.abs(p - t) / np.maximum(np.abs(t), floor if floor else 1e-300)
-    pad = COMPILE_PAD_S if target == "compile_s" else 0.0
+    pad = PADS.get(target, 0.0)
     lt, lp = np.log(t + pad), np.log(p + pad)
     ss_tot = float(((lt - lt.mean()) ** 2).sum())
     r2 = 1.0 - float(((lt - lp) ** 2).sum()) / ss_tot if ss_tot > 0 else None
@@ -216,10 +245,12 @@ def cross_validate(db: sqlite_utils.Database, n_splits: int = 5) -> dict[str, di
 
 
 def measured_keys(runs: Iterable[Mapping[str, Any]]) -> set[tuple]:
-    """(mode, fusion, precision, dynamic) of runs, to tell measured points from predicted ones."""
-    return {(r["mode"], r["fusion"], r["precision"], int(bool(r["dynamic"]))) for r in runs}
+    """(mode, fusion, precision, dynamic, padding, regional) of runs, to tell measured points from predicted ones."""
+    return {(r["mode"], r["fusion"], r["precision"], int(bool(r["dynamic"])), r.get("padding") or "none",
+             r.get("regional") or "") for r in runs}
 
 
 def config_key(config: Any) -> tuple:
     row = config_row(config)
-    return (row["mode"], row["fusion"], row["precision"], int(bool(row.get("dynamic"))))
+    return (row["mode"], row["fusion"], row["precision"], int(bool(row.get("dynamic"))),
+            row.get("padding") or "none", row.get("regional") or "")

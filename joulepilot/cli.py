@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "joulepilot.cli_telemetry",
     "joulepilot.cli_store",
     "joulepilot.cli_bench",
+    "joulepilot.cli_doctor",
     "joulepilot.cli_policy",
     "joulepilot.cli_daemon",
     "joulepilot.cli_report",

@@ -44,36 +44,53 @@ def _end_line(run: dict[str, Any]) -> tuple[str, str | None]:
     """A finished configuration's end line, and its window warning if any."""
     if run["status"] == "ok":
         warning = (run.get("extra") or {}).get("window_warning") if isinstance(run.get("extra"), dict) else None
-        return (f"ok, compile {run['compile_s']:.2f} s, p50 {run['latency_ms_p50']:.3f} ms, "
+        from joulepilot.store import compile_energy_text
+
+        compile_j = compile_energy_text(run)
+        return (f"ok, compile {run['compile_s']:.2f} s{', ' + compile_j if compile_j else ''}, "
+                f"p50 {run['latency_ms_p50']:.3f} ms, "
                 f"{run['energy_j_per_inference']:.4g} J/inference ({run['energy_source']})", warning)
     first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
     return f"FAILED, {first_line}", None
 
 
-def _bench_with_progress(configs: list[Any], **kwargs: Any) -> list[dict[str, Any]]:
+def _bench_with_progress(configs: list[Any], *, parallel: int = 1, **kwargs: Any) -> list[dict[str, Any]]:
     """`bench` with one progress line per configuration on stderr: its phase and elapsed time while the
-    worker runs, its result when done."""
+    worker runs, its result when done (and, over several GPUs, the GPU it ran on)."""
     from joulepilot.compiler import bench
 
-    with progress(len(configs), "bench", noun="configuration") as report:
+    with progress(len(configs), "bench", noun="configuration", parallel=parallel) as report:
         def on_config(index: int, total: int, config: Any, run: dict[str, Any] | None) -> None:
             if run is not None and run.get("skipped"):  # `index` is already the 1-based number here
                 report.start(index, config.label, "checking the store")
                 report.finish(f"skipped, already measured ok as run {run['run_id']} under the same provenance "
-                              "(--force measures it again)")
+                              "(--force measures it again)", index)
                 return
             if run is None:
                 report.start(index + 1, config.label, "compiling and measuring")
                 return
             message, warning = _end_line(run)
-            report.finish(message)
+            report.finish(message + (f" on {run.get('device')}" if parallel > 1 else ""), index)
             if warning:
-                report.note(f"warning: {warning}")
+                report.note(f"warning: {warning}", index)
+            limit = (run.get("extra") or {}).get("recompile_warning") if isinstance(run.get("extra"), dict) else None
+            if limit:
+                report.note(f"warning: {limit}", index)
 
         def on_phase(index: int, total: int, config: Any, doing: str) -> None:
-            report.phase(doing)
+            report.phase(doing, index + 1)
 
         return bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
+
+
+def _echo_graph_breaks(runs: list[dict[str, Any]], spec: str, batch_size: int, seq_len: int | None,
+                       image_size: int | None) -> None:
+    """One line per distinct set of graph breaks among the runs, naming the configurations that have it."""
+    from joulepilot.compiler.graph_breaks import doctor_command, graph_break_notes, note_line
+
+    command = doctor_command(spec, batch_size, seq_len, image_size)
+    for note in graph_break_notes([r for r in runs if r.get("status") == "ok"], command):
+        click.echo(f"graph breaks in {note_line(note)}")
 
 
 def _notice(text: str) -> None:
@@ -120,6 +137,12 @@ def _sigterm_as_exit() -> Iterator[None]:
               help="The block class regional compilation compiles (e.g. BertLayer); implies --regional.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length for token workloads.")
 @click.option("--image-size", type=click.IntRange(min=1), help="Image side for vision workloads.")
+@click.option("--shapes", metavar="DIM=SIZE[:WEIGHT],...",
+              help="Measure over a shape set, e.g. seq_len=64:4,128:3,256:2,512:1: J per call weighted by the "
+                   "sizes' shares, recompiles counted over them; compiled modes are swept static and dynamic "
+                   "(--dynamic: dynamic only), unpadded and padded to buckets.")
+@click.option("--buckets", metavar="SIZE,...",
+              help="Padding buckets for --shapes (default: powers of two).")
 @click.option("--min-seconds", type=click.FloatRange(min=0.05),
               help="Length of each energy window (default 5 on a GPU, 2 on CPU).")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
@@ -127,6 +150,9 @@ def _sigterm_as_exit() -> Iterator[None]:
                    "worker's other phases get an allowance derived from --min-seconds (README: budget model). "
                    "An overrun is recorded as a failed run.")
 @click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
+@click.option("--devices", "devices_text", metavar="0,1",
+              help="Several GPUs, e.g. 0,1 or cuda:0,cuda:1: as many configurations at once, one per GPU, each "
+                   "metered on its own GPU; compile threads are split between them. Instead of --device.")
 @click.option("--force", is_flag=True,
               help="Measure every configuration again, even those already measured ok under the same provenance.")
 @click.option("--warm-start/--no-warm-start", default=None,
@@ -136,16 +162,18 @@ def _sigterm_as_exit() -> Iterator[None]:
 def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, regional: bool,
                   regional_block: str | None, seq_len: int | None,
-                  image_size: int | None, min_seconds: float | None, budget_s: float, device: str | None,
-                  force: bool, warm_start: bool | None, db: str | None, as_json: bool) -> None:
+                  image_size: int | None, shapes: str | None, buckets: str | None, min_seconds: float | None,
+                  budget_s: float, device: str | None, devices_text: str | None, force: bool,
+                  warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
     package.module:factory.
     """
     from joulepilot.compiler import ConfigError, WorkloadError, check_device, default_device, plan_configs
-    from joulepilot.compiler.bench import default_modes, default_precisions
+    from joulepilot.compiler.bench import check_devices, default_modes, default_precisions
     from joulepilot.compiler.options import parse_option_assignments
+    from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
@@ -154,7 +182,10 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                                    "to compile, e.g. --regional-block EncoderLayer (or --regional for the most "
                                    "repeated one)")
     try:
-        device = check_device(device or default_device())
+        if devices_text is not None and device is not None:
+            raise ConfigError("give either --device or --devices, not both")
+        devices = check_devices(_split_values((devices_text,))) if devices_text is not None else None
+        device = devices[0] if devices else check_device(device or default_device())
         configs = plan_configs(
             _split_values(modes) or default_modes(device),
             _split_values(fusions) or ["default"],
@@ -162,10 +193,20 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
             regional=("", regional_block or "auto") if regional or regional_block else ("",),
         )
+        shape_set = None
+        if buckets and not shapes:
+            raise ConfigError("--buckets pads the sizes of a shape set: give --shapes too")
+        if shapes:
+            shape_set = parse_shape_set(shapes, buckets)
+            if {"seq_len": seq_len, "image_size": image_size}[shape_set.dim] is not None:
+                raise ConfigError(f"--shapes gives the {shape_set.dim} sizes: drop --{shape_set.dim.replace('_', '-')}")
+            configs = shape_set_variants(configs, shape_set, (True,) if dynamic else (False, True))
         with _sigterm_as_exit():
-            runs = _bench_with_progress(configs, spec=spec, device=device, min_seconds=min_seconds,
+            runs = _bench_with_progress(configs, parallel=len(devices or [device]), spec=spec, device=device,
+                                        devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
-                                        image_size=image_size, warm_start=warm_start, force=force, notice=_notice)
+                                        image_size=image_size, shapes=shape_set, warm_start=warm_start, force=force,
+                                        notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:
@@ -185,6 +226,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         for run in runs:
             if run.get("pending_path"):
                 click.echo(f"{run['config_label']}: not in the database yet, kept in {run['pending_path']}")
+        _echo_graph_breaks(runs, spec, batch_size, seq_len, image_size)
         if any(r.get("energy_source") == "estimate" for r in runs):
             click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
     if runs and all(r["status"] != "ok" for r in runs):

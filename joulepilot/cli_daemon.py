@@ -53,24 +53,29 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
 
 
 def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], None]:
-    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA."""
+    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA (jobs on several GPUs
+    overlap: each one's end line carries its own number)."""
     started = 0
+    numbers: dict[Any, int] = {}  # job id -> its number in this pass
 
     def listen(event: str, fields: dict[str, Any]) -> None:
         nonlocal started
         if event == "jobs_planned":
+            report.parallel = max(1, int(fields.get("devices") or 1))
             report.set_total(started + int(fields["total"]))
         elif event == "job_started":
             started += 1
+            numbers[fields.get("job_id")] = started
             report.start(started, fields["label"], "measuring")
         elif event == "job_finished":
+            number = numbers.pop(fields.get("job_id"), None)
             kind, reason = fields.get("kind"), fields.get("reason") or ""
             if kind == "measured":
-                report.finish(f"{fields.get('status') or 'stored'}, run {fields.get('run_id')}")
-            elif kind in ("crashed", "timeout"):
-                report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}")
+                report.finish(f"{fields.get('status') or 'stored'}, run {fields.get('run_id')}", number)
+            elif kind in ("crashed", "timeout", "error"):
+                report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}", number)
             else:
-                report.finish(f"re-queued: {reason}")
+                report.finish(f"re-queued: {reason}", number)
 
     return listen
 
@@ -117,12 +122,15 @@ def status_command(db: str | None, as_json: bool) -> None:
         click.echo(f"last heartbeat: {_age(d['last_heartbeat_age_s'])} ago")
     if d["doing"]:
         click.echo(f"doing: {d['doing']}")
+    if d["alive"] and len(d["current_jobs"]) > 1:
+        click.echo("running: " + "; ".join(f"job {j.get('id')} {j.get('policy')} {j.get('config')} on {j.get('device')}"
+                                           for j in d["current_jobs"]))
     last = status["last_pass"]
     if last:
         finished = last.get("finished_at")
         when = f"{_age(time.time() - finished)} ago" if finished else "in progress"
         click.echo(f"last pass: {when}, {last.get('runs_ok', 0)} ok / {last.get('runs_failed', 0)} failed runs, "
-                   f"{len(last.get('decided', []))} decided")
+                   f"{len(last.get('decided', []))} decided" + _pass_spent(last.get("measuring")))
     for err in status["policy_errors"]:
         click.echo(f"policy error: {err['file']}: {err['error']}", err=True)
     counts = status["queue"]["counts"]
@@ -130,10 +138,60 @@ def status_command(db: str | None, as_json: bool) -> None:
                + (f"; {status['requests_pending']} request(s) pending" if status["requests_pending"] else ""))
     if status["queue"]["next"]:
         echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"])
+    if status["measuring"]:
+        click.echo("")
+        click.echo("measuring, per policy (every run the daemon made for it; energy metered where a meter read "
+                   "it, the rest an estimate):")
+        echo_table([_spent_row(m) for m in status["measuring"]],
+                   ["policy", "runs", "time", "energy", "source", "last_pass"],
+                   ["policy", "runs", "time", "energy", "source", "last pass"])
     click.echo("")
-    rows = [dict(r, age=_age(r["age_s"]), reason=_short(r.get("reason"))) for r in status["decisions"]]
-    echo_table(rows, ["policy", "device_kind", "config", "state", "age", "reason"],
-               ["policy", "device", "config", "state", "age", "reason"])
+    rows = [dict(r, age=_age(r["age_s"]), reason=_short(r.get("reason")), payback=_payback(r.get("bill")))
+            for r in status["decisions"]]
+    echo_table(rows, ["policy", "device_kind", "config", "state", "age", "payback", "reason"],
+               ["policy", "device", "config", "state", "age", "payback", "reason"])
+
+
+def _spent(entry: dict[str, Any]) -> str:
+    """'2 runs, 39 s, 412 J (estimate)'."""
+    from joulepilot.policies.bill import duration_text, energy_text
+
+    runs = entry.get("runs", 0)
+    return (f"{runs} run{'s' if runs != 1 else ''}, {duration_text(entry.get('seconds'))}, "
+            f"{energy_text(entry.get('energy_j'))} ({entry.get('source') or 'no energy'})")
+
+
+def _pass_spent(measuring: Any) -> str:
+    """The last pass's measuring, all policies together: '; measuring 2 runs, 39 s, 412 J (estimate)'."""
+    from joulepilot.policies.bill import joined_sources
+
+    entries = [m for m in measuring or [] if isinstance(m, dict)]
+    if not entries:
+        return ""
+    total = {"runs": sum(m.get("runs", 0) for m in entries), "seconds": sum(m.get("seconds", 0.0) for m in entries),
+             "energy_j": sum(m.get("energy_j", 0.0) for m in entries),
+             "source": joined_sources(m.get("source") for m in entries)}
+    return f"; measuring {_spent(total)}"
+
+
+def _spent_row(entry: dict[str, Any]) -> dict[str, Any]:
+    from joulepilot.policies.bill import duration_text, energy_text
+
+    last = entry.get("last_pass")
+    return {"policy": entry["policy"], "runs": entry["runs"], "time": duration_text(entry["seconds"]),
+            "energy": energy_text(entry["energy_j"]), "source": entry["source"] or "-",
+            "last_pass": _spent(last) if last else "-"}
+
+
+def _payback(bill: dict[str, Any] | None) -> str:
+    """A decision's payback in a few words: 'after 87,000 calls', 'never', 'unknown'."""
+    from joulepilot.policies.bill import NEVER, PAYS_BACK, calls_text
+
+    if not bill:
+        return "-"
+    if bill.get("verdict") == PAYS_BACK:
+        return f"after {calls_text(bill.get('payback_inferences'))} calls"
+    return "never" if bill.get("verdict") == NEVER else "unknown"
 
 
 commands = [daemon_command, status_command]

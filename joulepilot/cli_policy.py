@@ -8,7 +8,7 @@ import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
 from joulepilot.policies import PolicyError, load_policy
-from joulepilot.store import open_db, open_for_reading
+from joulepilot.store import compile_energy_text, open_db, open_for_reading
 
 from .clikit import db_option, echo_json, echo_table, reading_store, table_width
 
@@ -227,7 +227,8 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
                      "max_rel_error": fig.get("max_rel_error"), "break_even": c.break_even_inferences,
-                     "why": "; ".join(c.reasons) or "within every limit"})
+                     "why": "; ".join([*c.reasons, *c.notes]) if c.reasons else
+                     "; ".join(["within every limit", *c.notes])})
     return rows
 
 
@@ -253,10 +254,49 @@ def _echo_decision(decision: Any) -> None:
         click.echo("break-even vs eager fp32: none needed (eager compiles nothing)")
     elif decision.break_even_inferences is not None:
         click.echo(f"break-even vs eager fp32: {decision.break_even_inferences:,.0f} inferences")
+    applied = next((c for c in decision.candidates if c.config_id == decision.config_id and c.source == "measured"),
+                   None)
+    compile_text = compile_energy_text(applied.figures) if applied is not None and decision.config.get(
+        "mode") != "eager" else None
+    if compile_text:
+        click.echo(f"compile    {compile_text}, amortised over {decision.expected_inferences:,} inferences")
+    if decision.bill:
+        import textwrap
+
+        click.echo(textwrap.fill(decision.bill["text"], table_width(), initial_indent=f"{'tuning':<11}",
+                                 subsequent_indent=" " * 11))
     click.echo("")
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
                ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",
                 "rel err", "break-even", "why"])
+
+
+def _graph_break_notes(file: str, db: str | None, decision: Any) -> list[dict[str, Any]]:
+    """The graph breaks stored with the runs of the measured candidates, one note per distinct set."""
+    from joulepilot.compiler.graph_breaks import doctor_command, graph_break_notes
+    from joulepilot.store import workload_runs
+
+    wanted = {c.run_id for c in decision.candidates if c.source == "measured" and c.run_id is not None}
+    if not wanted:
+        return []
+    policy = _load(file)
+    with reading_store(db) as database:
+        runs = [r for r in workload_runs(database, decision.workload_id) if r.id in wanted]
+    command = doctor_command(decision.workload, decision.config.get("batch_size") or policy.batch_size,
+                             policy.seq_len, policy.image_size)
+    return graph_break_notes(runs, command)
+
+
+def _echo_graph_breaks(notes: list[dict[str, Any]]) -> None:
+    import textwrap
+
+    from joulepilot.compiler.graph_breaks import note_line
+
+    if notes:
+        click.echo("")
+    for note in notes:
+        click.echo(textwrap.fill(note_line(note), table_width(), initial_indent=f"{'breaks':<11}",
+                                 subsequent_indent=" " * 11))
 
 
 def _echo_search(search: dict[str, Any] | None) -> None:
@@ -298,10 +338,12 @@ def explain_command(file: str, db: str | None, device_name: str | None, torch_ve
                               decided_by="policy explain --record")
     decision = decided.decision
     hint = _elsewhere_hint(decision)
+    breaks = _graph_break_notes(file, db, decision)
     if as_json:
-        echo_json(decision.to_dict() | {"search": search})
+        echo_json(decision.to_dict() | {"search": search, "graph_breaks": breaks})
     else:
         _echo_decision(decision)
+        _echo_graph_breaks(breaks)
         _echo_search(search)
     if hint:
         click.echo(f"note: {hint}", err=True)

@@ -279,16 +279,21 @@ class ProgressReport:
     On a terminal: one live line (spinner, item i/n, what it is doing and for how long, elapsed, ETA) with
     each finished item's line printed above it. Elsewhere: plain lines, a start line per item, a "still
     <doing>, N s" heartbeat while one phase lasts (at most every `heartbeat_s`), its end line, and a last
-    line for the whole. The ETA is the mean time of the finished items times the items left."""
+    line for the whole. The ETA is the mean time of the finished items times the items left, divided by
+    `parallel` (how many items run at once: one per GPU of a sweep over several).
+
+    Items may overlap (several GPUs): `finish` and `phase` then name the item by its number; the live line
+    and the heartbeat follow the most recently started item still running."""
 
     def __init__(self, total: int | None, label: str, *, noun: str, tag: str, stream: TextIO, live: bool,
-                 heartbeat_s: float) -> None:
+                 heartbeat_s: float, parallel: int = 1) -> None:
         self.total = total
         self.label = label
         self.noun = noun
         self.tag = tag
         self.stream = stream
         self.heartbeat_s = heartbeat_s
+        self.parallel = max(1, parallel)
         self.started = time.monotonic()
         self.durations: list[float] = []
         self.number = 0
@@ -297,6 +302,8 @@ class ProgressReport:
         self.item_started: float | None = None
         self.phase_started = 0.0
         self.last_line = 0.0
+        self._running: dict[int, tuple[str, float]] = {}  # number -> (name, started), items not finished
+        self._names: dict[int, str] = {}  # number -> name, every item started
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._live: Any = None
@@ -321,46 +328,55 @@ class ProgressReport:
             now = time.monotonic()
             self.number, self.name, self.doing = number, name, doing
             self.item_started = self.phase_started = self.last_line = now
+            self._running[number] = (name, now)
+            self._names[number] = name
             if self._live is not None:
                 self._live.update(self._task, description=f"{self._prefix()} {name}")
             else:
                 self._line(f"{self._prefix()} {name}: {doing} ...")
 
-    def phase(self, doing: str) -> None:
-        """The running item moved on to `doing` ('compiling', 'warming up', 'measuring')."""
+    def phase(self, doing: str, number: int | None = None) -> None:
+        """The running item (or item `number`) moved on to `doing` ('compiling', 'warming up', 'measuring');
+        shown for the item the live line follows."""
         with self._lock:
+            if number is not None and number != self.number:
+                return
             if doing != self.doing:
                 self.doing = doing
                 self.phase_started = time.monotonic()
 
-    def finish(self, message: str) -> None:
-        """The running item ended; `message` says how (its end line)."""
+    def finish(self, message: str, number: int | None = None) -> None:
+        """The running item (or item `number`) ended; `message` says how (its end line)."""
         with self._lock:
             now = time.monotonic()
-            took = now - self.item_started if self.item_started is not None else 0.0
+            number = self.number if number is None or number not in self._running else number
+            name, item_started = self._running.pop(number, (self.name, self.item_started))
+            took = now - item_started if item_started is not None else 0.0
             self.durations.append(took)
-            self.item_started = None
+            if number == self.number:
+                self._follow_another()
             eta = self.eta_s()
             tail = format_duration(took) + (f", about {format_duration(eta)} left" if eta else "")
-            self._line(f"{self._prefix()} {self.name}: {message} [{tail}]")
+            self._line(f"{self._prefix(number)} {name}: {message} [{tail}]")
             if self._live is not None:
                 self._live.update(self._task, completed=len(self.durations))
 
-    def note(self, message: str) -> None:
-        """An extra line (a warning) about the current or last item."""
+    def note(self, message: str, number: int | None = None) -> None:
+        """An extra line (a warning) about the current or last item, or item `number`."""
         with self._lock:
-            self._line(f"{self._prefix()} {self.name}: {message}")
+            number = self.number if number is None or number not in self._names else number
+            self._line(f"{self._prefix(number)} {self._names.get(number, self.name)}: {message}")
 
     def eta_s(self) -> float | None:
-        """Seconds left: the finished items' mean time for each item not finished, less the running
-        item's time so far; once that item has run longer than the mean, what the items after it need
-        (None for the last: nothing to estimate from)."""
+        """Seconds left: the finished items' mean time for each item not finished (shared among `parallel`
+        at once), less the running item's time so far; once that item has run longer than the mean, what
+        the items after it need (None for the last: nothing to estimate from)."""
         if not self.durations or self.total is None:
             return None
         left = self.total - len(self.durations)
         if left <= 0:
             return None
-        mean = sum(self.durations) / len(self.durations)
+        mean = sum(self.durations) / len(self.durations) / self.parallel
         running = time.monotonic() - self.item_started if self.item_started is not None else 0.0
         if running < mean:
             return mean * left - running
@@ -384,9 +400,22 @@ class ProgressReport:
             self._line(f"{self.label}: {how} {count} {plural} in {format_duration(time.monotonic() - self.started)}")
 
     # -- inside --
-    def _prefix(self) -> str:
+    def _follow_another(self) -> None:
+        """The followed item ended: follow the newest one still running, if any."""
+        if not self._running:
+            self.item_started = None
+            return
+        self.number = max(self._running, key=lambda n: self._running[n][1])
+        self.name, self.item_started = self._running[self.number]
+        self.phase_started = time.monotonic()
+        self.doing = "running"
+        if self._live is not None:
+            self._live.update(self._task, description=f"{self._prefix()} {self.name}")
+
+    def _prefix(self, number: int | None = None) -> str:
+        number = self.number if number is None else number
         tag = f"{self.tag} " if self.tag else ""
-        return f"[{tag}{self.number}/{self.total}]" if self.total is not None else f"[{tag}{self.number}]"
+        return f"[{tag}{number}/{self.total}]" if self.total is not None else f"[{tag}{number}]"
 
     def _line(self, text: str) -> None:
         self.last_line = time.monotonic()
@@ -437,13 +466,13 @@ class ProgressReport:
 
 @contextmanager
 def progress(total: int | None, label: str, *, noun: str = "item", tag: str = "",
-             heartbeat_s: float | None = None) -> Iterator[ProgressReport]:
+             heartbeat_s: float | None = None, parallel: int = 1) -> Iterator[ProgressReport]:
     """A ProgressReport on stderr for `total` items (None while unknown): live on a terminal, plain
     lines elsewhere. Nothing is written to stdout, so `--json` output stays clean."""
     stream = sys.stderr
     live = _isatty(stream) and os.environ.get("TERM") != "dumb"
     report = ProgressReport(total, label, noun=noun, tag=tag, stream=stream, live=live,
-                            heartbeat_s=HEARTBEAT_S if heartbeat_s is None else heartbeat_s)
+                            heartbeat_s=HEARTBEAT_S if heartbeat_s is None else heartbeat_s, parallel=parallel)
     try:
         yield report
     except BaseException as exc:

@@ -23,6 +23,7 @@ import sqlite_utils
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
 from joulepilot.store.deployments import violated_config_ids
 
+from .bill import tuning_bill
 from .lock import LockWriteError, find_locked, write_lock
 from .resolve import Decision, decision_from_record, decision_record, record_decision, resolve, torch_minor
 from .schema import Policy
@@ -66,10 +67,12 @@ def decide(
     why it was (re)decided. A lock file that cannot be written anywhere does not raise: `lock_error`
     says why, and the stored decision stands (the daemon writes the file again on its next pass).
     `search`: the guided search's summary (controller.guided), kept in the decision's details as `search`.
+    Every decision carries its tuning bill (`policies.bill`): what measuring its workload cost, and its payback.
     """
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     violated = violated_configs(db, policy.name, device_kind) | set(exclude)
     decision = resolve(policy, db, device_kind, model, torch_version=torch_version, exclude=violated)
+    decision.bill = tuning_bill(db, decision)
     outcome = Decided(decision)
     if record and search is None:
         record_decision(db, decision, provenance_key=provenance_key, decided_by=decided_by, reason=reason)

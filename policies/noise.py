@@ -23,8 +23,9 @@ overlap (`break_tie`). A power envelope is checked on the upper end of the avera
 (`upper_bound`), a peak limit on the highest instant power seen.
 
 Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
-`MIN_REPEATS` times, at least two of them in a fresh process (the first run is one); a close call (its
-interval still overlaps a rival's, or straddles a limit) gets one more run at a time up to `MAX_REPEATS`.
+`MIN_REPEATS` times, in at least two processes (a repeat starts a new process and takes the windows
+still needed in it, which costs one compile instead of one per window); a close call (its interval
+still overlaps a rival's, or straddles a limit) gets another process of two windows, up to `MAX_REPEATS`.
 A run flagged with a window warning counts only once the configuration has a clean run (`counted`).
 
 Pure Python: no SQL, no torch, no numpy.
@@ -265,25 +266,26 @@ def repeat_advice(runs: Sequence[RunMark], *, close_call: bool, min_repeats: int
                   max_repeats: int = MAX_REPEATS) -> RepeatAdvice:
     """How many more runs a configuration that contends for the decision needs.
 
-    At least `min_repeats` counted clean runs, at least MIN_FRESH_PROCESSES of them in a fresh process;
-    a close call one more at a time up to `max_repeats` runs in all (flagged and failed runs included
-    in that cap, so a noisy host cannot keep a configuration in the loop forever)."""
+    At least `min_repeats` counted clean runs, from at least MIN_FRESH_PROCESSES processes; a close call
+    two more (another process and a second window in it) up to `max_repeats` runs in all (flagged and
+    failed runs included in that cap, so a noisy host cannot keep a configuration in the loop forever).
+    A repeat always starts a new process (`fresh_process`); `more` runs are its windows, so the runs a
+    contender still needs cost one process start and compile, not one each."""
     total = len(runs)
     if total >= max_repeats:
         return RepeatAdvice(0, False, f"cap of {max_repeats} runs reached")
+    room = max_repeats - total
     clean = [r for r in runs if r.ok and not r.flagged]
-    fresh = sum(1 for r in runs if r.ok and r.fresh_process)
-    need_fresh = fresh < min(MIN_FRESH_PROCESSES, min_repeats)
     if not clean and any(r.ok for r in runs):
-        return RepeatAdvice(1, True, "its runs were flagged with a window warning; they count after a clean repeat")
+        return RepeatAdvice(min(room, max(1, min_repeats - 1)), True,
+                            "its runs were flagged with a window warning; they count after a clean repeat")
     n_counted = len(counted(runs))
+    fresh = sum(1 for r in runs if r.ok and r.fresh_process)
     if n_counted < min_repeats:
-        missing = min(min_repeats - n_counted, max_repeats - total)
-        # Same-process windows are cheaper; the fresh process comes when no run is left to put it off to.
-        fresh_next = need_fresh and missing <= MIN_FRESH_PROCESSES - fresh
-        return RepeatAdvice(missing, fresh_next, f"contender with {n_counted} of {min_repeats} runs")
-    if need_fresh:
+        return RepeatAdvice(min(min_repeats - n_counted, room), True,
+                            f"contender with {n_counted} of {min_repeats} runs")
+    if fresh < min(MIN_FRESH_PROCESSES, min_repeats):
         return RepeatAdvice(1, True, "no repeat in a fresh process yet")
     if close_call:
-        return RepeatAdvice(1, False, f"close call, {total} of at most {max_repeats} runs")
+        return RepeatAdvice(min(2, room), True, f"close call, {total} of at most {max_repeats} runs")
     return RepeatAdvice(0, False, "enough runs")

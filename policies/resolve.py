@@ -3,8 +3,10 @@
 Rules (the README's "How a decision is made" says the same for users):
 
 * Candidates are every allowed configuration: search.modes x search.precisions x search.fusion x
-  search.dynamic x search.regional at the policy's batch size (eager ignores fusion and regional, so
-  it appears once per precision).
+  search.dynamic x search.padding x search.regional at the policy's batch size (eager compiles nothing, so
+  it ignores fusion, dynamic, padding and regional and appears once per precision). Padding is searched
+  only when it changes something: a shape set whose sizes all sit on their buckets runs the same calls
+  either way.
 * A candidate's figures come from its latest ok run of the same workload (spec, batch and shape) on
   the same device kind under the same torch major.minor. Limits are checked against these
   measurements only. A measured figure that a limit needs but the run lacks rejects the candidate:
@@ -32,6 +34,7 @@ Rules (the README's "How a decision is made" says the same for users):
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import math
 import time
@@ -74,7 +77,10 @@ PREDICTED_LIMITS = {"max_avg_power_w": "avg_power_w", "max_p95_latency_ms": "lat
                     "max_compile_s": "compile_s"}
 FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "latency_ms_p50", "latency_ms_p95",
            "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
-           "energy_source", "window_s", "torch_version")
+           "energy_source", "window_s", "torch_version", "device", "compile_energy_gpu_j", "compile_energy_gpu_source",
+           "compile_energy_cpu_j", "compile_energy_cpu_source")
+# Figures taken from the newest counted run rather than a median.
+NEWEST_FIGURES = ("energy_source", "torch_version", "device", "compile_energy_gpu_source", "compile_energy_cpu_source")
 STATES = ("verified", "provisional", "infeasible", "fallback")
 # A configuration whose runs were flagged this many times is not repeated again (the host is noisy).
 REPEAT_LIMIT = 2
@@ -99,6 +105,7 @@ class Candidate:
     amortised_energy_j: float | None = None
     break_even_inferences: float | None = None
     flagged: str | None = None  # the run's "repeat this run" warning, when bench flagged it
+    notes: list[str] = field(default_factory=list)  # marks that reject nothing (a recompile limit hit over a shape set)
     # Over the counted repeats (measured candidates): the median objective and its interval, the
     # interval's larger half-width in percent of the median, how the interval was made, and the runs.
     median: float | None = None
@@ -145,6 +152,9 @@ class Decision:
     # The chosen configuration against the runner-up ("X beats Y by 21% +- 3% ..."), or, when `infeasible`,
     # the shortfall ("lowest measured average power 282 W ... exceeds 250 W by 13%").
     confidence: str = ""
+    # The tuning bill (`policies.bill.tuning_bill`): what the search cost and when the saving pays it back;
+    # None on a decision stored before it was recorded.
+    bill: dict[str, Any] | None = None
 
     @property
     def config_id(self) -> str:
@@ -172,19 +182,19 @@ def candidate_configs(policy: Policy) -> list[Any]:
     """Every allowed configuration, in a stable order, without duplicates."""
     from joulepilot.compiler import CompileConfig
 
+    search = policy.search
+    shapes = getattr(policy, "shapes", None)
+    paddings = search.padding if shapes is not None and shapes.padding_changes_anything else ("none",)
     seen, configs = set(), []
-    for mode in policy.search.modes:
-        for precision in policy.search.precisions:
-            for fusion in policy.search.fusion:
-                for dynamic in policy.search.dynamic:
-                    for regional in policy.search.regional_settings():
-                        eager = mode == "eager"  # compiles nothing: no fusion preset, no regional variant
-                        cfg = CompileConfig(mode=mode, fusion="default" if eager else fusion, precision=precision,
-                                            dynamic=dynamic, batch_size=policy.batch_size,
-                                            regional="" if eager else regional)
-                        if cfg.id not in seen:
-                            seen.add(cfg.id)
-                            configs.append(cfg)
+    for mode, precision, fusion, dynamic, padding, regional in itertools.product(
+            search.modes, search.precisions, search.fusion, search.dynamic, paddings, search.regional_settings()):
+        if mode == "eager":
+            fusion, dynamic, padding, regional = "default", False, "none", ""
+        cfg = CompileConfig(mode=mode, fusion=fusion, precision=precision, dynamic=dynamic, padding=padding,
+                            batch_size=policy.batch_size, regional=regional)
+        if cfg.id not in seen:
+            seen.add(cfg.id)
+            configs.append(cfg)
     return configs
 
 
@@ -199,7 +209,8 @@ def fallback_config(policy: Policy) -> Any:
 def policy_workload_id(policy: Policy) -> str:
     from joulepilot.compiler import workload_id
 
-    return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size)
+    return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size,
+                       getattr(policy, "shapes", None))
 
 
 def run_flag(run: RunRow | Mapping[str, Any]) -> str | None:
@@ -299,11 +310,11 @@ def _intervals(all_repeats: Mapping[str, _Repeats]) -> None:
 
 def _figures(runs: list[RunRow]) -> dict[str, Any]:
     """The figures of a configuration's counted runs: medians, the highest peak power, and the newest
-    run's energy source and torch version."""
+    run's energy source, torch version, device and the sources of its compile energy's parts."""
     out: dict[str, Any] = {}
     for key in FIGURES:
         values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
-        if key in ("energy_source", "torch_version"):
+        if key in NEWEST_FIGURES:
             out[key] = values[0] if values else None
         elif key == "peak_power_w":
             out[key] = max(values) if values else None
@@ -392,7 +403,8 @@ def _key_figures(cand: Candidate | None) -> dict[str, Any]:
     if cand is None or cand.source != "measured":
         return {}
     keep = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "peak_power_w", "compile_s",
-            "compile_energy_j", "max_rel_error", "energy_source", "torch_version")
+            "compile_energy_j", "compile_energy_gpu_j", "compile_energy_gpu_source", "compile_energy_cpu_j",
+            "compile_energy_cpu_source", "max_rel_error", "energy_source", "torch_version")
     return ({k: cand.figures.get(k) for k in keep} | {"run_id": cand.run_id, "median": cand.median,
             "ci_low": cand.ci_low, "ci_high": cand.ci_high, "repeats": cand.repeats})
 
@@ -538,6 +550,9 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             if cand.score is None:
                 cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
             cand.status = "rejected" if cand.reasons else "kept"
+            hit = next((r for r in rep.runs if r.extra.get("recompile_limit_hit")), None)
+            if hit is not None:
+                cand.notes.append(f"run {hit.id}: {hit.extra.get('recompile_warning') or 'hit the recompile limit'}")
             if not rep.clean:
                 newest = rep.runs[0]
                 cand.flagged = run_flag(newest)
@@ -559,9 +574,12 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             compile_s = pred.get("compile_s", (0.0, 0))[0] if cfg.compiles else 0.0
             power = pred.get("avg_power_w", (0.0, 0))[0]
             latency = pred.get("latency_ms_p95", (None, 0))[0]
-            # Compile energy is not a target of its own: predicted compile seconds at predicted power.
-            _amortise(cand, policy, energy, compile_s * power, latency)
-            cand.break_even_inferences = _break_even(compile_s * power, energy, eager_j, not cfg.compiles)
+            # Compile energy (GPU + CPU) as the model predicts it; a model that could not learn it (no run
+            # metered both parts) leaves predicted compile seconds at predicted power.
+            compile_j = (pred["compile_energy_j"][0] if "compile_energy_j" in pred else compile_s * power) \
+                if cfg.compiles else 0.0
+            _amortise(cand, policy, energy, compile_j, latency)
+            cand.break_even_inferences = _break_even(compile_j, energy, eager_j, not cfg.compiles)
             if cand.reasons:
                 cand.status = "rejected"
             else:

@@ -100,7 +100,8 @@ class Search:
     modes: tuple[str, ...] = ("eager", "default")
     precisions: tuple[str, ...] = ("fp32",)
     fusion: tuple[str, ...] = ("default",)
-    dynamic: tuple[bool, ...] = (False,)
+    dynamic: tuple[bool, ...] = (False,)  # (False, True) by default when the policy gives [shapes]
+    padding: tuple[str, ...] = ("none",)  # ("none", "buckets") by default when the policy gives [shapes]
     # How the daemon measures the grid: "guided" (the controller's search: baselines, then what the
     # trade-off model says may win, until nothing can) or "exhaustive" (every configuration).
     strategy: str = "guided"
@@ -144,6 +145,7 @@ class Policy:
     guard: Guard = field(default_factory=Guard)
     seq_len: int | None = None
     image_size: int | None = None
+    shapes: Any = None  # a compiler ShapeSet: the input sizes the model is served with, and their shares
     description: str = ""
     path: str | None = None  # where it was loaded from
     hash: str = ""  # content hash, see load.policy_hash
@@ -239,6 +241,19 @@ def _class_name(value: Any):
         return value.strip(), None
     return None, ("a module class name, e.g. \"BertLayer\" or \"mypkg.model.Block\"", _found(value),
                   "leave regional_block out to compile the most repeated block class")
+def _sizes(value: Any):
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value) and len(set(value)) == len(value):
+        return tuple(value), None
+    return None, ("a non-empty array of distinct positive integers, e.g. [64, 128, 256, 512]", _found(value), "")
+
+
+def _weights(value: Any):
+    if isinstance(value, list) and value and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                 and math.isfinite(v) and v > 0 for v in value):
+        return tuple(float(v) for v in value), None
+    return None, ("a non-empty array of positive numbers, one per size, e.g. [4, 3, 2, 1]", _found(value),
+                  "weights are relative: each size's share of the calls")
 
 
 def _bools(value: Any):
@@ -249,9 +264,10 @@ def _bools(value: Any):
 
 def compiler_vocabulary() -> dict[str, tuple[str, ...]]:
     """Valid modes, precisions and fusion presets, as the compiler core defines them."""
-    from joulepilot.compiler import FUSION_PRESETS, MODES, PRECISIONS
+    from joulepilot.compiler import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS
 
-    return {"modes": tuple(MODES), "precisions": tuple(PRECISIONS), "fusion": tuple(FUSION_PRESETS)}
+    return {"modes": tuple(MODES), "precisions": tuple(PRECISIONS), "fusion": tuple(FUSION_PRESETS),
+            "padding": tuple(PADDINGS)}
 
 
 def schema() -> dict[str, Any]:
@@ -264,6 +280,7 @@ def schema() -> dict[str, Any]:
         "seq_len": _positive_int,
         "image_size": _positive_int,
         "description": _optional_string,
+        "shapes": {"seq_len": _sizes, "image_size": _sizes, "weights": _weights, "buckets": _sizes},
         "objective": {"minimize": _choice(OBJECTIVES), "expected_inferences": _positive_int},
         "limits": {
             "max_avg_power_w": _positive_number,
@@ -278,6 +295,7 @@ def schema() -> dict[str, Any]:
             "precisions": _choices(vocab["precisions"]),
             "fusion": _choices(vocab["fusion"]),
             "dynamic": _bools,
+            "padding": _choices(vocab["padding"]),
             "strategy": _choice(SEARCH_STRATEGIES),
             "budget_s": _positive_number,
             "max_measurements": _positive_int,
@@ -361,6 +379,10 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         problems.append(Problem(file, "search.regional_block", "search.regional to include true",
                                 f"regional = {str(list(search.get('regional', (False,)))).lower()}",
                                 "set regional = [false, true] under [search], or remove regional_block"))
+    shape_set = _shape_set(file, raw, values, tables, problems)
+    if shape_set is not None:
+        search.setdefault("dynamic", (False, True))
+        search.setdefault("padding", ("none", "buckets"))
     if problems:
         raise PolicyError(problems)
 
@@ -370,6 +392,7 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         batch_size=values["batch_size"],
         seq_len=values.get("seq_len"),
         image_size=values.get("image_size"),
+        shapes=shape_set,
         description=values.get("description", ""),
         objective=Objective(**objective),
         limits=Limits(**limits),
@@ -378,3 +401,51 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         guard=Guard(**tables.get("guard", {})),
         path=file if file != "<policy>" else None,
     )
+
+
+def _shape_set(file: str, raw: Mapping[str, Any], values: Mapping[str, Any], tables: Mapping[str, dict[str, Any]],
+               problems: list[Problem]) -> Any:
+    """The [shapes] table as a compiler ShapeSet (None without one), after the checks that span its keys; a
+    problem is appended for each thing wrong. `search.padding = ["buckets"]` needs a shape set to pad."""
+    from joulepilot.compiler import ConfigError, ShapeSet
+    from joulepilot.compiler.shape_set import MAX_SHAPES
+
+    padding = tables.get("search", {}).get("padding", ())
+    if "shapes" not in raw:
+        if "buckets" in padding:
+            problems.append(Problem(file, "search.padding", "'none' only, as the policy has no [shapes] to pad",
+                                    _found(list(padding)), "add a [shapes] table, e.g. seq_len = [64, 128, 256], "
+                                    "or remove 'buckets'"))
+        return None
+    table, given = tables.get("shapes", {}), raw.get("shapes")
+    if not isinstance(given, dict) or any(p.key.startswith("shapes.") for p in problems):
+        return None  # reported where the table or its keys were checked
+    dims = [d for d in ("seq_len", "image_size") if d in table]
+    if len(dims) != 1:
+        problems.append(Problem(file, "shapes", "exactly one of seq_len or image_size, the workload argument "
+                                "that varies", "both" if dims else "neither",
+                                "e.g. [shapes] seq_len = [64, 128, 256, 512]"))
+        return None
+    dim = dims[0]
+    sizes = table[dim]
+    if values.get(dim) is not None:
+        problems.append(Problem(file, dim, f"no top-level {dim} beside [shapes] {dim}", _found(values[dim]),
+                                f"remove the top-level {dim}: the shape set gives the sizes"))
+    if len(sizes) > MAX_SHAPES:
+        problems.append(Problem(file, f"shapes.{dim}", f"at most {MAX_SHAPES} sizes", f"{len(sizes)} sizes",
+                                "each size is measured on its own; keep the sizes that carry most of the calls"))
+    weights = table.get("weights", ())
+    if weights and len(weights) != len(sizes):
+        problems.append(Problem(file, "shapes.weights", f"one weight per size ({len(sizes)})",
+                                f"{len(weights)} weight(s)", f"give as many weights as shapes.{dim} has sizes"))
+    buckets = table.get("buckets", ())
+    if buckets and max(buckets) < max(sizes):
+        problems.append(Problem(file, "shapes.buckets", f"a largest bucket of at least the largest size ({max(sizes)})",
+                                _found(list(buckets)), f"add a bucket of {max(sizes)} or more"))
+    if any(p.key.startswith("shapes") or p.key == dim for p in problems):
+        return None
+    try:
+        return ShapeSet(dim=dim, sizes=tuple(sizes), weights=tuple(weights), buckets=tuple(buckets))
+    except ConfigError as exc:  # every rule above should have caught it; never let one through as a traceback
+        problems.append(Problem(file, "shapes", "a valid shape set", str(exc)))
+        return None

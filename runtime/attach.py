@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-from joulepilot.compiler import CompileConfig, apply_config
+from joulepilot.compiler import CompileConfig, ShapeSet, apply_config
 from joulepilot.compiler.workloads import workload_id as spec_workload_id
 from joulepilot.store import open_db, upsert_devices, upsert_host
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
@@ -83,7 +83,9 @@ def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, 
     batch = setting(policy, "batch_size")
     if not isinstance(spec, str) or batch is None:
         return None
-    return spec_workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"))
+    shapes = setting(policy, "shapes")
+    return spec_workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"),
+                            shapes if isinstance(shapes, ShapeSet) else None)
 
 
 def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:

@@ -218,6 +218,12 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
                 _request_benchmark(pol, kind, torch_version, db)
 
     config = CompileConfig.from_row(applied.config)
+    if config.padding != "none" and getattr(pol, "shapes", None) is not None:
+        buckets = ", ".join(map(str, sorted(set(pol.shapes.run_sizes(config.padding)))))
+        _warn_once(("padding", pol.path or pol.name, config.id),
+                   f"{config.label} was measured with inputs padded to the {pol.shapes.dim} buckets {buckets}; "
+                   "joulepilot.compile does not pad: pad your inputs to those sizes, or the model recompiles "
+                   "for each new size")
     loaded = _load_artifacts(applied, config, dev)
     applied.details["artifacts_loaded"] = loaded is not None
     if loaded is not None:

@@ -2,6 +2,7 @@
 
 from .catalog import config_row, workload_row, workload_rows
 from .commit import commit_run, find_ok_run, run_columns, workload_needs_description
+from .compile_energy import compile_energy_sources, compile_energy_text, complete_compile_energy_j
 from .daemon_state import (
     HeartbeatRow,
     JobRow,
@@ -87,6 +88,9 @@ from .timevalues import iso_utc, parse_since
 from .torchversion import torch_major_minor
 
 __all__ = [
+    "complete_compile_energy_j",
+    "compile_energy_sources",
+    "compile_energy_text",
     "config_row",
     "workload_row",
     "workload_rows",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,20 +176,30 @@ def database_error(target: str | os.PathLike, exc: sqlite3.Error) -> StoreError:
     return StoreError(f"database {target}: {text}")
 
 
+def _write_lock(db: sqlite_utils.Database) -> threading.RLock:
+    """The lock that makes one connection's transactions take turns between this process's threads."""
+    return db.__dict__.setdefault("_joulepilot_write_lock", threading.RLock())  # dict.setdefault is atomic
+
+
 @contextmanager
 def transaction(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
-    """One logical write: everything inside commits together or not at all."""
+    """One logical write: everything inside commits together or not at all.
+
+    A connection used from several threads (the daemon measuring on several GPUs) runs their transactions
+    one after another: without the lock a second thread would find the first one's transaction open and
+    write into it, to be committed or rolled back with work that is not its own."""
     conn = db.conn
-    if conn.in_transaction:
-        yield db  # nested: the outer transaction owns the commit
-        return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR); keep the original error.
+    with _write_lock(db):
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    else:
-        conn.execute("COMMIT")
+            yield db  # nested: the outer transaction (this thread's, as we hold the lock) owns the commit
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR); keep the original error.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")

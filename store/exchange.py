@@ -5,7 +5,9 @@ whose dicts are rows of the matching tables, written in the shape of every joule
 (`jsonvalues.json_output`: objects, booleans, ISO 8601 times with `<name>_epoch` beside). Files with rows
 exactly as stored (epoch floats, JSON text, 0/1) read the same. Importing keeps workload, config and host
 ids, gives runs new ids, and skips a run already present (same workload, config, host, start time and
-device), so importing a file twice, or a file that overlaps, adds each run once.
+device), so importing a file twice, or a file that overlaps, adds each run once. A run exported before
+compile energy was metered in a GPU and a CPU part gets its one figure as its device's part
+(`store.compile_energy.legacy_parts`), as the schema migration does for stored runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import sqlite_utils
 
+from .compile_energy import has_parts, legacy_parts
 from .db import transaction
 from .errors import ExportFormatError
 from .files import write_file_atomic
@@ -83,6 +86,9 @@ def _normalised(db: sqlite_utils.Database, rec: Any, index: int, source: str) ->
             raise ExportFormatError(f"{where}: {part}.{missing[0]} is missing (a {table} row needs "
                                     f"{', '.join(_required(db, table))}); {HOW_TO_EXPORT}")
         out[part] = row
+    run = out["run"]
+    if not has_parts(rec["run"]):  # exported before the CPU part of compiles was metered
+        run.update(legacy_parts(run.get("device"), run.get("compile_energy_j"), run.get("energy_source")))
     for part, column in _LINKS.items():
         if out["run"][column] != out[part]["id"]:
             raise ExportFormatError(f"{where}: run.{column} is {out['run'][column]!r} but {part}.id is "

@@ -16,7 +16,8 @@ import sqlite_utils
 BASELINE_FILTERS = {
     "eager_fp32": "c.mode = 'eager' AND c.precision = 'fp32'",
     "compile_default_fp32": ("c.mode = 'default' AND c.fusion = 'default' AND c.precision = 'fp32' "
-                             "AND c.options IN ('{}', '') AND c.dynamic = 0 AND c.regional = ''"),
+                             "AND c.options IN ('{}', '') AND c.dynamic = 0 AND c.padding = 'none' "
+                             "AND c.regional = ''"),
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlite_utils
 
+from .compile_energy import complete_compile_energy_j
 from .devicekind import device_kind as kind_of
 from .jsonvalues import json_object
 from .records import RUN_LIST_SQL
@@ -62,6 +63,10 @@ class RunRow(StoredRow):
     energy_above_idle_j: float | None = None
     artifacts_path: str | None = None
     warm_start_s: float | None = None
+    compile_energy_gpu_j: float | None = None
+    compile_energy_gpu_source: str | None = None
+    compile_energy_cpu_j: float | None = None
+    compile_energy_cpu_source: str | None = None
     # joined from workloads and configs
     workload: str | None = None
     config_label: str | None = None
@@ -71,6 +76,7 @@ class RunRow(StoredRow):
     options: dict[str, Any] = field(default_factory=dict)
     dynamic: int | None = None
     batch_size: int | None = None
+    padding: str | None = None
     regional: str | None = None
 
     @classmethod
@@ -87,6 +93,11 @@ class RunRow(StoredRow):
     @property
     def torch_minor(self) -> str:
         return torch_major_minor(self.torch_version)
+
+    @property
+    def complete_compile_energy_j(self) -> float | None:
+        """GPU + CPU compile joules when every part was metered, else None (`store.compile_energy`)."""
+        return complete_compile_energy_j(self)
 
     @property
     def ok(self) -> bool:
@@ -155,3 +166,20 @@ def recent_ok_runs(db: sqlite_utils.Database, workload_id: str, provenance_key: 
     return _runs(db, "runs.workload_id = ? AND runs.provenance_key = ? AND runs.status = 'ok' "
                      "AND COALESCE(runs.finished_at, runs.started_at) >= ?",
                  [workload_id, provenance_key, min_finished_at])
+
+
+def daemon_runs(db: sqlite_utils.Database, policy: str | None = None) -> list[RunRow]:
+    """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first. A run whose
+    `extra` is not valid JSON names no policy."""
+    made_for = "(CASE WHEN json_valid(runs.extra) THEN json_extract(runs.extra, '$.policy') END)"
+    if policy is None:
+        return _runs(db, f"{made_for} IS NOT NULL", [])
+    return _runs(db, f"{made_for} = ?", [policy])
+
+
+def runs_by_id(db: sqlite_utils.Database, run_ids: Iterable[int]) -> list[RunRow]:
+    """The stored runs among `run_ids`, newest first (ids not stored are left out)."""
+    ids = sorted({int(i) for i in run_ids})
+    if not ids:
+        return []
+    return _runs(db, f"runs.id IN ({', '.join('?' for _ in ids)})", ids)

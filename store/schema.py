@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from .compile_energy import PART_COLUMNS, legacy_parts
+
 # Version 1 is the first layout ever written; later versions are reached only through MIGRATIONS,
 # so a database from any earlier release opens and is brought forward in place.
 V1 = """
@@ -193,9 +195,24 @@ V4 = """
 ALTER TABLE deployments ADD COLUMN details TEXT;
 """
 
-# Version 5: regional compilation, a configuration knob: '' compiles the whole model (every configuration
-# stored before), 'auto' the most repeated block class, else the named block class.
+# Version 5: the compile window's energy in a GPU part and a CPU part, each with its source
+# (`store.compile_energy`); `compile_energy_j` stays their sum. Older runs keep their one figure as the part
+# of their device, the other part NULL ("not metered").
 V5 = """
+ALTER TABLE runs ADD COLUMN compile_energy_gpu_j REAL;
+ALTER TABLE runs ADD COLUMN compile_energy_gpu_source TEXT;
+ALTER TABLE runs ADD COLUMN compile_energy_cpu_j REAL;
+ALTER TABLE runs ADD COLUMN compile_energy_cpu_source TEXT;
+"""
+
+# Version 6: how a configuration meets a set of input shapes ('none' | 'buckets': pad to shape buckets).
+V6 = """
+ALTER TABLE configs ADD COLUMN padding TEXT NOT NULL DEFAULT 'none';
+"""
+
+# Version 7: regional compilation, a configuration knob: '' compiles the whole model (every configuration
+# stored before), 'auto' the most repeated block class, else the named block class.
+V7 = """
 ALTER TABLE configs ADD COLUMN regional TEXT NOT NULL DEFAULT '';
 """
 
@@ -211,6 +228,17 @@ def _script(sql: str) -> Migration:
     return apply
 
 
+def _v5(conn: sqlite3.Connection) -> None:
+    _script(V5)(conn)
+    rows = conn.execute("SELECT id, device, compile_energy_j, energy_source FROM runs"
+                        " WHERE compile_energy_j IS NOT NULL").fetchall()
+    updates = []
+    for run_id, device, compile_energy_j, energy_source in rows:
+        parts = legacy_parts(device, compile_energy_j, energy_source)
+        updates.append([parts[c] for c in PART_COLUMNS] + [run_id])
+    conn.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in PART_COLUMNS)} WHERE id = ?", updates)
+
+
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _script(V5)]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6), _script(V7)]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -4,6 +4,7 @@ temporary directory of its own."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -11,6 +12,11 @@ import tempfile
 # test often runs two torch processes at once (pytest and a worker, a daemon and its worker) on a small machine,
 # where spinning OpenMP threads only fight over the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor checks which vector instruction sets the C++ compiler can build by compiling and loading a test program
+# for each (about 7 s of CPU), in every fresh cache folder, so in every real compile here (each worker gets its
+# own). Told that the CPU's flags can be trusted, it picks the same instruction set without those builds; the
+# compiles the tests are about still run, C++ kernels included. Set it to 0 to have the checks back.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest  # noqa: E402
 from daemon_factories import use_fake_worker  # noqa: E402
@@ -97,3 +103,14 @@ def fake_worker(monkeypatch):
     """Every worker this test starts (in-process `bench`, or a daemon or CLI subprocess, which inherit the
     environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
     return use_fake_worker(monkeypatch)
+
+
+@pytest.fixture
+def restore_logging():
+    """The `joulepilot` logger as it was before the test: the daemon, run in this process, sets it up."""
+    logger = logging.getLogger("joulepilot")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate

@@ -16,7 +16,12 @@ WARMUP_MAX_S (an eager model is steady after a few calls) and makes the latency 
 least ten calls); the energy window keeps the job's `min_seconds`. It samples power at most SAMPLE_HZ times a
 second: the 10 Hz sampler thread slows the built-in models' sub-millisecond CPU calls by up to 40 % in the window,
 so most runs would be flagged "repeat this run" and the daemon would repeat them, which the tests using this
-worker are not about. Each result says in `extra.fake_worker` that it came from here.
+worker are not about. Each result says in `extra.fake_worker` that it came from here, and in
+`extra.fake_worker_env` the scheduling variables it was started with (compile threads, GPU order).
+
+A job for a GPU (`cuda:N`) on a host without one (this CPU-only machine) runs its model on the CPU and meters
+NVML's GPU N, which is then the NVML fake of the test (`fake_pynvml.subprocess_env`): the scheduling tests
+see each measurement metered on its own fake GPU's counter.
 """
 
 from __future__ import annotations
@@ -68,14 +73,29 @@ def eager_compile(model: Any = None, **kwargs: Any) -> EagerStandIn:
     return EagerStandIn(model, fake_compile_s(), kwargs)
 
 
+SCHEDULING_ENV = ("TORCHINDUCTOR_COMPILE_THREADS", "CUDA_DEVICE_ORDER")
+
+
+def _meter_gpu_for_cpu_model(job: dict[str, Any]) -> None:
+    """A GPU job without a GPU: the model on the CPU, the energy from the GPU's NVML counter (the fake's)."""
+    gpu = str(job.get("device") or "")
+    if not gpu.startswith("cuda") or torch.cuda.is_available():
+        return
+    job["device"] = "cpu"
+    real_open_meter = worker._open_meter
+    worker._open_meter = lambda _device, sample_hz: real_open_meter(gpu, sample_hz)
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     job = dict(job)
+    _meter_gpu_for_cpu_model(job)
     job["warmup_max_s"] = min(float(job.get("warmup_max_s") or WARMUP_MAX_S), WARMUP_MAX_S)
     job["latency_s"] = min(float(job.get("latency_s") or LATENCY_S), LATENCY_S)
     job["sample_hz"] = min(float(job.get("sample_hz") or SAMPLE_HZ), SAMPLE_HZ)
     result = real_run_job(job)
     if isinstance(result.get("extra"), dict):
         result["extra"]["fake_worker"] = NOTE
+        result["extra"]["fake_worker_env"] = {name: os.environ.get(name) for name in SCHEDULING_ENV}
     return result
 
 

@@ -85,13 +85,17 @@ def test_every_stored_field(sweep):
     db = open_db(sweep["db_path"])
     rows = {r["id"]: r for r in list_runs(db)}
     assert sorted(rows) == sorted(r["run_id"] for r in sweep["runs"])
-    may_be_null = {"reason", "driver_version", "triton_version", "artifacts_path", "warm_start_s"}
+    # A CPU run's compile has no GPU part: its compile energy is all CPU (`compile_energy_cpu_*`).
+    may_be_null = {"reason", "driver_version", "triton_version", "artifacts_path", "warm_start_s",
+                   "compile_energy_gpu_j", "compile_energy_gpu_source"}
     for run in sweep["runs"]:
         row = rows[run["run_id"]]
         for column in db["runs"].columns_dict:
             if column not in may_be_null:
                 assert row[column] is not None, column
         assert row["device"] == "cpu" and row["device_name"]
+        assert row["compile_energy_gpu_j"] is None and row["compile_energy_cpu_source"] == "estimate"
+        assert row["compile_energy_j"] == pytest.approx(row["compile_energy_cpu_j"])
         assert row["torch_version"].startswith("2.") and row["joulepilot_version"]
         assert len(row["provenance_key"]) == 16
         assert row["finished_at"] > row["started_at"]

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -87,16 +86,6 @@ def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monke
     assert any(line.startswith("[1/1] eager/fp32/b1: ok, compile ") for line in err)
     assert err[-1].startswith("bench: done, 1/1 configuration in ")
     assert "[1/1]" not in result.stdout
-
-
-@pytest.fixture
-def restore_logging():
-    logger = logging.getLogger("joulepilot")
-    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
 
 
 def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging, fake_worker):

@@ -70,7 +70,10 @@ def all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> bool:
 def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fake_worker, own_tmpdir):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
-    write_policy(policies, "mlp", modes=("eager",), precisions=("fp32", "bf16"))
+    # The restart must find the first job's run current: a workload whose calls a busy machine cannot get
+    # flagged "repeat this run" (which would make the restart measure it again).
+    write_policy(policies, "mlp", workload=f"{TESTS_DIR / 'workload_factories.py'}:steady", modes=("eager",),
+                 precisions=("fp32", "bf16"))
     (policies / "broken.toml").write_text('name = "broken"\nworkload = "mlp"\nbatch_size = 8\nobjectiv = 1\n')
     config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
 

@@ -1,24 +1,38 @@
 """The daemon for real: policy folder -> measured runs (the first through a real Inductor compile), decisions,
-lock files."""
+lock files. The first pass is a daemon process of its own; the passes after it, about what the daemon redoes,
+run the same command in this process (`joulepilot daemon --once` through click), which saves a process start
+with its imports per pass and checks the same summary, log and store."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
-import sys
 
+from click.testing import CliRunner
 from daemon_factories import TESTS_DIR, daemon_cmd, query, use_fake_worker, write_daemon_config, write_policy
 from joulepilot.policies import read_lock, torch_minor
 from joulepilot.policies.resolve import REPEAT_LIMIT
 from joulepilot.store import open_db
 from joulepilot.store.daemon_state import add_request
 
+from joulepilot.cli import main
 
-def once(config, *extra):
-    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json", *extra), capture_output=True,
+
+def once_in_a_process(config):
+    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json"), capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
+
+
+def once(config):
+    """The same pass in this process. The daemon logs to the stderr it finds when it first configures logging;
+    each pass here gets a stderr of its own, so its handler is set up again."""
+    logging.getLogger("joulepilot").handlers.clear()
+    result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return json.loads(result.stdout), result.stderr
 
 
 def flagged(db) -> bool:
@@ -28,13 +42,12 @@ def flagged(db) -> bool:
 
 
 def status(db):
-    proc = subprocess.run([sys.executable, "-m", "joulepilot", "status", "--db", str(db), "--json"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    result = CliRunner().invoke(main, ["status", "--db", str(db), "--json"])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return json.loads(result.stdout)
 
 
-def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, monkeypatch):
+def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, monkeypatch, restore_logging):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     # One compiled configuration keeps this test quick; cheapest-first ordering is tested in the units
@@ -45,7 +58,7 @@ def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, 
     config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
 
     # Pass 1: nothing known -> a measurement (a real Inductor compile), a decision, a lock file.
-    summary, _ = once(config)
+    summary, _ = once_in_a_process(config)
     assert summary["stale"] == [{"policy": "mlp", "reason": "no decision yet"}]
     assert summary["enqueued"] == 1 and summary["runs_ok"] == 1 and summary["runs_failed"] == 0
     assert [d["policy"] for d in summary["decided"]] == ["mlp"]

@@ -337,6 +337,22 @@ def test_runner_cancel_kills_the_whole_tree(tmp_path, monkeypatch):
     assert runner.run(lambda stop, started: pytest.fail("started after a stop")).kind == "stopped"
 
 
+def test_runner_returns_as_soon_as_the_worker_ends(tmp_path, monkeypatch):
+    from joulepilot.compiler import runner, worker_budget
+
+    _fake_worker(tmp_path, monkeypatch, "quick", """
+        import json, sys
+        job = json.load(open(sys.argv[1]))
+        json.dump({"status": "ok"}, open(job["result_path"], "w"))
+    """)
+    # The parent looks at a running worker's phases every POLL_S; its end must not wait for the next look.
+    monkeypatch.setattr(runner, "POLL_S", 30.0)
+    t0 = time.monotonic()
+    result = runner.run_worker_job({}, budget=worker_budget(60, 1))
+    assert result["status"] == "ok"
+    assert time.monotonic() - t0 < 15
+
+
 def test_runner_preempts_when_production_load_returns(tmp_path, monkeypatch):
     from joulepilot.compiler import worker_budget
     from joulepilot.compiler.runner import run_worker_job

@@ -149,6 +149,7 @@ SERVE_SCRIPT = textwrap.dedent("""
     with torch.no_grad():
         while time.monotonic() < t_end:
             dep(x)
+            time.sleep(0.005)  # served at a steady pace rather than flat out: the windows are the point, not the load
     print(dep.inferences, flush=True)
 """)
 

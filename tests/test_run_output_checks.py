@@ -1,11 +1,12 @@
 """What a run reports about the model's output and graph: the numerical check when there is nothing to
-compare, and graph breaks counted as torch._dynamo.explain counts them. The worker runs in this process
+compare, and graph breaks, each with its place in the code. The worker runs in this process
 on the CPU; the compiled configuration uses Dynamo's "eager" backend, since the count is the point and an
 Inductor compile would only add time."""
 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_worker_records_why_an_output_was_not_checked(fresh_dynamo):
     assert result["extra"]["numeric_check"] == "no tensors in the output: nothing to compare"
 
 
-def test_graph_breaks_are_counted_as_dynamo_explain_counts_them(fresh_dynamo, monkeypatch):
+def test_graph_breaks_are_counted_and_placed(fresh_dynamo, monkeypatch):
     workload = load_workload(f"{MODELS}:print_and_branch", batch_size=2)
     explained = torch._dynamo.explain(workload.model)(*workload.example_inputs)
     assert explained.graph_break_count == 2  # the print() and the data-dependent branch
@@ -71,7 +72,18 @@ def test_graph_breaks_are_counted_as_dynamo_explain_counts_them(fresh_dynamo, mo
     assert result["status"] == "ok", result.get("reason")
     assert result["graph_breaks"] == explained.graph_break_count
     assert result["recompiles"] == 0
-    reasons = result["extra"]["graph_break_reasons"]
-    assert len(reasons) == 2 and all(r.startswith("output_models.py:") for r in reasons)
-    assert any("`print`" in r for r in reasons)
+    places = result["extra"]["graph_breaks"]  # as `joulepilot doctor` lists them (tests/test_doctor.py)
+    assert [(Path(b["file"]).name, b["function"], b["kind"]) for b in places] == [
+        ("output_models.py", "forward", "print"), ("output_models.py", "forward", "data_dependent_branch")]
     assert result["max_rel_error"] == 0.0 and "numeric_check" not in result["extra"]
+
+
+def test_an_eager_run_counts_zero_compiles_without_importing_dynamo(monkeypatch):
+    """A worker that compiled nothing never imported Dynamo, whose import alone takes about a second of CPU:
+    its graph and cache counts are zeros without it. (Dynamo's import is blocked here: a run that needed it
+    would fail.)"""
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", None)
+    result = run_job(_job("print_and_branch", CompileConfig(mode="eager")))
+    assert result["status"] == "ok", result.get("reason")
+    assert result["graph_breaks"] == 0 and result["recompiles"] == 0
+    assert result["extra"]["dynamo_frames_first_call"] == 0 and result["extra"]["compile_caches"] == {}

@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 H200 = DATA / "gpu_sweep_h200.json"
 SYNTHETIC = DATA / "synthetic_sweep.json"
+# The replays (seconds of CPU each) are computed once per module: keep its tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("search_replay")
+
 KEYS = {"workload", "scenario", "grid", "measured", "cost_s", "exhaustive_cost_s", "chosen", "oracle", "regret"}
 
 
@@ -144,10 +147,10 @@ def test_oracle_regret_and_exhaustive_cost_follow_their_definitions(replays, pat
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "missed at seed 0 in 4 of 16 scenarios (resnet50 power_p25 85%, vit_b_16 power_p50 5.4%, BERT power_p25 "
-    "8.3%, BERT power_p50 7.0%): in the first three the oracle's recorded runs straddle the envelope (its median "
-    "is within the limit, its upper bound is not), which the issue's own envelope rule rejects; in the fourth two "
-    "configurations' runs overlap and the issue's tie-break picks the lower-power one, 7% worse by the medians"))
+    "missed at seed 0 in 4 of 16 scenarios (resnet50 power_p25 85%, resnet50 power_p75 7.1%, vit_b_16 power_p50 "
+    "12%, BERT power_p25 8.3%): in each the oracle's recorded runs straddle the envelope (its median is within "
+    "the limit, its upper bound is not, which the issue's own envelope rule rejects) or the chosen "
+    "configuration's runs overlap the oracle's, so the tie-break decides (see the next test)"))
 def test_h200_grids_meet_the_2pct_regret_target_in_every_scenario(replays):
     small = [s for s in replays[H200]["scenarios"] if 6 <= s["grid"] <= 10]
     assert small

@@ -194,3 +194,40 @@ def test_json_columns_and_strict_json():
     assert json_column(None, []) == []
     assert json_safe({"x": float("nan"), "y": [1.5, float("inf")], "z": (2,)}) == {"x": None, "y": [1.5, None],
                                                                                   "z": [2]}
+
+
+def test_threads_sharing_one_connection_write_whole_runs_one_after_another(db):
+    """A process that stores from several threads (the daemon's measurements on several GPUs) through one
+    connection: each transaction is its own, none joins another's, and every run is stored once."""
+    import threading
+
+    from joulepilot.store import commit_run
+
+    _seed(db)
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def store(thread: int) -> None:
+        try:
+            start.wait()
+            for i in range(15):
+                commit_run(db, {"workload_id": "w1", "config_id": "c1", "host_id": "h1", "device": f"cuda:{thread}",
+                                "status": "ok", "started_at": 2000.0 + i, "finished_at": 2001.0 + i},
+                           [(0.1 * k, f"gpu:{thread}", 100.0 + k) for k in range(20)])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=store, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    counts = {r[0]: r[1] for r in db.execute("SELECT device, COUNT(*) FROM runs WHERE started_at >= 2000 "
+                                             "GROUP BY device").fetchall()}
+    assert counts == {f"cuda:{n}": 15 for n in range(8)}
+    # every run has all of its samples, none of another run's
+    per_run = db.execute("SELECT runs.device, power_samples.device, COUNT(*) FROM runs JOIN power_samples "
+                         "ON power_samples.run_id = runs.id WHERE runs.started_at >= 2000 GROUP BY runs.id").fetchall()
+    assert len(per_run) == 120 and all(f"gpu:{run_device[5:]}" == sample_device and n == 20
+                                       for run_device, sample_device, n in per_run)

@@ -23,6 +23,9 @@ from joulepilot.store import import_runs, read_export
 from joulepilot.cli import main
 
 SWEEP = Path(__file__).parent / "data" / "synthetic_sweep.json"
+# The sweep's runs predate the CPU part of compile energy (GPU part only), so compile energy is not learnt
+# from them (tests/test_compile_energy_model.py covers it); every other target is.
+SWEEP_TARGETS = set(TARGETS) - {"compile_energy_j"}
 
 
 @pytest.fixture
@@ -33,12 +36,12 @@ def sweep(db):
 
 def test_fit_predicts_every_target_with_finite_uncertainty(sweep):
     model = fit(sweep)
-    assert set(model.forests) == set(TARGETS)
+    assert set(model.forests) == SWEEP_TARGETS
     row = next(iter(sweep.query("SELECT * FROM workloads WHERE spec = 'torchvision:resnet50'")))
     eager = model.predict(row, CompileConfig("eager", batch_size=32), "NVIDIA H200")
     bf16 = model.predict(row, CompileConfig("default", precision="bf16", batch_size=32), "NVIDIA H200")
     for pred in (eager, bf16):
-        assert set(pred) == set(TARGETS)
+        assert set(pred) == SWEEP_TARGETS
         for mean, std in pred.values():
             assert math.isfinite(mean) and math.isfinite(std) and std >= 0 and mean >= 0
     # what the data says: compiled bf16 spends less energy and power than eager fp32, and takes longer to compile
@@ -57,7 +60,7 @@ def test_unseen_device_and_knob_values_still_predict(sweep):
 
 def test_grouped_cross_validation_holds_out_whole_workloads(sweep):
     scores = cross_validate(sweep)
-    assert set(scores) == set(TARGETS)
+    assert set(scores) == SWEEP_TARGETS
     for target, m in scores.items():
         assert m["workloads"] == 4 and m["folds"] == 4 and m["n"] == 56
         assert 0 <= m["mape"] < 1.0, target  # within a factor of two on workloads it never saw
@@ -105,7 +108,7 @@ def test_cli_fit_and_frontier(sweep, tmp_path):
     assert out.exit_code == 0, out.output
     assert "MAPE %" in out.output and "energy_j_per_inference" in out.output
     data = json.loads(runner.invoke(main, ["fit", "--db", db_path, "--json"]).output)
-    assert set(data["cross_validation"]) == set(TARGETS)
+    assert set(data["cross_validation"]) == SWEEP_TARGETS
     png = tmp_path / "f.png"
     out = runner.invoke(main, ["frontier", "transformers:BertConfig", "--db", db_path, "--plot", str(png), "--json"])
     assert out.exit_code == 0, out.output

@@ -90,6 +90,14 @@ def model_only():
     return WithExampleInputs()
 
 
+def steady(batch_size: int = 1):
+    """Forward calls of several milliseconds (fp32 or bf16): long enough that a busy machine slows the latency
+    pass as much as the energy window, so that contention alone does not get a run flagged "repeat this run"
+    (a sub-millisecond call is timed between preemptions in the latency pass but not in the window)."""
+    torch.manual_seed(0)
+    return nn.Linear(1024, 1024).eval(), (torch.randn(64 * batch_size, 1024),)
+
+
 def linear(batch_size: int = 1, features: int = 32):
     return nn.Linear(features, features), (torch.randn(batch_size, features),)
 

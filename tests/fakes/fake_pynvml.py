@@ -10,11 +10,18 @@ Same function names, constants, error codes and NVMLError subclass hierarchy as 
 Every call is recorded in `state().calls`; nvmlDeviceSet* calls are recorded and refused.
 
 Use: `gpu = FakeGpu(power_w=lambda t: ...)`, `fake = install(monkeypatch, [gpu])`.
+
+Processes a test starts (a daemon, benchmark workers) get the same GPUs through `subprocess_env(gpus)`:
+its variables put tests/fakes/nvml_shim first on PYTHONPATH, whose `pynvml` is this module simulating the
+GPUs described in JOULEPILOT_FAKE_GPUS (constant power; each process has its own clock and counters).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 import string
 import sys
 import threading
@@ -156,6 +163,7 @@ class FakeNvml:
         self.refcount = 0
         self.calls: list[str] = []
         self._lock = threading.Lock()
+        self._refcount_lock = threading.Lock()  # nvmlInit/nvmlShutdown are thread-safe in the real library
         self._cum: list[list[float]] = [[0.0] for _ in gpus]  # cumulative J at k*DT
 
     def now(self) -> float:
@@ -191,6 +199,31 @@ def install(monkeypatch, gpus: list[FakeGpu] | None = None, **kwargs) -> FakeNvm
     return _state
 
 
+GPUS_ENV = "JOULEPILOT_FAKE_GPUS"
+SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_shim")
+_SUBPROCESS_FIELDS = ("name", "uuid", "power_w", "utilization_pct", "processes", "counter_step_s", "power_limit_w")
+
+
+def subprocess_env(gpus: list[FakeGpu], *, call_latency_s: float = 0.0035) -> dict[str, str]:
+    """Environment variables under which `import pynvml` in a process this test starts is this fake with
+    `gpus` (their constant power, utilisation and processes as they are now) and real NVML's 3-4 ms calls."""
+    for gpu in gpus:
+        if callable(gpu.power_w):
+            raise ValueError("a GPU simulated in another process needs a constant power_w")
+    spec = {"call_latency_s": call_latency_s,
+            "gpus": [{k: v for k, v in dataclasses.asdict(g).items() if k in _SUBPROCESS_FIELDS} for g in gpus]}
+    path = [SHIM_DIR, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != SHIM_DIR]]
+    return {GPUS_ENV: json.dumps(spec), "PYTHONPATH": os.pathsep.join(path)}
+
+
+def install_from_env() -> FakeNvml:
+    """In a process a test started: simulate the GPUs of JOULEPILOT_FAKE_GPUS (see `subprocess_env`)."""
+    global _state
+    spec = json.loads(os.environ[GPUS_ENV])
+    _state = FakeNvml([FakeGpu(**g) for g in spec["gpus"]], call_latency_s=float(spec.get("call_latency_s", 0.0)))
+    return _state
+
+
 def state() -> FakeNvml:
     assert _state is not None, "call fake_pynvml.install() first"
     return _state
@@ -217,7 +250,8 @@ def nvmlInit() -> None:
     s.calls.append("nvmlInit")
     if s.init_error is not None:
         raise NVMLError(s.init_error)
-    s.refcount += 1
+    with s._refcount_lock:
+        s.refcount += 1
 
 
 def nvmlInitWithFlags(flags: int) -> None:
@@ -226,7 +260,8 @@ def nvmlInitWithFlags(flags: int) -> None:
 
 def nvmlShutdown() -> None:
     _enter("nvmlShutdown")
-    state().refcount -= 1
+    with state()._refcount_lock:
+        state().refcount -= 1
 
 
 def nvmlSystemGetDriverVersion() -> str:

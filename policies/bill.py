@@ -1,0 +1,357 @@
+"""The tuning bill: what measuring cost, and after how many calls a decision's saving pays it back.
+
+What "spent measuring" is, per stored run (the README's "The tuning bill" says the same for users):
+- seconds: the whole daemon job that made the run (`extra.job_wall_s`: worker start-up, the idle
+  baseline, building the model, the eager reference, compile, warm-up, latency pass, energy window,
+  saving artifacts, describing the workload); where no job was recorded (a run made by `bench`), the
+  worker's own run, `finished_at - started_at`;
+- metered joules: the first (compiling) call, `compile_energy_j`, and the energy window, `energy_j`,
+  as the run's meter read them; they carry the run's `energy_source` (`nvml`, `rapl`, or `estimate`
+  where no counter could be read);
+- estimated joules, always labelled `estimate`, for the seconds no meter read: warm-up and the latency
+  pass at the window's average power (they make the same calls), everything else at the run's idle
+  power. A failed run had nothing metered: all its seconds are at idle power, the median idle power
+  of the other runs billed with it where it has none. Seconds with no power to price them are
+  counted as `unpriced_s`, never guessed.
+The bill's energy is metered + estimated, and its `source` names every source in it ("nvml+estimate").
+A measurement stopped before it ended (the daemon was stopped, production load came back) stored no
+run and is not billed.
+
+Payback: the saving per call is the baseline's median J per call less the applied configuration's,
+both as the resolver counts runs (medians over counted repeats on the decision's device kind and
+torch). The baseline is what would run without tuning: stock `torch.compile` (mode default, fp32)
+when it is measured, else eager fp32. The search pays back after `search energy / saving` calls;
+where nothing is saved (the decision keeps the baseline, or costs more per call) it never pays back.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlite_utils
+from joulepilot.store.runs import RunRow, workload_runs
+
+ESTIMATE = "estimate"
+BASELINES = (("default", "stock compile default fp32"), ("eager", "eager fp32"))
+PAYS_BACK, NEVER, UNKNOWN = "pays_back", "never", "unknown"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+@dataclass
+class RunCost:
+    """What one run cost: its seconds and the parts of them that were metered, loaded or idle."""
+
+    run_id: int | None
+    ok: bool
+    seconds: float
+    seconds_basis: str  # 'job' (the daemon's whole job) | 'run' (the worker's run) | 'phases' (their sum)
+    metered_j: float | None  # compile call + energy window, as the meter read them
+    metered_s: float
+    metered_source: str | None
+    loaded_s: float  # warm-up and latency pass: the same calls as the window, not metered
+    loaded_w: float | None  # the window's average power
+    idle_s: float  # everything else
+    idle_w: float | None  # the run's idle power, None when it has none
+
+    def estimated_j(self, fallback_idle_w: float | None) -> tuple[float, float]:
+        """(estimated joules, unpriced seconds): loaded seconds at the window's power, the rest at the
+        run's idle power (else `fallback_idle_w`)."""
+        joules, unpriced = 0.0, 0.0
+        if self.loaded_s > 0:
+            if self.loaded_w is None:
+                unpriced += self.loaded_s
+            else:
+                joules += self.loaded_s * self.loaded_w
+        idle_w = self.idle_w if self.idle_w is not None else fallback_idle_w
+        if self.idle_s > 0:
+            if idle_w is None:
+                unpriced += self.idle_s
+            else:
+                joules += self.idle_s * idle_w
+        return joules, unpriced
+
+
+def _latency_pass_s(extra: Mapping[str, Any]) -> float:
+    calls, mean_ms = _number(extra.get("latency_calls")), _number(extra.get("latency_ms_mean"))
+    return calls * mean_ms / 1000.0 if calls and mean_ms else 0.0
+
+
+def run_cost(run: RunRow) -> RunCost:
+    """The cost of one stored run (see the module docstring)."""
+    extra = run.extra or {}
+    phases = [_number(v) for v in (run.compile_s, run.warmup_s, run.window_s)]
+    job_s = _number(extra.get("job_wall_s"))
+    started, finished = _number(run.started_at), _number(run.finished_at)
+    if job_s is not None:
+        seconds, basis = job_s, "job"
+    elif started is not None and finished is not None and finished >= started:
+        seconds, basis = finished - started, "run"
+    else:
+        seconds, basis = sum(p for p in phases if p is not None), "phases"
+    compile_j, window_j = _number(run.compile_energy_j), _number(run.energy_j)
+    metered_s = ((phases[0] or 0.0) if compile_j is not None else 0.0) + \
+        ((phases[2] or 0.0) if window_j is not None else 0.0)
+    metered = None if compile_j is None and window_j is None else (compile_j or 0.0) + (window_j or 0.0)
+    source = run.energy_source
+    if source is None and compile_j is not None:
+        sources = (extra.get("compile_window") or {}).get("sources") if isinstance(extra.get("compile_window"),
+                                                                                   Mapping) else None
+        source = "+".join(sources) if isinstance(sources, list) and sources else None
+    loaded_s = (phases[1] or 0.0) + _latency_pass_s(extra)
+    loaded_s = min(loaded_s, max(0.0, seconds - metered_s))
+    return RunCost(run_id=run.id, ok=run.ok, seconds=seconds, seconds_basis=basis, metered_j=metered,
+                   metered_s=metered_s, metered_source=source, loaded_s=loaded_s, loaded_w=_number(run.avg_power_w),
+                   idle_s=max(0.0, seconds - metered_s - loaded_s), idle_w=_number(run.idle_power_w))
+
+
+def joined_sources(*groups: Iterable[str | None]) -> str | None:
+    """'nvml+estimate' from the sources of several figures: each named once, `estimate` last."""
+    names: set[str] = set()
+    for group in groups:
+        for source in group:
+            if source:
+                names.update(part for part in str(source).split("+") if part)
+    if not names:
+        return None
+    return "+".join(sorted(names - {ESTIMATE}) + ([ESTIMATE] if ESTIMATE in names else []))
+
+
+@dataclass
+class MeasuringBill:
+    """The seconds and joules a set of runs cost (see the module docstring)."""
+
+    runs: int = 0
+    failed_runs: int = 0
+    seconds: float = 0.0
+    metered_j: float = 0.0
+    metered_source: str | None = None
+    estimated_j: float = 0.0
+    unpriced_s: float = 0.0
+    run_ids: list[int] = field(default_factory=list)
+
+    @property
+    def energy_j(self) -> float:
+        return self.metered_j + self.estimated_j
+
+    @property
+    def source(self) -> str | None:
+        return joined_sources([self.metered_source], [ESTIMATE] if self.estimated_j > 0 else [])
+
+    def to_dict(self, *, run_ids: bool = False) -> dict[str, Any]:
+        out = {"runs": self.runs, "failed_runs": self.failed_runs, "seconds": round(self.seconds, 3),
+               "energy_j": self.energy_j, "source": self.source, "metered_j": self.metered_j,
+               "metered_source": self.metered_source, "estimated_j": self.estimated_j,
+               "estimated_source": ESTIMATE, "unpriced_s": round(self.unpriced_s, 3)}
+        return (out | {"run_ids": list(self.run_ids)}) if run_ids else out
+
+
+def bill_of(runs: Iterable[RunRow]) -> MeasuringBill:
+    """What `runs` cost together. A run with no idle power of its own is priced at the median idle
+    power of the others."""
+    costs = [run_cost(r) for r in runs]
+    idle = [c.idle_w for c in costs if c.idle_w is not None]
+    fallback_idle_w = statistics.median(idle) if idle else None
+    bill = MeasuringBill()
+    for cost in costs:
+        bill.runs += 1
+        bill.failed_runs += 0 if cost.ok else 1
+        bill.seconds += cost.seconds
+        bill.metered_j += cost.metered_j or 0.0
+        estimated, unpriced = cost.estimated_j(fallback_idle_w)
+        bill.estimated_j += estimated
+        bill.unpriced_s += unpriced
+        if cost.run_id is not None:
+            bill.run_ids.append(cost.run_id)
+    bill.metered_source = joined_sources(c.metered_source for c in costs if c.metered_j)
+    return bill
+
+
+# -- words ------------------------------------------------------------------------------------------
+_ENERGY_UNITS = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"), (1e-3, "mJ"), (1e-6, "µJ"))
+
+
+def energy_text(joules: float | None) -> str:
+    """0.47 -> '0.47 J', 41234 -> '41.2 kJ' (three significant digits)."""
+    if joules is None or not math.isfinite(joules):
+        return "-"
+    if joules == 0:
+        return "0 J"
+    for scale, unit in _ENERGY_UNITS:
+        if abs(joules) >= scale * 0.9995:
+            return f"{joules / scale:.3g} {unit}"
+    return f"{joules / 1e-9:.3g} nJ"
+
+
+def duration_text(seconds: float | None) -> str:
+    """42 -> '42 s', 186 -> '3.1 min', 11160 -> '3.1 hours', 216000 -> '2.5 days'."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    for size, unit in ((86400.0, "days"), (3600.0, "hours"), (60.0, "min")):
+        if seconds >= size:
+            return f"{seconds / size:.2g} {unit}" if seconds / size < 10 else f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def calls_text(calls: float | None) -> str:
+    """Calls to three significant digits, grouped: 87234.5 -> '87,200'; counts under 1,000 rounded up."""
+    if calls is None or not math.isfinite(calls):
+        return "-"
+    if calls < 1000:
+        return f"{math.ceil(calls):,}"
+    digits = 2 - math.floor(math.log10(calls))
+    return f"{round(calls, digits):,.0f}"
+
+
+def bill_text(bill: Mapping[str, Any]) -> str:
+    """'41.2 kJ over 7 runs, 6.2 min: 38.1 kJ in compile calls and energy windows (nvml), 3.1 kJ estimated
+    for the rest of the jobs (estimate)'."""
+    parts = []
+    if bill["metered_j"]:
+        parts.append(f"{energy_text(bill['metered_j'])} in compile calls and energy windows "
+                     f"({bill['metered_source']})")
+    if bill["estimated_j"]:
+        parts.append(f"{energy_text(bill['estimated_j'])} estimated for the rest of the jobs ({ESTIMATE})")
+    if bill.get("unpriced_s"):
+        parts.append(f"{duration_text(bill['unpriced_s'])} with no power to price them")
+    runs = bill["runs"]
+    failed = f", {bill['failed_runs']} failed" if bill.get("failed_runs") else ""
+    return (f"{energy_text(bill['energy_j'])} over {runs} run{'s' if runs != 1 else ''}{failed}, "
+            f"{duration_text(bill['seconds'])}" + (f": {', '.join(parts)}" if parts else ""))
+
+
+# -- payback ----------------------------------------------------------------------------------------
+def _counted_median_j(runs: Sequence[RunRow]) -> tuple[float | None, int, str | None]:
+    """(median J per call over the counted repeats, how many, their energy source)."""
+    from .resolve import counted_runs
+
+    counted, _clean = counted_runs(list(runs))
+    values = [r.energy_j_per_inference for r in counted if r.energy_j_per_inference is not None]
+    if not values:
+        return None, 0, None
+    return statistics.median(values), len(values), joined_sources(r.energy_source for r in counted)
+
+
+def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
+    """The tuning bill of a `policies.resolve.Decision`: the search (every run of its workload on its
+    device kind and torch, ok or failed, by the daemon or by `bench`) and its payback against the
+    baseline (see the module docstring). A dict, as the decision keeps it in its details."""
+    from joulepilot.compiler import CompileConfig
+
+    runs = workload_runs(db, decision.workload_id, decision.device_kind, decision.torch_version)
+    search = bill_of(runs)
+    by_policy = [r for r in runs if r.extra.get("policy") == decision.policy]
+    ok_by_config: dict[str, list[RunRow]] = {}
+    for run in runs:
+        if run.ok:
+            ok_by_config.setdefault(run.config_id, []).append(run)
+
+    batch = decision.config.get("batch_size") or 1
+    baseline: dict[str, Any] | None = None
+    for mode, label in BASELINES:
+        cfg = CompileConfig(mode=mode, precision="fp32", batch_size=int(batch))
+        j, count, source = _counted_median_j(ok_by_config.get(cfg.id, []))
+        if j is not None:
+            baseline = {"kind": label, "config_id": cfg.id, "label": cfg.label, "energy_j_per_inference": j,
+                        "runs": count, "source": source}
+            break
+    applied_j = _number((decision.measured or {}).get("energy_j_per_inference"))
+    applied_source = (decision.measured or {}).get("energy_source")
+    out: dict[str, Any] = {
+        "search": search.to_dict(run_ids=True),
+        "daemon_runs": len(by_policy),
+        "baseline": baseline,
+        "applied": {"config_id": decision.config_id, "label": decision.label, "energy_j_per_inference": applied_j,
+                    "source": applied_source},
+        "saving_j_per_inference": None, "saving_source": None, "payback_inferences": None,
+        "payback_source": None,
+    }
+    if baseline is None:
+        out["verdict"], out["why"] = UNKNOWN, ("no baseline is measured: neither stock compile default fp32 nor "
+                                               f"eager fp32 has an ok run on {decision.device_kind}")
+    elif applied_j is None:
+        out["verdict"], out["why"] = UNKNOWN, f"the applied configuration {decision.label} is not measured"
+    elif baseline["source"] != applied_source:
+        out["verdict"], out["why"] = UNKNOWN, (f"the baseline was metered by {baseline['source']} and "
+                                               f"{decision.label} by {applied_source}: not like for like")
+    else:
+        saving = baseline["energy_j_per_inference"] - applied_j
+        out["saving_j_per_inference"], out["saving_source"] = saving, applied_source
+        if decision.config_id == baseline["config_id"]:
+            out["verdict"], out["why"] = NEVER, f"the decision keeps the baseline, {baseline['kind']}: nothing is saved"
+        elif saving <= 0:
+            out["verdict"], out["why"] = NEVER, (f"{decision.label} uses {energy_text(-saving)} more per call than "
+                                                 f"{baseline['kind']}: nothing is saved")
+        else:
+            out["verdict"], out["why"] = PAYS_BACK, ""
+            out["payback_inferences"] = search.energy_j / saving
+            out["payback_source"] = joined_sources([search.source], [applied_source])
+    out["text"] = payback_text(out)
+    return out
+
+
+def payback_text(bill: Mapping[str, Any]) -> str:
+    """'the search cost 41.2 kJ (...); at 0.47 J saved per call against stock compile default fp32 (nvml) it
+    pays back after 87,000 calls', or why it never does, or why that is not known."""
+    head = f"the search cost {bill_text(bill['search'])}"
+    if bill["verdict"] == PAYS_BACK:
+        baseline = bill["baseline"]
+        return (f"{head}; at {energy_text(bill['saving_j_per_inference'])} saved per call against "
+                f"{baseline['kind']} ({bill['saving_source']}) it pays back after "
+                f"{calls_text(bill['payback_inferences'])} calls")
+    if bill["verdict"] == NEVER:
+        return f"{head}; it never pays back: {bill['why']}"
+    return f"{head}; payback not known: {bill['why']}"
+
+
+@dataclass
+class DeploymentPayback:
+    """When a deployment's calls paid back a decision's search (see `deployment_payback`)."""
+
+    verdict: str  # paid_back | not_yet | never | unknown
+    payback_inferences: float | None
+    calls: int  # calls of the tuned configuration counted
+    fraction: float | None  # of the payback reached (capped at 1)
+    calls_per_s: float | None  # over the metered windows that count
+    paid_back_at: float | None  # epoch seconds
+    paid_back_after_s: float | None  # since the first window counted
+    remaining_s: float | None  # at the call rate so far, when not yet
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def deployment_payback(payback_inferences: float | None, windows: Sequence[tuple[float, float, int]]
+                       ) -> DeploymentPayback:
+    """When the calls in `windows` ((t_start, t_end, calls), in time order, of the tuned configuration)
+    reached `payback_inferences`: the moment is placed within the window that crossed it, in proportion
+    to its calls. None: the search never pays back."""
+    calls = sum(n for _, _, n in windows)
+    metered_s = sum(max(0.0, end - start) for start, end, _ in windows)
+    rate = calls / metered_s if metered_s > 0 and calls else None
+    if payback_inferences is None:
+        return DeploymentPayback(NEVER, None, calls, None, rate, None, None, None, "never pays back")
+    done = 0
+    for start, end, n in windows:
+        if n and done + n >= payback_inferences:
+            at = start + (end - start) * (payback_inferences - done) / n
+            after = at - windows[0][0]
+            return DeploymentPayback("paid_back", payback_inferences, calls, 1.0, rate, at, after, None,
+                                     f"was paid back after {duration_text(after)} "
+                                     f"({calls_text(payback_inferences)} calls)")
+        done += n
+    fraction = calls / payback_inferences if payback_inferences > 0 else 1.0
+    remaining = (payback_inferences - calls) / rate if rate else None
+    text = f"is not paid back yet: {fraction:.0%} after {calls:,} calls"
+    if remaining is not None:
+        text += f"; at {rate:,.3g} calls/s, about {duration_text(remaining)} more"
+    return DeploymentPayback("not_yet", payback_inferences, calls, fraction, rate, None, None, remaining, text)

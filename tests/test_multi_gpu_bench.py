@@ -1,0 +1,150 @@
+"""`bench --devices 0,1` on two GPUs: configurations measured at once, one per GPU, each metered on its own GPU.
+
+No GPU here: NVML is the fake (in this process and, through `fake_pynvml.subprocess_env`, in the workers), the
+workers are the fake worker (the model on the CPU, the energy from the fake GPU's counter), and torch is told
+it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's device check.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+from daemon_factories import TESTS_DIR, is_worker, wait_for
+from fakes import fake_pynvml
+from fakes.fake_pynvml import FakeGpu
+from joulepilot.compiler import device_pool
+from joulepilot.store import open_db
+
+from joulepilot.cli import main
+
+UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
+WATTS = (100.0, 300.0)  # far apart, so a run metered on the wrong GPU shows it
+CORES = 16  # the host's cores as the scheduler is told them (this machine has fewer)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch, fake_worker):
+    import torch
+
+    gpus = [FakeGpu(uuid=uuid, power_w=watts) for uuid, watts in zip(UUIDS, WATTS, strict=True)]
+    fake_pynvml.install(monkeypatch, gpus, call_latency_s=0.0035)
+    for name, value in fake_pynvml.subprocess_env(gpus).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv(device_pool.COMPILE_THREADS_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
+    monkeypatch.setattr(device_pool, "available_cores", lambda: CORES)
+    return gpus
+
+
+def _bench(db, *args, modes="eager,default", precisions="fp32,bf16"):
+    return CliRunner().invoke(main, ["bench", "mlp", "--db", str(db), "--min-seconds", "1", "--no-warm-start",
+                                     "--modes", modes, "--precision", precisions, *args])
+
+
+def _overlap(a, b) -> float:
+    return min(a["finished_at"], b["finished_at"]) - max(a["started_at"], b["started_at"])
+
+
+def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp_path, two_gpus):
+    db = tmp_path / "j.db"
+    result = _bench(db, "--devices", "0,1", "--json")
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)
+    assert len(runs) == 4 and all(r["status"] == "ok" for r in runs), runs
+    assert {r["device"] for r in runs} == {"cuda:0", "cuda:1"}
+    for run in runs:
+        index = int(run["device"].split(":")[1])
+        extra = run["extra"]
+        assert extra["device_uuids"] == {f"gpu:{index}": UUIDS[index]}  # its own GPU, by UUID
+        assert run["energy_source"] == "nvml"
+        assert run["avg_power_w"] == pytest.approx(WATTS[index], rel=0.15)  # that GPU's counter, not the other's
+        # each worker compiled with its share of the cores, and numbers GPUs as NVML does
+        assert extra["fake_worker_env"] == {"TORCHINDUCTOR_COMPILE_THREADS": str(CORES // 2),
+                                            "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        assert extra["worker_env"]["TORCHINDUCTOR_COMPILE_THREADS"] == str(CORES // 2)
+    # each configuration measured once and stored once, with its device; the two GPUs' runs overlap in time
+    stored = [dict(r) for r in open_db(db).query("SELECT config_id, device, started_at, finished_at FROM runs")]
+    assert sorted((r["config_id"], r["device"]) for r in stored) == sorted((r["config_id"], r["device"]) for r in runs)
+    by_device = {d: [r for r in stored if r["device"] == d] for d in ("cuda:0", "cuda:1")}
+    assert max(_overlap(a, b) for a in by_device["cuda:0"] for b in by_device["cuda:1"]) > 0.5
+    assert "on cuda:1" in result.stderr and "on cuda:0" in result.stderr
+
+    # a second sweep over the same GPUs measures nothing again
+    again = _bench(db, "--devices", "cuda:0,cuda:1", "--json")
+    assert again.exit_code == 0, again.output
+    assert all(r.get("skipped") for r in json.loads(again.stdout))
+    assert open_db(db)["runs"].count == 4
+
+
+def test_one_device_keeps_every_core_for_its_compile(tmp_path, two_gpus):
+    result = _bench(tmp_path / "j.db", "--devices", "1", "--json", modes="eager", precisions="fp32")
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.stdout)
+    assert run["device"] == "cuda:1" and run["avg_power_w"] == pytest.approx(WATTS[1], rel=0.15)
+    assert run["extra"]["fake_worker_env"]["TORCHINDUCTOR_COMPILE_THREADS"] is None  # Inductor's own default
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--devices", "0,0"], "cuda:0 more than once"),
+    (["--devices", "0,cpu"], "cpu cannot share a sweep"),
+    (["--devices", "0,7"], "does not exist: this host has 2 CUDA GPU(s)"),
+    (["--devices", "0,1", "--device", "cuda:0"], "either --device or --devices"),
+    (["--devices", ","], "--devices is empty"),
+])
+def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, args, message):
+    result = _bench(tmp_path / "j.db", *args)
+    assert result.exit_code == 1
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def _hanging_workers() -> list[psutil.Process]:
+    """This process's benchmark workers once each is inside its (hanging) first forward call."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        if is_worker(cmd):
+            phases = Path(cmd[-1]).with_name("phases.tsv")
+            lines = phases.read_text().strip().splitlines() if phases.is_file() else []
+            if lines and lines[-1].startswith("reference"):
+                found.append(proc)
+    return found
+
+
+def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, own_tmpdir, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS_DIR.parent))  # the workers import tests.workload_factories
+    seen: dict[str, list[psutil.Process]] = {}
+
+    def terminate_once_both_hang() -> None:
+        seen["workers"] = wait_for(lambda: len(_hanging_workers()) == 2 and _hanging_workers(), 120,
+                                   "a hanging worker on each GPU")
+        seen["devices"] = [json.loads(Path(w.cmdline()[-1]).read_text())["device"] for w in seen["workers"]]
+        os.kill(os.getpid(), signal.SIGTERM)  # bench's handler turns it into an exit in the main thread
+
+    killer = threading.Thread(target=terminate_once_both_hang, daemon=True)
+    killer.start()
+    result = CliRunner().invoke(main, ["bench", "tests.workload_factories:hangs_on_first_call", "--db",
+                                       str(tmp_path / "j.db"), "--devices", "0,1", "--modes", "eager",
+                                       "--precision", "fp32,bf16,fp16", "--min-seconds", "0.2", "--no-warm-start"])
+    killer.join(timeout=5)
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    workers = seen["workers"]
+    assert sorted(seen["devices"]) == ["cuda:0", "cuda:1"]
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive  # both killed before bench exited
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
+    assert open_db(tmp_path / "j.db")["runs"].count == 0  # nothing half-written

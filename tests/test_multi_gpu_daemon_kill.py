@@ -1,0 +1,114 @@
+"""SIGKILL of the daemon in the middle of a sweep over two GPUs, then a restart: no half-written run, no
+duplicate, every job measured once.
+
+The daemon is a real process; NVML in it and in its workers is the fake with two GPUs
+(`fake_pynvml.subprocess_env`), and the workers are the fake worker (the model on the CPU, the energy from the
+fake GPU's counter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+import psutil
+from daemon_factories import (
+    daemon_cmd,
+    is_worker,
+    poll_query,
+    query,
+    wait_for,
+    write_daemon_config,
+    write_policy,
+)
+from fakes import fake_pynvml
+from fakes.fake_pynvml import FakeGpu
+
+UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
+
+
+def workers_of(pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for proc in children:
+        try:
+            if is_worker(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_duplicate_run(
+        tmp_path, monkeypatch, fake_worker, own_tmpdir):
+    gpus = [FakeGpu(uuid=UUIDS[0], power_w=100.0), FakeGpu(uuid=UUIDS[1], power_w=300.0)]
+    for name, value in fake_pynvml.subprocess_env(gpus).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "mlp", modes=("eager", "default"), precisions=("fp32", "bf16"))  # four jobs
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=1.0)
+    config.write_text('devices = "auto"\n' + config.read_text().replace("[idle]\n", "[idle]\nmin_idle_s = 0\n"))
+
+    daemon = subprocess.Popen(daemon_cmd("--config", str(config)), stdout=subprocess.DEVNULL,
+                              stderr=open(tmp_path / "first.log", "w"), stdin=subprocess.DEVNULL)
+    try:
+        # Kill it outright once a job is done and two others run at once, each with its worker.
+        def two_running_after_one_done() -> bool:
+            states = [r["state"] for r in poll_query(db, "SELECT state FROM jobs")]
+            return states.count("done") >= 1 and states.count("running") == 2 and len(workers_of(daemon.pid)) == 2
+
+        wait_for(two_running_after_one_done, 240, "a finished job and two running at once")
+        workers = workers_of(daemon.pid)
+        os.kill(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    _, alive = psutil.wait_procs(workers, timeout=15)  # both workers die with it (PR_SET_PDEATHSIG)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+    jobs = query(db, "SELECT * FROM jobs ORDER BY id")
+    running = [j["id"] for j in jobs if j["state"] == "running"]
+    done = [j for j in jobs if j["state"] == "done"]
+    assert len(running) == 2 and done
+    runs = query(db, "SELECT * FROM runs ORDER BY id")
+    # nothing of the two killed jobs was stored; every stored run is a finished job's, whole
+    assert {json.loads(r["extra"])["job_id"] for r in runs} == {j["id"] for j in done}
+    assert all(r["status"] == "ok" and r["finished_at"] and r["energy_j_per_inference"] for r in runs)
+    assert {r["device"] for r in query(db, "SELECT device FROM runs")} <= {"cuda:0", "cuda:1"}
+    for run in runs:
+        samples = query(db, "SELECT COUNT(*) AS n FROM power_samples WHERE run_id = ?", [run["id"]])[0]["n"]
+        assert samples > 0  # the run and its samples, written together
+
+    # Restart: both orphaned jobs go back in the queue and are measured; the finished ones are not redone.
+    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json"), capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"job\(s\) {running[0]}, {running[1]} re-queued", proc.stderr)
+    summary = json.loads(proc.stdout)
+    assert summary["devices"] == ["cuda:0", "cuda:1"] and [d["policy"] for d in summary["decided"]] == ["mlp"]
+
+    jobs = query(db, "SELECT * FROM jobs ORDER BY id")
+    assert len(jobs) == 4 and all(j["state"] == "done" for j in jobs)
+    runs = query(db, "SELECT * FROM runs ORDER BY id")
+    job_of_run = {r["id"]: json.loads(r["extra"])["job_id"] for r in runs}
+    for job in jobs:
+        assert job_of_run[job["run_id"]] == job["id"]
+    # One run per configuration; a second one only as the repeat of a run flagged "repeat this run" (a loaded
+    # machine), which re-runs the same job, never as a second job for it.
+    for config_id in {r["config_id"] for r in runs}:
+        same = [r for r in runs if r["config_id"] == config_id]
+        assert all(json.loads(r["extra"]).get("window_warning") for r in same[:-1])
+        assert len({job_of_run[r["id"]] for r in same}) == 1
+    assert len({r["config_id"] for r in runs}) == 4
+    for run in runs:  # each measured on the GPU it names
+        index = int(run["device"].split(":")[1])
+        assert json.loads(run["extra"])["device_uuids"] == {f"gpu:{index}": UUIDS[index]}
