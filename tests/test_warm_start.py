@@ -120,8 +120,9 @@ def test_the_hook_starts_the_decided_configuration_from_its_artifacts(tmp_path, 
         workload_id=wid, config=config.to_row(), state="verified", reason="test", objective="energy",
         expected_inferences=1000))
 
+    # The serving process opts in to the precompiled frames, as it must: precompile is off by default.
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "serving-cache"),
-               PYTHONPATH=str(Path(__file__).parent.parent))
+               PYTHONPATH=str(Path(__file__).parent.parent), JOULEPILOT_PRECOMPILE="1")
     out = subprocess.run([sys.executable, "-c", HOOK_START, str(policy_path), str(tmp_path / "none.db")],
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
