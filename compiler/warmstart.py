@@ -85,8 +85,14 @@ def precompile_scope(enabled: bool) -> Iterator[None]:
 
 
 def compile_timers() -> dict[str, float]:
-    """Seconds spent so far in Dynamo's and Inductor's compile steps (COMPILE_TIMERS that ran)."""
-    from torch._dynamo.utils import compilation_time_metrics
+    """Seconds spent so far in Dynamo's and Inductor's compile steps (COMPILE_TIMERS that ran); none when
+    this process never imported Dynamo (an eager run compiles nothing, and importing it costs a second)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return {}
+    compilation_time_metrics = utils.compilation_time_metrics
 
     timers: dict[str, float] = {}
     for key, name in COMPILE_TIMERS.items():
