@@ -6,6 +6,7 @@ result with the job's end); `bench` measures a list of them and stores each run 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -39,6 +40,7 @@ from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
 from .workloads import check_spec, split_spec, workload_id
+from .zygote import ZygotePool
 
 log = logging.getLogger("joulepilot.bench")
 
@@ -271,14 +273,18 @@ def measure_config(
     cancel: CancelCheck | None = None,
     on_start: Callable[[int], None] | None = None,
     on_phase: Callable[[str, str], None] | None = None,
+    zygotes: ZygotePool | None = None,
 ) -> MeasuredRun:
-    """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
-    worker loading the saved artifacts). Nothing is written to the database.
+    """Measure `spec` under one configuration in a worker of its own, with fresh compile caches (and, with
+    `warm_start`, time a second such worker loading the saved artifacts). Nothing is written to the database.
+    With `zygotes`, the workers are forked from the workload's zygote (see `compiler/zygote.py`); the
+    run's `extra.job_wall_s` is the wall time of the whole job, zygote start and warm start included.
 
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
     returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
     phase)` hears each phase its workers enter. `columns` are the runs
     table's columns (other result keys go into `extra`)."""
+    job_started = time.monotonic()
     device = context.device
     origin = context.origin
     wid = workload_id(spec, config.batch_size, seq_len, image_size)
@@ -293,12 +299,12 @@ def measure_config(
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin,
     }
-    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase)
+    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, zygotes=zygotes)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
-        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase)
+        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase, zygotes=zygotes)
         extra = result.setdefault("extra", {})
         if warm.get("status") == "ok":
             result["warm_start_s"] = warm["warm_start_s"]
@@ -311,6 +317,7 @@ def measure_config(
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["budget"] = budget.to_dict()
+    row["extra"]["job_wall_s"] = time.monotonic() - job_started
     return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices)
 
 
@@ -363,7 +370,8 @@ def bench(
     stop_before: Callable[[CompileConfig], bool] | None = None,
     phase_progress: PhaseProgressFn | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure `spec` under each configuration, one worker process per configuration.
+    """Measure `spec` under each configuration, one worker process per configuration (forked from the
+    workload's zygote, which imports torch and builds the model once for the whole sweep).
 
     Each finished run (ok or failed) is written to the database before the next starts, so an
     interrupted sweep keeps everything it finished; a configuration already measured ok for this
@@ -400,12 +408,14 @@ def bench(
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
 
     database, owned = _open(db)
+    stack = contextlib.ExitStack()
     try:
         for item in import_pending_runs(database):
             notice(describe_import(item))
         context = sweep_context(device, idle_s)
         columns = run_columns(database)
         runs: list[dict[str, Any]] = []
+        zygotes = stack.enter_context(ZygotePool())
         for index, config in enumerate(configs):
             if stop_before is not None and stop_before(config):
                 break
@@ -429,7 +439,7 @@ def bench(
                 spec, config, context=context, columns=columns, min_seconds=min_seconds, budget_s=budget_s,
                 seq_len=seq_len, image_size=image_size, describe=workload_needs_description(database, wid),
                 save_artifacts=save_artifacts, warm_start=wants_warm_start(config), sample_hz=sample_hz,
-                on_phase=on_phase,
+                on_phase=on_phase, zygotes=zygotes,
             )
             try:
                 outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())
@@ -449,5 +459,6 @@ def bench(
                 progress(index + 1, len(configs), config, stored)
         return runs
     finally:
+        stack.close()  # the zygote, if one was started
         if owned:
             database.close()
