@@ -16,8 +16,11 @@ What is preloaded, and why a fork stays safe:
 - torch, with its intra-op thread count at 1 while preloading: an OpenMP pool started in the parent hangs
   a forked child's first parallel region (GNU libgomp keeps the pool's bookkeeping but not its threads).
   Each child sets torch's own default count again.
-- torch._dynamo, Inductor's compile_fx, torch.export and the FLOP counter: imports only. Inductor starts
-  its compile-worker pool at the first compile, which happens in a child, never here.
+- what `torch.compile(model)` imports before a worker's timed first call (Dynamo, and in recent torch
+  Inductor's compile_fx), by wrapping a function that is never called; what the first call imports itself
+  stays in that call, so `compile_s` counts what it counted in a fresh worker. Also torch.export and the
+  FLOP counter (the description). Inductor starts its compile-worker pool at the first compile, which
+  happens in a child, never here.
 - joulepilot's worker modules and telemetry (no meter is opened here).
 - the model's library (torchvision, timm, transformers) or the factory's module, and the model with its
   example inputs, built on the CPU with the worker's seed; a child takes its copy and moves it to its
@@ -50,7 +53,6 @@ ZYGOTE_FLAG = "--zygote"
 # Imported before the first fork; a module that fails to import is left to the child that needs it.
 PRELOAD_MODULES = (
     "torch._dynamo",
-    "torch._inductor.compile_fx",
     "torch.export",
     "torch.utils.flop_counter",
     "joulepilot.telemetry",
@@ -72,6 +74,10 @@ def _send(protocol: TextIO, message: dict[str, Any]) -> None:
     protocol.flush()
 
 
+def _never_called(x: Any) -> Any:
+    return x
+
+
 def preload_modules(info: dict[str, Any]) -> None:
     """Import torch (one intra-op thread while preloading) and PRELOAD_MODULES; records what was loaded."""
     import torch
@@ -79,6 +85,11 @@ def preload_modules(info: dict[str, Any]) -> None:
     info["threads"] = torch.get_num_threads()
     torch.set_num_threads(1)
     loaded = ["torch"]
+    try:
+        torch.compile(_never_called)  # imports only: nothing is traced or compiled until a call
+        loaded.append("torch.compile")
+    except Exception as exc:
+        info.setdefault("preload_errors", []).append(f"torch.compile: {type(exc).__name__}: {exc}")
     for name in PRELOAD_MODULES:
         try:
             importlib.import_module(name)

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import torch
-from joulepilot.compiler import worker, zygote_server
+from joulepilot.compiler import worker
 
 FAKE_COMPILE_S_ENV = "JOULEPILOT_FAKE_COMPILE_S"
 FAKE_COMPILE_S = 0.3
@@ -77,8 +77,6 @@ real_run_job = worker.run_job
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Nothing is compiled here, so a zygote of the fake worker need not preload Inductor.
-    zygote_server.PRELOAD_MODULES = tuple(m for m in zygote_server.PRELOAD_MODULES if "_inductor" not in m)
     torch.set_num_threads(1)
     torch.compile = eager_compile
     worker.run_job = run_job
