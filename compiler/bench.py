@@ -38,7 +38,7 @@ from .config import CompileConfig
 from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError
 from .provenance import cpu_name, provenance
-from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
+from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job, start_zygote_early
 from .workloads import check_spec, split_spec, workload_id
 from .zygote import ZygotePool
 
@@ -256,6 +256,35 @@ def _constant(flag: bool) -> Callable[[CompileConfig], bool]:
     return lambda _config: bool(flag)
 
 
+def warm_start_fields(warm: dict[str, Any]) -> tuple[float | None, dict[str, Any]]:
+    """A warm-start worker's result as a run keeps it: (`warm_start_s`, what goes into `extra`)."""
+    if warm.get("status") == "ok":
+        return warm["warm_start_s"], {"artifacts_load_s": warm.get("artifacts_load_s"),
+                                      "warm_start_caches": warm.get("caches")}
+    return None, {"warm_start_error": warm.get("reason")}
+
+
+def time_warm_start(spec: str, config: CompileConfig, artifacts_path: str, *, context: SweepContext,
+                    min_seconds: float, budget_s: float, seq_len: int | None = None, image_size: int | None = None,
+                    cancel: CancelCheck | None = None, on_start: Callable[[int], None] | None = None,
+                    zygotes: ZygotePool | None = None) -> dict[str, Any]:
+    """Time a worker with empty compile caches that loads `artifacts_path` (saved by a run of `config`) and
+    makes its first call: the worker's result (`warm_start_s` when ok; status 'cancelled' when `cancel`
+    stopped it). Used by the daemon for the configurations a decision names."""
+    job = {"kind": "warm_start", "spec": spec, "device": context.device, "config": config.to_row(),
+           "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
+           "artifacts_path": artifacts_path, "provenance": context.origin}
+    return run_worker_job(job, budget=worker_budget(budget_s, min_seconds), cancel=cancel, on_start=on_start,
+                          zygotes=zygotes)
+
+
+def worker_job_key(spec: str, config: CompileConfig, device: str, seq_len: int | None,
+                   image_size: int | None) -> dict[str, Any]:
+    """The fields of a worker job that name its workload (what a zygote preloads)."""
+    return {"spec": spec, "config": config.to_row(), "device": device, "seq_len": seq_len,
+            "image_size": image_size}
+
+
 def measure_config(
     spec: str,
     config: CompileConfig,
@@ -305,13 +334,8 @@ def measure_config(
     if result.get("status") == "ok" and result.get("artifacts_path") and warm_start:
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
         warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase, zygotes=zygotes)
-        extra = result.setdefault("extra", {})
-        if warm.get("status") == "ok":
-            result["warm_start_s"] = warm["warm_start_s"]
-            extra["artifacts_load_s"] = warm.get("artifacts_load_s")
-            extra["warm_start_caches"] = warm.get("caches")
-        else:
-            extra["warm_start_error"] = warm.get("reason")
+        result["warm_start_s"], warm_extra = warm_start_fields(warm)
+        result.setdefault("extra", {}).update(warm_extra)
     described = result.get("workload")
     workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
@@ -412,10 +436,12 @@ def bench(
     try:
         for item in import_pending_runs(database):
             notice(describe_import(item))
+        zygotes = stack.enter_context(ZygotePool())
+        if on_gpu and configs:  # the zygote's CPU work does not disturb the GPU's idle power: overlap them
+            start_zygote_early(zygotes, worker_job_key(spec, configs[0], device, seq_len, image_size))
         context = sweep_context(device, idle_s)
         columns = run_columns(database)
         runs: list[dict[str, Any]] = []
-        zygotes = stack.enter_context(ZygotePool())
         for index, config in enumerate(configs):
             if stop_before is not None and stop_before(config):
                 break

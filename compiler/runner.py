@@ -248,6 +248,11 @@ def _start_zygote(key: ZygoteKey) -> Zygote:
     return Zygote.start(key, module=worker_module(), workdir=new_workdir(), env=_worker_env())
 
 
+def start_zygote_early(zygotes: ZygotePool, job: dict[str, Any]) -> None:
+    """Have `zygotes` start the zygote for `job`'s workload now, to overlap its start with other waiting."""
+    zygotes.start_early(job, _start_zygote)
+
+
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
                    on_start: Callable[[int], None] | None = None, keep_dir: bool = False,
                    on_phase: PhaseFn | None = None, zygotes: ZygotePool | None = None) -> dict[str, Any]:

@@ -232,6 +232,7 @@ class ZygotePool:
     def __init__(self, *, enabled: bool | None = None) -> None:
         self.enabled = forking_enabled() if enabled is None else enabled
         self.current: Zygote | None = None
+        self.pending: Zygote | None = None  # started early, not yet waited for
         self._refused: dict[ZygoteKey, str] = {}
         self._deaths: dict[ZygoteKey, int] = {}
 
@@ -245,6 +246,15 @@ class ZygotePool:
         if not self.enabled:
             return f"{FORK_WORKERS_ENV}=0"
         return self._refused.get(ZygoteKey.of_job(job), "")
+
+    def start_early(self, job: dict[str, Any], start: Callable[[ZygoteKey], Zygote]) -> None:
+        """Start the zygote for `job`'s workload now without waiting for it: a GPU sweep does this before it
+        measures the GPU's idle power, which the zygote's work on the CPU does not disturb."""
+        if not self.enabled or self.current is not None or self.pending is not None:
+            return
+        key = ZygoteKey.of_job(job)
+        if key not in self._refused:
+            self.pending = start(key)
 
     def zygote_for(self, job: dict[str, Any], *, start: Callable[[ZygoteKey], Zygote], limit_s: float,
                    cancel: Callable[[], str | None] | None = None) -> tuple[Zygote | None, str | None]:
@@ -263,7 +273,11 @@ class ZygotePool:
                 self._refused[key] = "its zygote died twice"
                 return None, None
         if self.current is None:
-            zygote = start(key)
+            zygote, self.pending = self.pending, None
+            if zygote is not None and zygote.key != key:
+                zygote.close()
+                zygote = None
+            zygote = zygote or start(key)
             try:
                 state, why = zygote.wait_ready(limit_s, cancel)
             except BaseException:  # Ctrl-C while it preloads
@@ -279,6 +293,7 @@ class ZygotePool:
         return self.current, None
 
     def close(self) -> None:
-        if self.current is not None:
-            zygote, self.current = self.current, None
-            zygote.close()
+        for zygote in (self.current, self.pending):
+            if zygote is not None:
+                zygote.close()
+        self.current = self.pending = None

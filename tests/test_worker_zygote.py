@@ -14,7 +14,8 @@ import psutil
 import pytest
 from daemon_factories import wait_for
 from joulepilot.compiler import CompileConfig, bench, worker_budget
-from joulepilot.compiler.runner import read_phases, run_worker_job
+from joulepilot.compiler.bench import worker_job_key
+from joulepilot.compiler.runner import read_phases, run_worker_job, start_zygote_early
 from joulepilot.compiler.workloads import can_prebuild
 from joulepilot.compiler.zygote import FORK_WORKERS_ENV, FORKED, FRESH, ZygotePool
 
@@ -61,6 +62,22 @@ def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, 
     assert parents[:2] == [zygote.pid, zygote.pid] and parents[2] != zygote.pid
     assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
+
+
+def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fake_worker, own_tmpdir):
+    budget = worker_budget(120, 0.2)
+    with ZygotePool() as pool:
+        start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, None))
+        early = pool.pending
+        assert early is not None and pool.current is None
+        result = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
+        assert result["worker_process"] == FORKED and pool.current is early and pool.pending is None
+    with ZygotePool() as pool:
+        start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, 7))
+        other = pool.pending
+        result = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
+        assert result["status"] == "ok" and pool.current is not other and other.proc.poll() is not None
+    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, own_tmpdir):
