@@ -11,9 +11,14 @@ Each pass:
     and lock file, and marks its requests handled;
  6. writes a heartbeat with the pass summary.
 
+Measuring is kept cheap per configuration: each device's idle baseline is taken once per pass (at its
+first job), each job's worker is forked from the zygote of the workload being measured (which imported
+torch and built the model once, see `compiler/zygote.py`), and warm starts are timed only for the
+configuration a pass decides and its runner-up.
+
 Safety: one daemon per database (flock); SIGTERM/SIGINT stop within seconds (the running job is
-killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config. Two process levels:
-the daemon starts the compiler's benchmark worker itself (which dies with the daemon), and stores
+killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config. The daemon starts
+the workload's zygote, which forks each benchmark worker (both die with the daemon), and stores
 the worker's run in the same transaction that marks its job done; a run whose commit fails waits in
 a side file that the next pass or start imports, and jobs left `running` by a dead daemon are
 re-queued at start.
@@ -128,6 +133,10 @@ class Daemon:
         self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
         self._pass_model: Any = None
         self._pass_model_fitted = False
+        # Per pass: the idle baseline and provenance of each device (taken at its first job), and the
+        # zygote of the workload being measured (its workers are forked from it).
+        self._contexts: dict[str, Any] = {}
+        self._zygotes: Any = None
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
         # ("jobs_planned", {"total"}), ("job_started", {"job_id", "label"}) and ("job_finished",
         # {"job_id", "kind", "status", "run_id", "reason", "wall_s"}).
@@ -329,11 +338,23 @@ class Daemon:
 
     # --- one pass -----------------------------------------------------------------------------------
     def run_pass(self) -> dict[str, Any]:
+        from joulepilot.compiler import ZygotePool
+
+        self._contexts = {}
+        self._zygotes = ZygotePool()
+        try:
+            return self._run_pass()
+        finally:
+            zygotes, self._zygotes = self._zygotes, None
+            zygotes.close()
+
+    def _run_pass(self) -> dict[str, Any]:
         started = time.time()
         summary: dict[str, Any] = {"started_at": started, "finished_at": None, "policies": 0, "policy_errors": [],
                                    "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
-                                   "lock_files": [], "unknown_requests": [], "refused_requests": []}
+                                   "lock_files": [], "unknown_requests": [], "refused_requests": [],
+                                   "warm_starts": []}
         self.last_pass = {**summary, "in_progress": True}
         self._import_pending()
         policies, errors = load_policy_folders(self.cfg.policies)
@@ -544,8 +565,7 @@ class Daemon:
     def _run_job(self, job: JobRow, policy: Any, device: str) -> JobOutcome:
         """Measure one job in a compiler worker started here, then store its run and the job's end in
         one transaction. Stopped or pre-empted jobs go back to the queue."""
-        from joulepilot.compiler import CompileConfig, measure_config, sweep_context
-        from joulepilot.compiler.bench import default_idle_s
+        from joulepilot.compiler import CompileConfig, measure_config, start_zygote_early, worker_job_key
 
         if not claim_job(self.db, job.id):
             return JobOutcome("stopped", reason="job was taken by someone else")
@@ -573,13 +593,18 @@ class Daemon:
             self.heartbeat("sweeping", f"measuring {policy.name}: {cfg.label} on {device}")
 
         def measure(stop_check: Any, on_start: Any) -> Any:
-            context = sweep_context(device, default_idle_s(device))
+            if device.startswith("cuda") and device not in self._contexts and self._zygotes is not None:
+                # the zygote's CPU work does not disturb the GPU's idle power: overlap the two
+                start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
+                                                                 shape.get("image_size")))
+            context = self._pass_context(device)
             wid = job.workload_id
             return measure_config(
                 policy.workload, cfg, context=context, columns=run_columns(self.db),
                 min_seconds=self.cfg.bench.min_seconds, budget_s=self.cfg.bench.budget_s,
                 seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
                 describe=workload_needs_description(self.db, wid), cancel=stop_check, on_start=on_start,
+                zygotes=self._zygotes,
             )
 
         outcome: JobOutcome | None = None
@@ -605,11 +630,21 @@ class Daemon:
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
         return outcome
 
+    def _pass_context(self, device: str) -> Any:
+        """Provenance, metered devices and idle baseline of `device`, measured at its first job of the pass
+        (the device was found idle just before) and shared by the pass's other jobs on it."""
+        from joulepilot.compiler import sweep_context
+        from joulepilot.compiler.bench import default_idle_s
+
+        if device not in self._contexts:
+            self._contexts[device] = sweep_context(device, default_idle_s(device))
+        return self._contexts[device]
+
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
         measured = outcome.result
         measured.row["extra"].update({"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
-                                      "job_provenance_key": job.provenance_key})
+                                      "job_provenance_key": job.provenance_key, "job_wall_s": outcome.wall_s})
         outcome.extra["status"] = measured.status
         try:
             stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),
@@ -663,6 +698,7 @@ class Daemon:
                 self._lock_failed(policy, decided.lock_error, summary)
             log.info("policy %s decided: %s (%s)", name, decision.label, decision.state)
             mark_requests_handled(self.db, requested.get(name, []))
+            self._time_warm_starts(policy, decision, probe.device, summary)
         for name, policy in by_name.items():
             if name in stale:
                 continue
@@ -674,6 +710,52 @@ class Daemon:
             if written:
                 log.info("policy %s: lock file %s written", name, written)
                 summary["lock_files"].append(str(written))
+
+    def _time_warm_starts(self, policy: Any, decision: Any, device: str, summary: dict[str, Any]) -> None:
+        """Time the warm start (a worker with empty caches loading the saved compile artifacts, then its first
+        call) of the decided configuration and the runner-up, once per run, while the device stays idle.
+        Only those two: a warm start of every configuration would cost a worker per job for figures that no
+        deployment uses."""
+        from joulepilot.compiler import CompileConfig, time_warm_start, warm_start_fields
+        from joulepilot.store import record_warm_start, run_warm_start_state
+
+        from .redecide import warm_start_candidates
+
+        shape = policy.shape_args()
+        tracker = self._tracker(device)
+        for role, candidate in warm_start_candidates(decision):
+            artifacts, timed = run_warm_start_state(self.db, candidate.run_id)
+            if not artifacts or timed is not None or not Path(artifacts).is_file():
+                continue  # eager, already timed, or its artifacts are gone
+            if self.stop_event.is_set() or tracker.busy_now(own_process_tree()):
+                return
+            cfg = CompileConfig.from_row(candidate.config)
+            if policy.batch_size and cfg.batch_size != policy.batch_size:
+                cfg = cfg.replace(batch_size=policy.batch_size)
+            self.heartbeat("sweeping", f"timing the warm start of {policy.name}: {cfg.label} on {device}")
+
+            def measure(stop_check: Any, on_start: Any, cfg: Any = cfg, artifacts: str = artifacts) -> Any:
+                return time_warm_start(policy.workload, cfg, artifacts, context=self._pass_context(device),
+                                       min_seconds=self.cfg.bench.min_seconds, budget_s=self.cfg.bench.budget_s,
+                                       seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
+                                       cancel=stop_check, on_start=on_start, zygotes=self._zygotes)
+
+            def production_returned() -> str | None:
+                if tracker.needs_quiet_period and tracker.busy_now(own_process_tree()):
+                    return tracker.last.reason if tracker.last else "production load returned"
+                return None
+
+            outcome = self.runner.run(measure, preempt_check=production_returned,
+                                      preempt_every_s=self.cfg.idle.poll_s)
+            if outcome.kind != "measured":
+                log.info("policy %s: warm start of %s not timed: %s", policy.name, cfg.label, outcome.reason)
+                return
+            warm_s, details = warm_start_fields(outcome.result)
+            record_warm_start(self.db, candidate.run_id, warm_s, {**details, "warm_start_role": role})
+            summary["warm_starts"].append({"policy": policy.name, "config": cfg.label, "role": role,
+                                           "run_id": candidate.run_id, "warm_start_s": warm_s})
+            log.info("policy %s: %s %s warm start %s", policy.name, role, cfg.label,
+                     f"{warm_s:.2f} s" if warm_s is not None else f"failed: {details.get('warm_start_error')}")
 
     def _lock_failed(self, policy: Any, error: str, summary: dict[str, Any]) -> None:
         log.error("policy %s: %s; the decision is stored and the write is retried next pass", policy.name, error)
@@ -719,8 +801,9 @@ def _end_leftover_worker(db: Any) -> None:
             if not any(name in part for part in cmdline
                        for name in ("joulepilot.compiler.worker", "joulepilot.controller.job_child")):
                 continue
-            # A reused pid may belong to a live bench's worker: only an orphan (its parent gone) is ended.
-            if _original_parent(cmdline) == proc.ppid():
+            # A reused pid may belong to a live bench's worker (a child of it, or of its zygote): only an
+            # orphan, whose bench or daemon is no longer among its ancestors, is ended.
+            if _original_parent(cmdline) in {p.pid for p in proc.parents()}:
                 continue
             log.warning("ending benchmark worker %d left by a previous daemon", proc.pid)
             kill_tree_of_pid(proc.pid)
