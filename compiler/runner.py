@@ -289,21 +289,25 @@ def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelC
 
 def _start_worker(workdir: Path, job: dict[str, Any], zygote: Zygote | None) -> tuple[WorkerProcess, str]:
     """The job's worker, forked by `zygote` when there is one that still answers, else a fresh process;
-    and why a fresh one when a zygote was meant to fork it."""
-    caches = {"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
-              "TRITON_CACHE_DIR": str(workdir / "triton-cache")}
+    and why a fresh one when a zygote was meant to fork it.
+
+    `job_env` is what this job sets in its worker's environment (its own compile cache folders): a fresh
+    worker gets it on top of this process's environment, a forked one applies it to the environment it
+    inherited from the zygote before anything reads it."""
+    job_env = {"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
+               "TRITON_CACHE_DIR": str(workdir / "triton-cache")}
     job_path = workdir / "job.json"
     if zygote is not None:
         job_path.write_text(json.dumps({**job, "parent_pid": zygote.pid}, default=str))
         try:
             return zygote.fork({"job_path": str(job_path), "stdout": str(workdir / "stdout.txt"),
-                                "stderr": str(workdir / "stderr.txt"), "env": caches}), ""
+                                "stderr": str(workdir / "stderr.txt"), "env": job_env}), ""
         except ZygoteGone as exc:
             fallback = f"the zygote was gone: {exc}"
     else:
         fallback = ""
     job_path.write_text(json.dumps({**job, "parent_pid": os.getpid()}, default=str))
-    env = {**_worker_env(), **caches}
+    env = {**_worker_env(), **job_env}
     with open(workdir / "stdout.txt", "wb") as out, open(workdir / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", worker_module(), str(job_path)],

@@ -163,7 +163,12 @@ def _redirect(fd: int, path: str, flags: int) -> None:
 
 def _fresh_compile_state() -> None:
     """Empty Inductor's in-process caches (nothing was compiled here; this keeps it so if a preloaded
-    module filled one)."""
+    module filled one), and decide again the Inductor settings it read from the environment when the
+    zygote imported it, so that a job's environment counts as it would in a fresh worker."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None and getattr(config, "compile_threads", None) is not None \
+            and hasattr(config, "decide_compile_threads"):
+        config.compile_threads = config.decide_compile_threads()  # TORCHINDUCTOR_COMPILE_THREADS
     try:
         from torch._inductor.utils import clear_caches
     except ImportError:

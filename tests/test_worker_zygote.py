@@ -169,6 +169,18 @@ def test_a_prebuilt_workload_is_the_one_a_worker_would_build_and_is_handed_out_o
     assert load_workload("mlp", batch_size=3, device="cpu", seed=8).model is other_seed.model
 
 
+def test_a_forked_worker_decides_inductors_compile_threads_from_its_own_environment(monkeypatch):
+    """Inductor reads TORCHINDUCTOR_COMPILE_THREADS when it is imported, which happened in the zygote: a job
+    that sets it (compile threads split between concurrent jobs) must get it as a fresh worker would."""
+    from joulepilot.compiler.zygote_server import _fresh_compile_state
+    from torch._inductor import config
+
+    monkeypatch.setattr(config, "compile_threads", config.compile_threads)  # restored afterwards
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    _fresh_compile_state()
+    assert config.compile_threads == 3
+
+
 def test_only_a_factory_for_a_gpu_is_left_to_each_worker_to_build():
     assert can_prebuild("mlp", "cpu") and can_prebuild("torchvision:resnet50", "cuda:0")
     assert can_prebuild("pkg.models:build", "cpu")
