@@ -9,8 +9,10 @@ with a fresh JOULEPILOT_HOME and database (so it is the workload's first sweep, 
 and compares the command's wall time with the sum of its runs' `compile_s + warmup_s + window_s`.
 
 `daemon` writes one policy per model with six configurations (eager, default and reduce-overhead, each in
-fp32 and bf16), runs `joulepilot daemon --once` on them, and compares each job's wall time (the daemon's
-`extra.job_wall_s`) with the run's irreducible work.
+fp32 and bf16; `--modes`, `--precisions`), runs `joulepilot daemon --once` on them (`--device cuda:N`, or
+`cpu`), and compares each job's wall time (the daemon's `extra.job_wall_s`) with the run's irreducible
+work; the pass's wall time is compared with the sum over its runs. Warm starts the pass times (for each
+policy's decided configuration and runner-up) are listed with their run.
 
 For every configuration both print and save (OUT/<kind>-<date>.json and .md): the job's wall time, the
 irreducible parts (cold compile, warm-up, latency pass, energy window), their sum and the ratio; the load
@@ -120,13 +122,13 @@ def daemon_sweep(args: argparse.Namespace) -> dict[str, Any]:
     for i, spec in enumerate(models):
         (policies / f"model{i}.toml").write_text(
             f'name = "model{i}"\nworkload = "{spec}"\nbatch_size = {BATCH_SIZES.get(spec, 8)}\n'
-            '[search]\nmodes = ["eager", "default", "reduce-overhead"]\nprecisions = ["fp32", "bf16"]\n'
-            'strategy = "exhaustive"\n')
+            f"[search]\nmodes = {json.dumps(args.modes.split(','))}\n"
+            f"precisions = {json.dumps(args.precisions.split(','))}\nstrategy = \"exhaustive\"\n")
     config = work / "daemon.toml"
-    device_index = args.device.partition(":")[2] or "0"
+    devices = '"cpu"' if args.device == "cpu" else f"[{args.device.partition(':')[2] or '0'}]"
     config.write_text(
         f'db = "{work / "daemon.db"}"\npolicies = ["{policies}"]\ninterval_s = 3600\nlog_level = "INFO"\n'
-        f'devices = [{device_index}]\n[bench]\nmin_seconds = {args.min_seconds}\nbudget_s = {args.budget_s}\n'
+        f'devices = {devices}\n[bench]\nmin_seconds = {args.min_seconds}\nbudget_s = {args.budget_s}\n'
         "[idle]\nmin_idle_s = 1\npoll_s = 0.5\n[exporter]\nenabled = false\n")
     env = dict(os.environ, JOULEPILOT_HOME=str(work))
     load_before = _loadavg()
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="cpu: how many times to run the command")
     parser.add_argument("--device", default="cuda:0", help="daemon: the GPU to sweep on")
     parser.add_argument("--models", default=DAEMON_MODELS, help="daemon: comma list of workload specs")
+    parser.add_argument("--modes", default="eager,default,reduce-overhead", help="daemon: the policies' modes")
+    parser.add_argument("--precisions", default="fp32,bf16", help="daemon: the policies' precisions")
     parser.add_argument("--min-seconds", type=float, default=5.0, help="daemon: energy window per run")
     parser.add_argument("--budget-s", type=float, default=600.0, help="daemon: compile budget per run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sweep_overhead")

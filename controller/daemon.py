@@ -497,6 +497,7 @@ class Daemon:
             # last job: go on unless someone else has started computing, instead of waiting out a new
             # quiet period before every configuration.
             if device is None or self._tracker(device).busy_now(own_process_tree()):
+                self._start_zygote_while_waiting(job, by_name[job.policy], devices[0])
                 device = self._wait_for_idle(devices)
             if device is None:
                 if not self.stop_event.is_set():
@@ -629,6 +630,22 @@ class Daemon:
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s)
         return outcome
+
+    def _start_zygote_while_waiting(self, job: JobRow, policy: Any, device: str) -> None:
+        """On a GPU, start the zygote of the job's workload before waiting for the GPU to be idle: it works on
+        the CPU only, so the quiet period the daemon waits out is not disturbed, and the job does not wait
+        for it afterwards. (On a CPU device it would be the very load the wait is about.)"""
+        from joulepilot.compiler import CompileConfig, start_zygote_early, worker_job_key
+
+        row = config_row(self.db, job.config_id)
+        if not device.startswith("cuda") or self._zygotes is None or row is None:
+            return
+        cfg = CompileConfig.from_row(row)
+        if policy.batch_size and cfg.batch_size != policy.batch_size:
+            cfg = cfg.replace(batch_size=policy.batch_size)
+        shape = policy.shape_args()
+        start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
+                                                         shape.get("image_size")))
 
     def _pass_context(self, device: str) -> Any:
         """Provenance, metered devices and idle baseline of `device`, measured at its first job of the pass

@@ -107,3 +107,29 @@ def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, o
             stop.set()
             thread.join(60)
     assert results and results[0]["status"] == "cancelled"
+
+
+def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(tmp_path, fake_worker, own_tmpdir):
+    """Only on a GPU (its idle check looks at the GPU, which the zygote never touches); on a CPU device the
+    zygote's start would be the very load the wait is about."""
+    from joulepilot.compiler.zygote import ZygotePool
+    from joulepilot.policies import load_policy
+    from joulepilot.store import enqueue_job, queued_jobs, upsert_config
+
+    policies = tmp_path / "policies"
+    policy = load_policy(write_policy(policies, "mlp", modes=("eager",)))
+    cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies))
+    daemon = Daemon(cfg)
+    daemon.db = open_db(tmp_path / "j.db")
+    config = CompileConfig(mode="eager", batch_size=8)
+    upsert_config(daemon.db, config.to_row())
+    enqueue_job(daemon.db, policy="mlp", workload_id="w", config_id=config.id, provenance_key="p", max_attempts=3)
+    (job,) = queued_jobs(daemon.db)
+    with ZygotePool() as pool:
+        daemon._zygotes = pool
+        daemon._start_zygote_while_waiting(job, policy, "cpu")
+        assert pool.pending is None
+        daemon._start_zygote_while_waiting(job, policy, "cuda:0")
+        assert pool.pending is not None and pool.pending.proc.poll() is None
+        assert (pool.pending.key.spec, pool.pending.key.batch_size, pool.pending.key.device) == ("mlp", 8, "cuda:0")
+    assert pool.pending is None
