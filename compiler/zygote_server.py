@@ -43,6 +43,7 @@ import json
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -209,8 +210,11 @@ def serve(setup_path: str, run_child: RunChild) -> int:
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     info: dict[str, Any] = {"event": "ready", "pid": os.getpid()}
+    started = time.perf_counter()
     preload_modules(info)
+    modules_s = time.perf_counter() - started
     preload_workload(setup, info)
+    info["preload_s"] = {"modules": round(modules_s, 3), "workload": round(time.perf_counter() - started - modules_s, 3)}
     hazard = fork_hazard(setup["device"])
     info.update(fork_safe=hazard is None, why=hazard)
     _send(protocol, info)
