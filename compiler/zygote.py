@@ -82,6 +82,14 @@ def kill_process_tree(pid: int) -> None:
     psutil.wait_procs(descendants, timeout=5)
 
 
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
 class Zygote:
     """A started zygote and the pipe to it; one job at a time."""
 
@@ -143,7 +151,9 @@ class Zygote:
                 event = self.next_event(min(START_POLL_S, max(0.0, deadline - time.monotonic())))
             except ZygoteGone:
                 code = self.proc.wait()
-                return "refused", f"the zygote exited with code {code} while preloading"
+                why = f"the zygote exited with code {code} while preloading"
+                last = _last_line(self.workdir / "stderr.txt")
+                return "refused", f"{why}: {last}" if last else why
             if event is not None and event.get("event") == "ready":
                 self.info = event
                 if event.get("fork_safe"):
