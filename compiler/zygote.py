@@ -33,6 +33,7 @@ FORKED = "forked from the workload's zygote"
 FRESH = "fresh process"
 START_POLL_S = 0.2
 EXIT_WAIT_S = 10.0
+FORK_WAIT_S = 30.0
 
 
 class ZygoteGone(RuntimeError):
@@ -172,9 +173,12 @@ class Zygote:
             self.gone = True
             raise ZygoteGone(f"zygote {self.pid} is gone: {exc}") from exc
         while True:
-            event = self.next_event(EXIT_WAIT_S)
+            event = self.next_event(FORK_WAIT_S)
             if event is None:
-                raise ZygoteGone(f"zygote {self.pid} did not start a worker within {EXIT_WAIT_S:g} s")
+                # It may still fork later: end it (and anything it forked) so no second worker runs the job.
+                kill_process_tree(self.pid)
+                self.gone = True
+                raise ZygoteGone(f"zygote {self.pid} did not start a worker within {FORK_WAIT_S:g} s")
             if event.get("event") == "started":
                 return ForkedWorker(self, int(event["pid"]))
 
