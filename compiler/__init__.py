@@ -12,6 +12,9 @@ from .bench import (
     measure_config,
     plan_configs,
     sweep_context,
+    time_warm_start,
+    warm_start_fields,
+    worker_job_key,
 )
 from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
@@ -20,8 +23,10 @@ from .doctor import DoctorError, analyse_model, doctor
 from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
 from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, ConfigError
+from .runner import start_zygote_early
 from .shape_set import ShapeSet
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
+from .zygote import ZygotePool
 
 __all__ = [
     "FUSION_PRESETS",
@@ -56,8 +61,13 @@ __all__ = [
     "measure_config",
     "plan_configs",
     "save_artifacts",
+    "start_zygote_early",
     "sweep_context",
+    "time_warm_start",
     "torch_compile_kwargs",
+    "warm_start_fields",
     "worker_budget",
+    "worker_job_key",
     "workload_id",
+    "ZygotePool",
 ]
