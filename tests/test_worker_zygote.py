@@ -8,6 +8,8 @@ import glob
 import os
 import signal
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -78,6 +80,28 @@ def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fa
         result = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
         assert result["status"] == "ok" and pool.current is not other and other.proc.poll() is not None
     assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(fake_worker, own_tmpdir):
+    """A sweep over several GPUs runs each job on a thread that ends with the job, and the kernel's
+    PR_SET_PDEATHSIG follows the thread that started a process: the pool starts its zygotes on a thread of
+    its own, so the device's next jobs are forked from the same zygote."""
+    budget = worker_budget(120, 0.2)
+    results: list[dict] = []
+    parents: list[int] = []
+    with ZygotePool() as pool:
+        for mode in ("eager", "default", "eager"):
+            job = _job("mlp", CompileConfig(mode=mode))
+            thread = threading.Thread(target=lambda job=job: results.append(run_worker_job(
+                job, budget=budget, zygotes=pool, on_start=lambda pid: parents.append(psutil.Process(pid).ppid()))))
+            thread.start()
+            thread.join(120)
+            assert not thread.is_alive()
+            time.sleep(0.3)  # a zygote killed with its thread would be gone by now
+            assert pool.current is not None and pool.current.proc.poll() is None
+        zygote = pool.current
+    assert [r["worker_process"] for r in results] == [FORKED] * 3, results
+    assert parents == [zygote.pid] * 3
 
 
 def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, own_tmpdir):
