@@ -20,6 +20,9 @@ from .bench import (
     measure_config,
     plan_configs,
     sweep_context,
+    time_warm_start,
+    warm_start_fields,
+    worker_job_key,
 )
 from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
@@ -29,8 +32,10 @@ from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
 from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, REGIONAL_AUTO, ConfigError
 from .regional import BlockClass, RegionalError, block_classes, choose_block, compile_blocks
+from .runner import start_zygote_early
 from .shape_set import ShapeSet
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
+from .zygote import ZygotePool
 
 __all__ = [
     "FUSION_PRESETS",
@@ -74,8 +79,13 @@ __all__ = [
     "plan_configs",
     "save_artifacts",
     "save_warm_start",
+    "start_zygote_early",
     "sweep_context",
+    "time_warm_start",
     "torch_compile_kwargs",
+    "warm_start_fields",
     "worker_budget",
+    "worker_job_key",
     "workload_id",
+    "ZygotePool",
 ]

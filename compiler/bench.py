@@ -6,6 +6,7 @@ result with the job's end); `bench` measures a list of them and stores each run 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -40,10 +41,11 @@ from .device_pool import worker_env as default_worker_env
 from .inductor import checked_config, effective_key
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
-from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job
+from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job, start_zygote_early
 from .shape_set import ShapeSet
 from .warmstart import precompile_opted_in
 from .workloads import check_spec, split_spec, workload_id
+from .zygote import ZygoteKey, ZygotePool
 
 log = logging.getLogger("joulepilot.bench")
 
@@ -270,6 +272,44 @@ def _constant(flag: bool) -> Callable[[CompileConfig], bool]:
     return lambda _config: bool(flag)
 
 
+def warm_start_fields(warm: dict[str, Any]) -> tuple[float | None, dict[str, Any]]:
+    """A warm-start worker's result as a run keeps it: (`warm_start_s`, what goes into `extra`)."""
+    if warm.get("status") == "ok":
+        return warm["warm_start_s"], {"artifacts_load_s": warm.get("artifacts_load_s"),
+                                      "warm_start_caches": warm.get("caches"),
+                                      "warm_start": {k: warm.get(k) for k in WARM_START_DETAILS if k in warm}}
+    return None, {"warm_start_error": warm.get("reason")}
+
+
+def time_warm_start(spec: str, config: CompileConfig, artifacts_path: str, *, context: SweepContext,
+                    min_seconds: float, budget_s: float, seq_len: int | None = None, image_size: int | None = None,
+                    shapes: ShapeSet | None = None, cancel: CancelCheck | None = None,
+                    on_start: Callable[[int], None] | None = None, zygotes: ZygotePool | None = None,
+                    worker_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Time a worker with empty compile caches that loads `artifacts_path` (saved by a run of `config`) and
+    makes its first call: the worker's result (`warm_start_s` when ok; status 'cancelled' when `cancel`
+    stopped it). Used by the daemon for the configurations a decision names. With `shapes`, the first call
+    is at the set's first size as the run made it (padded to its bucket), as in `measure_config`."""
+    job = {"kind": "warm_start", "spec": spec, "device": context.device, "config": config.to_row(),
+           "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
+           "artifacts_path": artifacts_path, "provenance": context.origin}
+    if shapes is not None:
+        job[shapes.dim] = shapes.run_size(shapes.sizes[0], config.padding)
+    env = dict(worker_env) if worker_env is not None else default_worker_env(1)
+    return run_worker_job(job, budget=worker_budget(budget_s, min_seconds), cancel=cancel, on_start=on_start,
+                          zygotes=zygotes, env=env)
+
+
+def worker_job_key(spec: str, config: CompileConfig, device: str, seq_len: int | None,
+                   image_size: int | None, shapes: ShapeSet | None = None) -> dict[str, Any]:
+    """The fields of a worker job that name its workload (what a zygote preloads); with `shapes`, at the
+    set's first size, as `measure_config` builds it."""
+    key = {"spec": spec, "config": config.to_row(), "device": device, "seq_len": seq_len, "image_size": image_size}
+    if shapes is not None:
+        key[shapes.dim] = shapes.sizes[0]
+    return key
+
+
 def measure_config(
     spec: str,
     config: CompileConfig,
@@ -290,6 +330,7 @@ def measure_config(
     on_start: Callable[[int], None] | None = None,
     on_phase: Callable[[str, str], None] | None = None,
     worker_env: dict[str, str] | None = None,
+    zygotes: ZygotePool | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
@@ -297,6 +338,8 @@ def measure_config(
     artifacts (where torch has caching precompile), so a warm start does not trace the model again. It is
     experimental: a compile or warm start that fails with it is run again without it, and that run is the
     one measured, `extra.precompile_error` saying why.
+    With `zygotes`, the workers are forked from the workload's zygote (see `compiler/zygote.py`); the
+    run's `extra.job_wall_s` is the wall time of the whole job, zygote start and warm start included.
 
     The worker runs under `worker_budget(budget_s, min_seconds)`; `cancel` (polled while a worker runs)
     returns a reason to stop, which ends the measurement with status 'cancelled'; `on_phase(kind,
@@ -306,6 +349,7 @@ def measure_config(
     recorded in the run's `extra.worker_env`, as compile time depends on them. With `shapes`, the worker measures every size of the
     set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
     the number of sizes."""
+    job_started = time.monotonic()
     device = context.device
     origin = context.origin
     wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
@@ -325,13 +369,15 @@ def measure_config(
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others
         job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
     env = dict(worker_env) if worker_env is not None else default_worker_env(1)
-    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, env=env)
+    result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, zygotes=zygotes,
+                            env=env)
     precompile_error = None
     if job["precompile"] and result.get("status") not in ("ok", "cancelled"):
         # Precompile must never cost a configuration its measurement: measure it again, as without it.
         precompile_error = f"compile with precompile: {result.get('reason')}"
         job = dict(job, precompile=False)
-        result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, env=env)
+        result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, zygotes=zygotes,
+                            env=env)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if precompile_error:
@@ -340,19 +386,18 @@ def measure_config(
         warm_job = dict(job, kind="warm_start", artifacts_path=result["artifacts_path"], describe=False)
         if shapes is not None:  # the first size, at the size the configuration ran it (padded to its bucket)
             warm_job[shapes.dim] = shapes.run_size(shapes.sizes[0], config.padding)
-        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase, env=env)
+        # forked from the zygote where it preloaded this size (a padded size is another workload to a zygote,
+        # which would otherwise be closed and started again twice for one warm start)
+        same_workload = ZygoteKey.of_job(warm_job) == ZygoteKey.of_job(job)
+        warm_zygotes = zygotes if same_workload else None
+        warm = run_worker_job(warm_job, budget=budget, cancel=cancel, on_phase=on_phase, zygotes=warm_zygotes, env=env)
         extra = result.setdefault("extra", {})
         if job["precompile"] and warm.get("status") not in ("ok", "cancelled"):
             extra["precompile_error"] = f"warm start with precompile: {warm.get('reason')}"
             warm = run_worker_job(dict(warm_job, precompile=False), budget=budget, cancel=cancel, on_phase=on_phase,
-                                  env=env)
-        if warm.get("status") == "ok":
-            result["warm_start_s"] = warm["warm_start_s"]
-            extra["artifacts_load_s"] = warm.get("artifacts_load_s")
-            extra["warm_start_caches"] = warm.get("caches")
-            extra["warm_start"] = {k: warm.get(k) for k in WARM_START_DETAILS if k in warm}
-        else:
-            extra["warm_start_error"] = warm.get("reason")
+                                  zygotes=warm_zygotes, env=env)
+        result["warm_start_s"], warm_extra = warm_start_fields(warm)
+        extra.update(warm_extra)
     described = result.get("workload")
     workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
     if shapes is not None:  # the worker described the workload at the set's first size
@@ -361,6 +406,7 @@ def measure_config(
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["budget"] = budget.to_dict()
     row["extra"]["worker_env"] = env
+    row["extra"]["job_wall_s"] = time.monotonic() - job_started
     return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices)
 
 
@@ -447,7 +493,8 @@ def bench(
     stop_before: Callable[[CompileConfig], bool] | None = None,
     phase_progress: PhaseProgressFn | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure `spec` under each configuration, one worker process per configuration.
+    """Measure `spec` under each configuration, one worker process per configuration (forked from the
+    workload's zygote, which imports torch and builds the model once for the whole sweep).
 
     Each finished run (ok or failed) is written to the database before the next starts, so an
     interrupted sweep keeps everything it finished; a configuration already measured ok for this
@@ -496,19 +543,26 @@ def bench(
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
 
     database, owned = _open(db)
+    stack = contextlib.ExitStack()
     try:
         for item in import_pending_runs(database):
             notice(describe_import(item))
+        zygotes = stack.enter_context(ZygotePool())  # one for the sweep, a zygote per device in it
         sweep = _Sweep(spec, configs, database=database, force=force, progress=progress, notice=notice,
                        stop_before=stop_before, phase_progress=phase_progress,
                        measure_kwargs={"min_seconds": min_seconds, "budget_s": budget_s, "seq_len": seq_len,
                                        "image_size": image_size, "shapes": shapes, "save_artifacts": save_artifacts,
                                        "precompile": precompile, "sample_hz": sample_hz},
-                       wants_warm_start=wants_warm_start)
+                       wants_warm_start=wants_warm_start, zygotes=zygotes)
+        if on_gpu and configs:  # the zygotes' CPU work does not disturb the GPUs' idle power: overlap them
+            for each in chosen:
+                start_zygote_early(zygotes, worker_job_key(spec, configs[0], each, seq_len, image_size, shapes),
+                                   default_worker_env(len(chosen)))
         if len(chosen) > 1:
             return sweep.on_devices(chosen, idle_s)
         return sweep.one_at_a_time(sweep_context(device, idle_s))
     finally:
+        stack.close()  # the zygotes, if any were started
         if owned:
             database.close()
 
@@ -527,6 +581,7 @@ class _Sweep:
     phase_progress: PhaseProgressFn | None
     measure_kwargs: dict[str, Any]
     wants_warm_start: Callable[[CompileConfig], bool]
+    zygotes: ZygotePool | None = None  # shared by the sweep's devices (each device has its own zygote in it)
 
     def _workload_id(self, config: CompileConfig) -> str:
         return workload_id(self.spec, config.batch_size, self.measure_kwargs["seq_len"],
@@ -562,7 +617,8 @@ class _Sweep:
     def _measure(self, config: CompileConfig, context: SweepContext, *, columns: set[str], describe: bool,
                  **kwargs: Any) -> MeasuredRun:
         return measure_config(self.spec, config, context=context, columns=columns, describe=describe,
-                              warm_start=self.wants_warm_start(config), **self.measure_kwargs, **kwargs)
+                              warm_start=self.wants_warm_start(config), zygotes=self.zygotes, **self.measure_kwargs,
+                              **kwargs)
 
     def one_at_a_time(self, context: SweepContext) -> list[dict[str, Any]]:
         columns = run_columns(self.database)

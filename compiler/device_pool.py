@@ -71,7 +71,8 @@ class DevicePool:
 
     `start`, `next_event`, `free` and `running` belong to one thread (the one that owns the store);
     measurements report through `post` from their own threads. A measurement's thread waits for its worker
-    to end before it ends: the worker dies with the thread that started it (PR_SET_PDEATHSIG)."""
+    to end before it ends: a fresh worker dies with the thread that started it (PR_SET_PDEATHSIG), a forked
+    one with its zygote, which the zygote pool's own thread starts (`zygote.py`) so that it outlives the job."""
 
     def __init__(self, devices: Sequence[str]) -> None:
         self.devices = list(dict.fromkeys(devices))

@@ -1,12 +1,14 @@
-"""The parent side of the worker: one subprocess per job, fresh compile caches, budgets, failure reasons.
+"""The parent side of the worker: one process per job, fresh compile caches, budgets, failure reasons.
 
+Each job's worker is forked from its workload's zygote (`zygote.py`, when the caller passes a
+`ZygotePool`) or started as a fresh `python -m joulepilot.compiler.worker JOB.json` subprocess.
 Every job runs in a new session (its own process group) with fresh TORCHINDUCTOR_CACHE_DIR and
 TRITON_CACHE_DIR folders under a scratch folder named `joulepilot-run-<parent pid>-*` in the temporary
 directory, removed afterwards. The parent watches the phase file the worker appends to and enforces
 the budget model of `budget.py`: a job whose first forward calls (eager reference + cold compile) have
 taken `budget.first_call_s`, or that is still alive `budget.total_s` after it started, has its whole
-process tree killed (Inductor's compile workers included). The worker dies with its parent
-(PR_SET_PDEATHSIG), and a scratch folder whose parent died is removed by the next `bench` or daemon
+process tree killed (Inductor's compile workers included). The worker dies with its parent, the zygote
+dies with this process (PR_SET_PDEATHSIG), and a scratch folder whose parent died is removed by the next `bench` or daemon
 start (`remove_stale_workdirs`). Whatever happens, the parent returns a result dict with `status` 'ok',
 'failed' or 'cancelled' and a `reason` a person can act on.
 """
@@ -29,6 +31,7 @@ from typing import Any
 import psutil
 
 from .budget import FIRST_CALL_PHASES, WorkerBudget
+from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool
 
 POLL_S = 0.2
 STDERR_TAIL_LINES = 12
@@ -205,75 +208,159 @@ def remove_stale_workdirs(root: str | os.PathLike | None = None) -> list[Path]:
     return removed
 
 
+class SpawnedWorker:
+    """A job's worker started as a fresh `python -m WORKER_MODULE JOB.json` process."""
+
+    how = FRESH
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.note = ""
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self, timeout_s: float = 0.0) -> int | None:
+        if timeout_s > 0:
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.proc.poll()
+
+    def kill_tree(self) -> None:
+        kill_worker_tree(self.proc)
+
+
+WorkerProcess = SpawnedWorker | ForkedWorker
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _child_pythonpath()
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _zygote_starter(extra_env: Mapping[str, str]) -> Callable[[ZygoteKey], Zygote]:
+    """Starts a zygote with `extra_env` over this process's environment (the GPU numbering of the workers it
+    forks; each worker applies its own job's variables again when it is forked)."""
+
+    def start(key: ZygoteKey) -> Zygote:
+        return Zygote.start(key, module=worker_module(), workdir=new_workdir(), env={**_worker_env(), **extra_env})
+
+    return start
+
+
+def start_zygote_early(zygotes: ZygotePool, job: dict[str, Any], env: Mapping[str, str] | None = None) -> None:
+    """Have `zygotes` start the zygote for `job`'s workload now, to overlap its start with other waiting.
+    `env`: the variables its workers will run with (see `run_worker_job`)."""
+    zygotes.start_early(job, _zygote_starter(env or {}))
+
+
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
                    on_start: Callable[[int], None] | None = None, keep_dir: bool = False,
-                   on_phase: PhaseFn | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run one worker job in a fresh subprocess; always returns a result dict (never raises for the
+                   on_phase: PhaseFn | None = None, zygotes: ZygotePool | None = None,
+                   env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run one worker job in a process of its own; always returns a result dict (never raises for the
     worker's failures).
+
+    With `zygotes`, the process is forked from the zygote of the job's workload (started and waited for
+    here, within `budget.allowance_s`, when this is the workload's first job), else, or where that zygote
+    cannot fork, it is a fresh subprocess; the result's `worker_process` says which. Either way the job
+    gets fresh compile caches, and its budget counts from the moment its process starts.
 
     `cancel`, polled every POLL_S, returns a reason to stop the worker now (the result then has status
     'cancelled'); `on_start` receives the worker's pid. An exception or signal in this process (Ctrl-C,
     SystemExit) kills the worker and removes the scratch folder before it propagates. `on_phase(kind, phase)`
     hears each phase the worker enters, as the parent sees it (within POLL_S). `env`: variables set for this
-    worker only, over the parent's environment (the scheduler's compile-thread share and device order)."""
+    worker only, over the parent's environment (the scheduler's compile-thread share and device order), in a
+    forked worker as in a fresh one."""
+    extra_env = dict(env or {})
+    kind = str(job.get("kind", "bench"))
+    if on_phase is not None:
+        on_phase(kind, "start")
+    zygote = None
+    if zygotes is not None:
+        waited = time.time()
+        zygote, cancelled = zygotes.zygote_for(job, start=_zygote_starter(extra_env), limit_s=budget.allowance_s,
+                                               cancel=cancel)
+        if cancelled:
+            return {"status": "cancelled", "reason": cancelled, "phase": "start", "started_at": waited,
+                    "finished_at": time.time()}
+    fallback = zygotes.fallback_reason(job) if zygotes is not None else ""
     workdir = new_workdir()
     try:
-        return _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, env or {})
+        return _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, zygote, fallback, extra_env)
     finally:
         if not keep_dir:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _start_worker(workdir: Path, job: dict[str, Any], zygote: Zygote | None,
+                  extra_env: Mapping[str, str]) -> tuple[WorkerProcess, str]:
+    """The job's worker, forked by `zygote` when there is one that still answers, else a fresh process;
+    and why a fresh one when a zygote was meant to fork it.
+
+    `job_env` is what this job sets in its worker's environment (the caller's `extra_env` and its own compile
+    cache folders): a fresh worker gets it on top of this process's environment, a forked one applies it to
+    the environment it inherited from the zygote before anything reads it."""
+    job_env = {**extra_env, "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
+               "TRITON_CACHE_DIR": str(workdir / "triton-cache")}
+    job_path = workdir / "job.json"
+    if zygote is not None:
+        job_path.write_text(json.dumps({**job, "parent_pid": zygote.pid}, default=str))
+        try:
+            return zygote.fork({"job_path": str(job_path), "stdout": str(workdir / "stdout.txt"),
+                                "stderr": str(workdir / "stderr.txt"), "env": job_env}), ""
+        except ZygoteGone as exc:
+            fallback = f"the zygote was gone: {exc}"
+    else:
+        fallback = ""
+    job_path.write_text(json.dumps({**job, "parent_pid": os.getpid()}, default=str))
+    env = {**_worker_env(), **job_env}
+    with open(workdir / "stdout.txt", "wb") as out, open(workdir / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", worker_module(), str(job_path)],
+            stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+    return SpawnedWorker(proc), fallback
+
+
 def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: CancelCheck | None,
             on_start: Callable[[int], None] | None, keep_dir: bool, on_phase: PhaseFn | None,
-            extra_env: Mapping[str, str]) -> dict[str, Any]:
+            zygote: Zygote | None, fallback: str, extra_env: Mapping[str, str]) -> dict[str, Any]:
     job = dict(job)
     job["result_path"] = str(workdir / "result.json")
     job["phase_path"] = str(workdir / "phases.tsv")
-    job["parent_pid"] = os.getpid()
     job["budget"] = budget.to_dict()
-    (workdir / "job.json").write_text(json.dumps(job, default=str))
-    env = {**os.environ, **extra_env}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor-cache")
-    env["TRITON_CACHE_DIR"] = str(workdir / "triton-cache")
-    env["PYTHONPATH"] = _child_pythonpath()
-    env.setdefault("PYTHONUNBUFFERED", "1")
     stderr_path = workdir / "stderr.txt"
     phase_path = Path(job["phase_path"])
-    started = time.time()
     killed_reason: str | None = None
     cancelled: str | None = None
     kind = str(job.get("kind", "bench"))
     reported = "start"
-    if on_phase is not None:
-        on_phase(kind, reported)
-    with open(workdir / "stdout.txt", "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", worker_module(), str(workdir / "job.json")],
-            stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-        try:
-            if on_start is not None:
-                on_start(proc.pid)
-            while proc.poll() is None:
-                try:  # returns as soon as the worker ends, rather than up to POLL_S later
-                    proc.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                phases_seen = read_phases(phase_path)
-                if on_phase is not None and phases_seen and phases_seen[-1][0] != reported:
-                    reported = phases_seen[-1][0]
-                    on_phase(kind, reported)
-                cancelled = cancel() if cancel is not None else None
-                if not cancelled:
-                    killed_reason = kill_reason(phases_seen, started=started, now=time.time(), budget=budget)
-                if cancelled or killed_reason:
-                    kill_worker_tree(proc)
-                    break
-        except BaseException:
-            kill_worker_tree(proc)  # Ctrl-C, SIGTERM or a parent error must not leave a compile running
-            raise
+    started = time.time()
+    worker, why_fresh = _start_worker(workdir, job, zygote, extra_env)
+    try:
+        if on_start is not None:
+            on_start(worker.pid)
+        while worker.poll(POLL_S) is None:
+            phases_seen = read_phases(phase_path)
+            if on_phase is not None and phases_seen and phases_seen[-1][0] != reported:
+                reported = phases_seen[-1][0]
+                on_phase(kind, reported)
+            cancelled = cancel() if cancel is not None else None
+            if not cancelled:
+                killed_reason = kill_reason(phases_seen, started=started, now=time.time(), budget=budget)
+            if cancelled or killed_reason:
+                worker.kill_tree()
+                break
+    except BaseException:
+        worker.kill_tree()  # Ctrl-C, SIGTERM or a parent error must not leave a compile running
+        raise
     phases = read_phases(phase_path)
     phase = phases[-1][0] if phases else "start"
     if cancelled:
@@ -281,7 +368,9 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
     elif killed_reason:
         result = {"status": "failed", "reason": killed_reason, "phase": phase}
     else:
-        result = _collect(proc, job, phase, stderr_path)
+        result = _collect(worker, job, phase, stderr_path)
+    why_fresh = why_fresh or fallback
+    result["worker_process"] = worker.how + (f" ({why_fresh})" if worker.how == FRESH and why_fresh else "")
     result.setdefault("started_at", started)
     result.setdefault("finished_at", time.time())
     if keep_dir:
@@ -289,19 +378,21 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
     return result
 
 
-def _collect(proc: subprocess.Popen, job: dict[str, Any], phase: str, stderr_path: Path) -> dict[str, Any]:
+def _collect(worker: WorkerProcess, job: dict[str, Any], phase: str, stderr_path: Path) -> dict[str, Any]:
     result_path = Path(job["result_path"])
     if result_path.is_file():
         try:
             return json.loads(result_path.read_text())
         except json.JSONDecodeError as exc:
             return {"status": "failed", "reason": f"worker wrote an unreadable result: {exc}", "phase": phase}
-    code = proc.returncode
+    code = worker.returncode
     tail = _tail(stderr_path)
     if code is not None and code < 0:
         what = f"worker killed by {_signal_name(-code)} during {phase}"
         if -code == signal.SIGKILL:
             what += " (the kernel's out-of-memory killer sends SIGKILL)"
+        if worker.note:
+            what += f"; {worker.note}"
     else:
         what = f"worker exited with code {code} during {phase} without a result"
     reason = what + (f"; last output:\n{tail}" if tail else "")

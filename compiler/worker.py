@@ -1,7 +1,8 @@
 """The benchmark worker: measures one configuration in a process of its own.
 
-Run as `python -m joulepilot.compiler.worker JOB.json` (or with the job on stdin). The job is a JSON
-object (see `compiler/runner.py`, which writes it); the result is written as JSON to
+Run as `python -m joulepilot.compiler.worker JOB.json` (or with the job on stdin), or in a process forked
+from a workload's zygote (`--zygote SETUP.json`, see zygote_server.py), which calls `main` the same way.
+The job is a JSON object (see `compiler/runner.py`, which writes it); the result is written as JSON to
 `job["result_path"]`, and the phase reached so far is appended to `job["phase_path"]` so the parent can
 tell a compile that overran its budget from a slow measurement. Kinds of job:
 
@@ -13,8 +14,8 @@ tell a compile that overran its budget from a slow measurement. Kinds of job:
 - "doctor": graph breaks, graphs, recompiles and eager time of a workload (`compiler/doctor.py`).
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
-call's time is a cold compile. The worker dies with its parent (`bench` or the daemon): a SIGKILL of
-the parent leaves no measurement running on.
+call's time is a cold compile. The worker dies with its parent (`bench`, the daemon, or the zygote,
+which dies with them): a SIGKILL of `bench` or the daemon leaves no measurement running on.
 """
 
 from __future__ import annotations
@@ -264,7 +265,9 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
         phases.enter("latency")
         latency_s = float(job.get("latency_s") or max(0.25, min(min_seconds / 2.0, 3.0)))
+        latency_started = time.perf_counter()
         latencies = latency_pass(call, sync, seconds=latency_s)
+        extra["latency_s"] = time.perf_counter() - latency_started
         result["latency_ms_p50"] = percentile(latencies, 50)
         result["latency_ms_p95"] = percentile(latencies, 95)
         extra["latency_calls"] = len(latencies)
@@ -298,6 +301,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     if breaks.breaks:
         extra["graph_breaks"] = breaks.to_list()
     extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
+    extra["torch_threads"] = torch.get_num_threads()
     extra["compile_caches"] = _cache_counters()
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
         extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
@@ -441,6 +445,10 @@ def write_result(result: dict[str, Any], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--zygote":  # a workload's zygote, which forks a worker per job (zygote_server.py)
+        from .zygote_server import serve
+
+        return serve(args[1], main)
     job = json.loads(Path(args[0]).read_text() if args and args[0] != "-" else sys.stdin.read())
     die_with_parent(job.get("parent_pid"))
     result = run_job(job)

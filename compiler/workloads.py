@@ -319,11 +319,42 @@ def _to_device(value: Any, device: str) -> Any:
     return value
 
 
+# Workloads built ahead of time in this process (the worker zygote builds its workload once, on the CPU,
+# before forking a worker per configuration); `load_workload` hands each out once, moved to its device.
+_PREBUILT: dict[tuple[Any, ...], Workload] = {}
+
+
+def _prebuilt_key(spec: str, batch_size: int, seq_len: int | None, image_size: int | None, seed: int) -> tuple:
+    return (spec, int(batch_size), seq_len, image_size, int(seed))
+
+
+def can_prebuild(spec: str, device: str) -> bool:
+    """Whether building `spec` on the CPU and moving it to `device` gives what building it for `device`
+    gives: always on a CPU; elsewhere not for a factory, which may build on the device it is given."""
+    return str(device) == "cpu" or split_spec(spec)[0] != "factory"
+
+
+def prebuild_workload(spec: str, batch_size: int = 1, seq_len: int | None = None, image_size: int | None = None,
+                      seed: int = DEFAULT_SEED) -> Workload:
+    """Build the workload on the CPU now and keep it for the next matching `load_workload` of this process
+    (or of a process forked from it, which then owns its copy)."""
+    workload = load_workload(spec, batch_size, "cpu", seq_len, image_size, seed)
+    _PREBUILT[_prebuilt_key(spec, batch_size, seq_len, image_size, seed)] = workload
+    return workload
+
+
 def load_workload(spec: str, batch_size: int = 1, device: str = "cpu", seq_len: int | None = None,
                   image_size: int | None = None, seed: int = DEFAULT_SEED) -> Workload:
-    """Build the model (eval mode, random weights from `seed`) and its example inputs on `device`."""
+    """Build the model (eval mode, random weights from `seed`) and its example inputs on `device`; a
+    workload prebuilt for these arguments (`prebuild_workload`) is handed out instead, moved to `device`."""
     import torch
 
+    prebuilt = _PREBUILT.pop(_prebuilt_key(spec, batch_size, seq_len, image_size, seed), None)
+    if prebuilt is not None:
+        model = prebuilt.model.to(device) if hasattr(prebuilt.model, "to") else prebuilt.model
+        return Workload(spec=spec, batch_size=batch_size, device=device, model=model,
+                        example_inputs=tuple(_to_device(prebuilt.example_inputs, device)),
+                        seq_len=seq_len, image_size=image_size, notes=dict(prebuilt.notes))
     if batch_size < 1:
         raise WorkloadError(f"workload {quote_spec(spec)}: batch_size must be at least 1, got {batch_size}")
     kind, name = split_spec(spec)

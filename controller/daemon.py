@@ -12,12 +12,18 @@ Each pass:
     and lock file, and marks its requests handled;
  6. writes a heartbeat with the pass summary.
 
+Measuring is kept cheap per configuration: each device's idle baseline is taken once per pass (at its
+first job), each job's worker is forked from the zygote of the workload being measured on its device
+(which imported torch and built the model once, see `compiler/zygote.py`), and warm starts are timed only
+for the configuration a pass decides and its runner-up.
+
 Safety: one daemon per database (flock); SIGTERM/SIGINT stop within seconds (the running jobs are
-killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config. Two process levels:
-the daemon starts the compiler's benchmark workers itself (which die with the daemon), and stores each
-worker's run in the same transaction that marks its job done, from the pass's thread alone (the threads
-that wait for the workers never touch the store); a run whose commit fails waits in a side file that the
-next pass or start imports, and jobs left `running` by a dead daemon are re-queued at start.
+killed and re-queued, a 'stopped' heartbeat written); SIGHUP re-reads the config. Three process levels:
+the daemon starts each device's zygote of the workload, which forks each benchmark worker (both die with
+the daemon), and stores each worker's run in the same transaction that marks its job done, from the
+pass's thread alone (the threads that wait for the workers never touch the store); a run whose commit
+fails waits in a side file that the next pass or start imports, and jobs left `running` by a dead daemon
+are re-queued at start.
 """
 
 from __future__ import annotations
@@ -145,6 +151,13 @@ class Daemon:
         self._pass_model: Any = None
         self._pass_model_fitted = False
         self._pass_bill = PassBill()  # what this pass's jobs cost, per policy
+        # Per pass: the idle baseline and provenance of each device (taken at its first job, on that job's
+        # thread, under the device's lock), and the zygotes of the workloads being measured (one per device;
+        # their workers are forked from them).
+        self._contexts: dict[str, Any] = {}
+        self._context_locks: dict[str, threading.Lock] = {}
+        self._contexts_lock = threading.Lock()
+        self._zygotes: Any = None
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
         # ("jobs_planned", {"total", "devices"}), ("job_started", {"job_id", "label", "device"}) and
         # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device"}); jobs on
@@ -355,12 +368,24 @@ class Daemon:
 
     # --- one pass -----------------------------------------------------------------------------------
     def run_pass(self) -> dict[str, Any]:
+        from joulepilot.compiler import ZygotePool
+
+        with self._contexts_lock:
+            self._contexts, self._context_locks = {}, {}
+        self._zygotes = ZygotePool()
+        try:
+            return self._run_pass()
+        finally:
+            zygotes, self._zygotes = self._zygotes, None
+            zygotes.close()
+
+    def _run_pass(self) -> dict[str, Any]:
         started = time.time()
         summary: dict[str, Any] = {"started_at": started, "finished_at": None, "policies": 0, "policy_errors": [],
                                    "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
                                    "lock_files": [], "unknown_requests": [], "refused_requests": [],
-                                   "measuring": []}
+                                   "measuring": [], "warm_starts": []}
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
         self._import_pending()
@@ -522,8 +547,12 @@ class Daemon:
                             runnable = self._runnable_jobs(by_name, probe)
                             self._notify("jobs_planned", total=len(runnable), devices=len(devices))
                     if runnable:
-                        for device, job in zip(scheduler.ready_devices(own_process_tree()), runnable, strict=False):
+                        ready = scheduler.ready_devices(own_process_tree())
+                        for device, job in zip(ready, runnable, strict=False):
                             self._start_job(scheduler, job, by_name[job.policy], device, env)
+                        waiting = [d for d in scheduler.free() if d not in ready]
+                        for device, job in zip(waiting, runnable[len(ready):], strict=False):
+                            self._start_zygote_while_waiting(job, by_name[job.policy], device, env)
                 if not scheduler.running():
                     if self.stop_event.is_set() or not runnable:
                         return
@@ -617,8 +646,7 @@ class Daemon:
     def _start_job(self, scheduler: GpuScheduler, job: JobRow, policy: Any, device: str,
                    env: dict[str, str]) -> None:
         """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
-        from joulepilot.compiler import CompileConfig, measure_config, sweep_context
-        from joulepilot.compiler.bench import default_idle_s
+        from joulepilot.compiler import CompileConfig, measure_config, start_zygote_early, worker_job_key
 
         if not claim_job(self.db, job.id):
             return
@@ -640,13 +668,19 @@ class Daemon:
         shape = policy.shape_args()
         columns = run_columns(self.db)
         bench_cfg = self.cfg.bench
+        zygotes = self._zygotes
+        if device.startswith("cuda") and not self._has_context(device) and zygotes is not None:
+            # the zygote's CPU work does not disturb the GPU's idle power, taken first on the job's thread
+            start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
+                                                       shape.get("image_size"), policy.shapes), env)
 
         def measure(stop_check: Any, on_start: Any) -> Any:  # on the job's thread: no store here
-            context = sweep_context(device, default_idle_s(device))
+            context = self._pass_context(device)
             return measure_config(
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
-                budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"), shapes=policy.shapes,
-                describe=describes, cancel=stop_check, on_start=on_start, worker_env=env,
+                budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
+                shapes=policy.shapes, describe=describes, cancel=stop_check, on_start=on_start, worker_env=env,
+                zygotes=zygotes,
             )
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
@@ -690,6 +724,47 @@ class Daemon:
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device)
         return outcome
+
+    def _start_zygote_while_waiting(self, job: JobRow, policy: Any, device: str,
+                                    env: dict[str, str] | None = None) -> None:
+        """On a GPU, start the zygote of the job's workload before waiting for the GPU to be idle: it works on
+        the CPU only, so the quiet period the daemon waits out is not disturbed, and the job does not wait
+        for it afterwards. (On a CPU device it would be the very load the wait is about.)"""
+        from joulepilot.compiler import CompileConfig, start_zygote_early, worker_job_key
+
+        if not device.startswith("cuda") or self._zygotes is None:
+            return
+        row = config_row(self.db, job.config_id)
+        if row is None:
+            return
+        cfg = CompileConfig.from_row(row)
+        if policy.batch_size and cfg.batch_size != policy.batch_size:
+            cfg = cfg.replace(batch_size=policy.batch_size)
+        shape = policy.shape_args()
+        start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
+                                                         shape.get("image_size"), policy.shapes), env)
+
+    def _has_context(self, device: str) -> bool:
+        with self._contexts_lock:
+            return device in self._contexts
+
+    def _pass_context(self, device: str) -> Any:
+        """Provenance, metered devices and idle baseline of `device`, measured at its first job of the pass
+        (the device was found idle just before) and shared by the pass's other jobs on it. Called on the
+        jobs' threads: each device's is taken under a lock of its own, so devices take theirs side by side."""
+        from joulepilot.compiler import sweep_context
+        from joulepilot.compiler.bench import default_idle_s
+
+        with self._contexts_lock:
+            lock = self._context_locks.setdefault(device, threading.Lock())
+        with lock:
+            with self._contexts_lock:
+                context = self._contexts.get(device)
+            if context is None:
+                context = sweep_context(device, default_idle_s(device))
+                with self._contexts_lock:
+                    self._contexts[device] = context
+            return context
 
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
@@ -751,6 +826,7 @@ class Daemon:
                 self._lock_failed(policy, decided.lock_error, summary)
             log.info("policy %s decided: %s (%s)", name, decision.label, decision.state)
             mark_requests_handled(self.db, requested.get(name, []))
+            self._time_warm_starts(policy, decision, probe.device, summary)
         for name, policy in by_name.items():
             if name in stale:
                 continue
@@ -762,6 +838,75 @@ class Daemon:
             if written:
                 log.info("policy %s: lock file %s written", name, written)
                 summary["lock_files"].append(str(written))
+
+    def _time_warm_starts(self, policy: Any, decision: Any, device: str, summary: dict[str, Any]) -> None:
+        """Time the warm start (a worker with empty caches loading the saved compile artifacts, then its first
+        call) of the decided configuration and the runner-up, once per run, while the device stays idle.
+        Only those two: a warm start of every configuration would cost a worker per job for figures that no
+        deployment uses. Each runs on a job thread of its own, stopped as a job is; the store is read and
+        written here, on the pass's thread."""
+        from joulepilot.compiler import CompileConfig, time_warm_start, warm_start_fields
+        from joulepilot.compiler.device_pool import worker_env
+        from joulepilot.store import record_warm_start, run_warm_start_state
+
+        from .redecide import warm_start_candidates
+
+        shape = policy.shape_args()
+        tracker = self._tracker(device)
+        bench_cfg = self.cfg.bench
+        zygotes = self._zygotes
+        env = worker_env(1)
+        for role, candidate in warm_start_candidates(decision):
+            artifacts, timed = run_warm_start_state(self.db, candidate.run_id)
+            if not artifacts or timed is not None or not Path(artifacts).is_file():
+                continue  # eager, already timed, or its artifacts are gone
+            if self.stop_event.is_set() or tracker.busy_now(own_process_tree()):
+                return
+            cfg = CompileConfig.from_row(candidate.config)
+            if policy.batch_size and cfg.batch_size != policy.batch_size:
+                cfg = cfg.replace(batch_size=policy.batch_size)
+            self.heartbeat("sweeping", f"timing the warm start of {policy.name}: {cfg.label} on {device}")
+
+            def measure(stop_check: Any, on_start: Any, cfg: Any = cfg, artifacts: str = artifacts) -> Any:
+                return time_warm_start(policy.workload, cfg, artifacts, context=self._pass_context(device),
+                                       min_seconds=bench_cfg.min_seconds, budget_s=bench_cfg.budget_s,
+                                       seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
+                                       shapes=policy.shapes, cancel=stop_check, on_start=on_start,
+                                       zygotes=zygotes, worker_env=env)
+
+            event = self._measure_alone(device, (policy.name, role), measure)
+            outcome = event.result if event.error is None else None
+            if outcome is None or outcome.kind != "measured":
+                why = outcome.reason if outcome is not None else f"{type(event.error).__name__}: {event.error}"
+                log.info("policy %s: warm start of %s not timed: %s", policy.name, cfg.label, why)
+                return
+            warm_s, details = warm_start_fields(outcome.result)
+            record_warm_start(self.db, candidate.run_id, warm_s, {**details, "warm_start_role": role})
+            summary["warm_starts"].append({"policy": policy.name, "config": cfg.label, "role": role,
+                                           "run_id": candidate.run_id, "warm_start_s": warm_s})
+            log.info("policy %s: %s %s warm start %s", policy.name, role, cfg.label,
+                     f"{warm_s:.2f} s" if warm_s is not None else f"failed: {details.get('warm_start_error')}")
+
+    def _measure_alone(self, device: str, key: Any, measure: Any) -> Finished:
+        """Run `measure` as the only job, on `device` (a thread of its own that `request_stop` and production
+        load returning stop, as any job's), and wait here for its end."""
+        scheduler = GpuScheduler([device], self._tracker, preempt_every_s=self.cfg.idle.poll_s)
+        self.scheduler = scheduler
+        if self.stop_event.is_set():
+            scheduler.cancel_all(self.stop_reason or "stopped")
+        try:
+            scheduler.start(device, key, measure)
+            while True:
+                event = scheduler.next_event(timeout=self.cfg.idle.poll_s)
+                if isinstance(event, Finished):
+                    return event
+        finally:
+            if scheduler.running():  # the pass failed while it ran: stop it
+                scheduler.cancel_all("the pass failed")
+                deadline = time.monotonic() + 60.0
+                while scheduler.running() and time.monotonic() < deadline:
+                    scheduler.next_event(timeout=0.5)
+            self.scheduler = None
 
     def _lock_failed(self, policy: Any, error: str, summary: dict[str, Any]) -> None:
         log.error("policy %s: %s; the decision is stored and the write is retried next pass", policy.name, error)
@@ -815,8 +960,9 @@ def _end_orphan_worker(pid: int) -> None:
         if not any(name in part for part in cmdline
                    for name in ("joulepilot.compiler.worker", "joulepilot.controller.job_child")):
             return
-        # A reused pid may belong to a live bench's worker: only an orphan (its parent gone) is ended.
-        if _original_parent(cmdline) == proc.ppid():
+        # A reused pid may belong to a live bench's worker (a child of it, or of its zygote): only an orphan,
+        # whose bench or daemon is no longer among its ancestors, is ended.
+        if _original_parent(cmdline) in {p.pid for p in proc.parents()}:
             return
         log.warning("ending benchmark worker %d left by a previous daemon", proc.pid)
         kill_tree_of_pid(proc.pid)

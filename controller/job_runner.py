@@ -1,7 +1,8 @@
 """Run one queued measurement so the daemon can stop it at any moment.
 
-The daemon starts the compiler's benchmark worker directly (two process levels: daemon -> worker);
-the worker isolates its compile caches, enforces the one budget model and writes its result, and the
+The daemon starts the workload's zygote, which forks the compiler's benchmark worker (daemon -> zygote
+-> worker; a fresh worker started by the daemon itself where forking is not possible, see
+`compiler/zygote.py`); the worker isolates its compile caches, enforces the one budget model and writes its result, and the
 daemon stores the run and marks the job done in one transaction. This module supplies the stop
 check the worker's runner polls: a stop request (`cancel()`, safe from a signal handler or another
 thread) and, every `preempt_every_s`, the daemon's production-load check. Either one kills the

@@ -81,6 +81,17 @@ def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, reaso
                   reason=reason, lock_dir=lock_dir, search=search)
 
 
+def warm_start_candidates(decision: Any) -> list[tuple[str, Any]]:
+    """The measured configurations whose warm start is worth timing: ('decided', the one the decision
+    applies) and ('runner-up', the best other one within every limit by median objective, a run flagged
+    "repeat this run" included), as far as they were measured."""
+    measured = [c for c in decision.candidates if c.source == "measured" and c.run_id is not None]
+    decided = [c for c in measured if c.config_id == decision.config_id][:1]
+    rivals = sorted((c for c in measured if c not in decided and c.status in ("chosen", "kept", "flagged")
+                     and c.median is not None), key=lambda c: c.median)
+    return [("decided", c) for c in decided] + [("runner-up", c) for c in rivals[:1]]
+
+
 def request_policy_name(requested: str, by_name: dict[str, Any]) -> str | None:
     """The daemon's own policy a hook's request names, or None. Matched by policy name only: a request
     can never bring in a policy file from elsewhere (its workload is code the daemon would run)."""

@@ -24,7 +24,7 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
                    as_json: bool) -> None:
     """Keep every policy's decision current: benchmark while the device is idle, refit, re-decide.
 
-    One daemon per database. SIGTERM/SIGINT stop it within seconds (the running measurement is
+    One daemon per database. SIGTERM/SIGINT stop it within seconds (the running measurements are
     re-queued); SIGHUP re-reads the config.
     """
     from joulepilot.controller.daemon import Daemon, DaemonAlreadyRunning, DaemonConfigError

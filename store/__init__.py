@@ -1,7 +1,14 @@
 """SQLite store: schema, migrations, typed reads and writes."""
 
 from .catalog import config_row, workload_row, workload_rows
-from .commit import commit_run, find_ok_run, run_columns, workload_needs_description
+from .commit import (
+    commit_run,
+    find_ok_run,
+    record_warm_start,
+    run_columns,
+    run_warm_start_state,
+    workload_needs_description,
+)
 from .compile_energy import compile_energy_sources, compile_energy_text, complete_compile_energy_j
 from .daemon_state import (
     HeartbeatRow,
@@ -119,7 +126,9 @@ __all__ = [
     "PendingImport",
     "RunNotStored",
     "StoreOutcome",
+    "record_warm_start",
     "run_columns",
+    "run_warm_start_state",
     "workload_needs_description",
     "json_column",
     "json_safe",

@@ -3,6 +3,7 @@ state in one transaction; and the reads `bench` and the daemon need before measu
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -11,6 +12,7 @@ import sqlite_utils
 
 from .daemon_state import finish_job
 from .db import transaction
+from .jsonvalues import json_object
 from .records import insert_run, upsert_config, upsert_devices, upsert_workload
 
 
@@ -69,3 +71,24 @@ def commit_run(db: sqlite_utils.Database, run: Mapping[str, Any], samples: Seque
         if job_id is not None:
             finish_job(db, job_id, state="done" if run.get("status") == "ok" else "failed", run_id=run_id)
     return run_id
+
+
+def run_warm_start_state(db: sqlite_utils.Database, run_id: int) -> tuple[str | None, float | None]:
+    """(artifacts_path, warm_start_s) of a stored run; (None, None) for a run that does not exist."""
+    row = db.execute("SELECT artifacts_path, warm_start_s FROM runs WHERE id = ?", [int(run_id)]).fetchone()
+    return (None, None) if row is None else (row[0], row[1])
+
+
+def record_warm_start(db: sqlite_utils.Database, run_id: int, warm_start_s: float | None,
+                      details: Mapping[str, Any]) -> bool:
+    """Set a stored run's `warm_start_s` (None when the warm start failed) and merge `details` into its
+    `extra`, in one transaction; False when the run does not exist."""
+    with transaction(db):
+        row = db.execute("SELECT extra FROM runs WHERE id = ?", [int(run_id)]).fetchone()
+        if row is None:
+            return False
+        extra = {**json_object(row[0]), **details}
+        db.execute("UPDATE runs SET warm_start_s = ?, extra = ? WHERE id = ?",
+                   [warm_start_s, json.dumps(extra, sort_keys=True, default=str), int(run_id)])
+    return True
+

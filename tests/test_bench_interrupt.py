@@ -29,23 +29,30 @@ def _repo_on_path(monkeypatch, request):
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 
 
-def _hanging_worker(bench_pid: int) -> psutil.Process | None:
-    """bench's worker once it is inside the (hanging) first forward call."""
-    try:
-        children = psutil.Process(bench_pid).children(recursive=True)
-    except psutil.Error:
-        return None
-    for proc in children:
+def _hanging_worker(bench_pid: int) -> tuple[list[psutil.Process], Path] | None:
+    """bench's worker processes (the workload's zygote and the job's worker forked from it) and the job's
+    scratch folder, once the job is inside the (hanging) first forward call."""
+    pattern = os.path.join(tempfile.gettempdir(), f"joulepilot-run-{bench_pid}-*", "phases.tsv")
+    for phases in glob.glob(pattern):
         try:
-            cmd = proc.cmdline()
-        except psutil.Error:
+            lines = Path(phases).read_text().strip().splitlines()
+        except OSError:
             continue
-        if "joulepilot.compiler.worker" in cmd:
-            phases = Path(cmd[-1]).with_name("phases.tsv")
-            lines = phases.read_text().strip().splitlines() if phases.is_file() else []
-            if lines and lines[-1].startswith("reference"):  # empty while the worker writes its first line
-                return proc
+        if lines and lines[-1].startswith("reference"):  # empty while the worker writes its first line
+            try:
+                family = psutil.Process(bench_pid).children(recursive=True)
+            except psutil.Error:
+                return None
+            workers = [p for p in family if _is_worker(p)]
+            return (workers, Path(phases).parent) if workers else None
     return None
+
+
+def _is_worker(proc: psutil.Process) -> bool:
+    try:
+        return "joulepilot.compiler.worker" in proc.cmdline()
+    except psutil.Error:
+        return False
 
 
 def _gone(proc: psutil.Process, timeout_s: float) -> bool:
@@ -65,16 +72,17 @@ def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig
            "--db", str(tmp_path / "b.db")]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        worker = wait_for(lambda: _hanging_worker(proc.pid), 120, "the worker to hang in its first call")
-        scratch = Path(worker.cmdline()[-1]).parent
+        workers, scratch = wait_for(lambda: _hanging_worker(proc.pid), 120, "the worker to hang in its first call")
         assert scratch.is_dir()
+        assert len(workers) == 2  # the workload's zygote and the job's worker forked from it
         os.kill(proc.pid, sig)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert _gone(worker, 10), f"worker {worker.pid} outlived bench after {sig.name}"
+    for worker in workers:
+        assert _gone(worker, 10), f"worker {worker.pid} outlived bench after {sig.name}"
     if sig == signal.SIGKILL:
         assert scratch.is_dir()  # nothing could clean up; the next start does
         nxt = CliRunner().invoke(main, ["bench", "tests.workload_factories:nope", "--device", "cpu",

@@ -91,7 +91,7 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fak
     finally:
         if daemon.poll() is None:
             daemon.kill()
-    # Its benchmark worker (a direct child: two process levels) dies with it (PR_SET_PDEATHSIG).
+    # Its zygote and the worker forked from it die with it (PR_SET_PDEATHSIG).
     assert not any("job_child" in " ".join(_cmdline(p)) for p in children)
     assert all_gone(children, 15), [p.cmdline() for p in children if p.is_running()]
     scratch = glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{daemon.pid}-*"))
@@ -134,18 +134,14 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fak
 
 
 def _worker_phase(daemon_pid: int) -> str | None:
-    for proc in family(daemon_pid):
+    """The phase its running job's worker last entered, from the job's scratch folder."""
+    for phases in glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{daemon_pid}-*", "phases.tsv")):
         try:
-            cmd = proc.cmdline()
-        except psutil.Error:
+            lines = Path(phases).read_text().strip().splitlines()
+        except OSError:
             continue
-        if "joulepilot.compiler.worker" in cmd:
-            phases = Path(cmd[-1]).with_name("phases.tsv")
-            try:
-                lines = phases.read_text().strip().splitlines()
-            except OSError:
-                return None
-            return lines[-1].split("\t")[0] if lines else None
+        if lines:
+            return lines[-1].split("\t")[0]
     return None
 
 
@@ -159,7 +155,9 @@ def test_sigterm_during_a_compile_stops_within_seconds_and_requeues(tmp_path):
         wait_for(lambda: _worker_phase(daemon.pid) == "compile", 180, "the worker to start compiling")
         children = family(daemon.pid)
         workers = [p for p in children if "joulepilot.compiler.worker" in " ".join(_cmdline(p))]
-        assert workers and all(_parent(p) == daemon.pid for p in workers)  # daemon -> worker, nothing between
+        # daemon -> the workload's zygote -> the job's worker, forked from it
+        zygotes = [p for p in workers if _parent(p) == daemon.pid]
+        assert len(zygotes) == 1 and [_parent(p) for p in workers if p not in zygotes] == [zygotes[0].pid]
         t0 = time.monotonic()
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(timeout=30)

@@ -78,6 +78,17 @@ def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, 
     entry = read_lock(policy_file, "cpu", torch_minor())
     assert entry is not None and entry["config_id"] == decisions[0]["config_id"]
     assert summary["lock_files"] == [str(policy_file.with_name("mlp.lock.json"))]
+    # The compiled configuration's warm start is timed: a worker with empty caches loads the saved artifacts,
+    # and its first call hits them. It is the decided one, or, while its run is flagged and the fallback is
+    # applied, the runner-up.
+    (warm,) = summary["warm_starts"]
+    assert warm["role"] == ("decided" if state == "verified" else "runner-up")
+    assert warm["run_id"] == runs[0]["id"] and warm["warm_start_s"] > 0
+    stored = query(db, "SELECT warm_start_s, extra FROM runs WHERE id = ?", [runs[0]["id"]])[0]
+    assert stored["warm_start_s"] == warm["warm_start_s"]
+    stored_extra = json.loads(stored["extra"])
+    assert stored_extra["warm_start_caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
+    assert stored_extra["warm_start_role"] == warm["role"] and stored_extra["job_wall_s"] > 0
     st = status(db)
     assert st["daemon"]["alive"] is False and st["daemon"]["state"] == "stopped"
     assert st["decisions"][0]["policy"] == "mlp" and st["decisions"][0]["state"] == state

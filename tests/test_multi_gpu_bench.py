@@ -22,6 +22,7 @@ from daemon_factories import TESTS_DIR, is_worker, wait_for
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
 from joulepilot.compiler import device_pool
+from joulepilot.compiler.zygote import FORKED
 from joulepilot.store import open_db
 
 from joulepilot.cli import main
@@ -73,6 +74,7 @@ def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp
         assert extra["fake_worker_env"] == {"TORCHINDUCTOR_COMPILE_THREADS": str(CORES // 2),
                                             "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         assert extra["worker_env"]["TORCHINDUCTOR_COMPILE_THREADS"] == str(CORES // 2)
+        assert extra["worker_process"] == FORKED  # from its GPU's zygote, with the job's variables applied
     # each configuration measured once and stored once, with its device; the two GPUs' runs overlap in time
     stored = [dict(r) for r in open_db(db).query("SELECT config_id, device, started_at, finished_at FROM runs")]
     assert sorted((r["config_id"], r["device"]) for r in stored) == sorted((r["config_id"], r["device"]) for r in runs)
@@ -109,20 +111,29 @@ def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, args, message):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def _hanging_workers() -> list[psutil.Process]:
-    """This process's benchmark workers once each is inside its (hanging) first forward call."""
-    found = []
+def _hanging_workers() -> tuple[list[str], list[psutil.Process]] | None:
+    """Once a job hangs in its first forward call on each GPU: the devices of those jobs (from their scratch
+    folders), and every benchmark worker process of this process (each GPU's zygote of the workload and the
+    job's worker forked from it)."""
+    devices = []
+    for phases in glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*", "phases.tsv")):
+        try:
+            lines = Path(phases).read_text().strip().splitlines()
+            job = json.loads(Path(phases).with_name("job.json").read_text())
+        except (OSError, ValueError):
+            continue  # a file still being written
+        if lines and lines[-1].startswith("reference"):
+            devices.append(job["device"])
+    if len(devices) != 2:
+        return None
+    workers = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            cmd = proc.cmdline()
+            if is_worker(proc.cmdline()):
+                workers.append(proc)
         except psutil.Error:
             continue
-        if is_worker(cmd):
-            phases = Path(cmd[-1]).with_name("phases.tsv")
-            lines = phases.read_text().strip().splitlines() if phases.is_file() else []
-            if lines and lines[-1].startswith("reference"):
-                found.append(proc)
-    return found
+    return devices, workers
 
 
 def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, own_tmpdir, monkeypatch):
@@ -130,9 +141,7 @@ def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus
     seen: dict[str, list[psutil.Process]] = {}
 
     def terminate_once_both_hang() -> None:
-        seen["workers"] = wait_for(lambda: len(_hanging_workers()) == 2 and _hanging_workers(), 120,
-                                   "a hanging worker on each GPU")
-        seen["devices"] = [json.loads(Path(w.cmdline()[-1]).read_text())["device"] for w in seen["workers"]]
+        seen["devices"], seen["workers"] = wait_for(_hanging_workers, 120, "a hanging worker on each GPU")
         os.kill(os.getpid(), signal.SIGTERM)  # bench's handler turns it into an exit in the main thread
 
     killer = threading.Thread(target=terminate_once_both_hang, daemon=True)
@@ -144,6 +153,7 @@ def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus
     assert result.exit_code == 128 + signal.SIGTERM, result.output
     workers = seen["workers"]
     assert sorted(seen["devices"]) == ["cuda:0", "cuda:1"]
+    assert len(workers) == 4  # on each GPU, the workload's zygote and the job's worker forked from it
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive  # both killed before bench exited
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))

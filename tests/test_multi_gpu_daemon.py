@@ -23,6 +23,7 @@ from daemon_factories import query, write_daemon_config, write_policy
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
 from joulepilot.compiler import device_pool
+from joulepilot.compiler.zygote import FORKED
 from joulepilot.controller.daemon import Daemon
 from joulepilot.controller.idle import own_process_tree
 
@@ -115,6 +116,8 @@ def test_two_jobs_at_once_each_on_its_own_gpu_and_counter(tmp_path, gpus):
         # each worker compiled with half of the cores, and numbered GPUs as NVML does
         assert extra["fake_worker_env"] == {"TORCHINDUCTOR_COMPILE_THREADS": str(CORES // 2),
                                             "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        # ... forked from its GPU's zygote of the workload, which applied the job's variables to it
+        assert extra["worker_process"] == FORKED
     # the heartbeats named both running jobs with their GPUs and workers (what `status` and a restart read)
     beats = [json.loads(b["detail"]) for b in query(db, "SELECT detail FROM heartbeats WHERE state = 'sweeping'")]
     both = [b["jobs"] for b in beats if len(b["jobs"]) == 2 and all(j.get("worker_pid") for j in b["jobs"])]
@@ -137,6 +140,39 @@ def test_a_busy_gpu_gets_no_job_while_the_idle_one_does(tmp_path, gpus, producti
     assert all(r["extra"]["device_uuids"] == {"gpu:1": UUIDS[1]} for r in runs)
     assert overlap_s(runs[0], runs[1]) < 0  # one after another, on the one idle GPU
     assert [j["state"] for j in query(db, "SELECT state FROM jobs")] == ["done", "done"]
+
+
+def test_a_gpu_waiting_for_its_quiet_period_has_its_zygote_started_meanwhile(tmp_path, gpus, production,
+                                                                             monkeypatch):
+    """While production work keeps cuda:0 from being idle, the daemon starts the zygote of the next job's
+    workload there (CPU work only, which does not disturb the GPU's quiet period), and ends it with the pass.
+    The idle GPU's two jobs share one idle baseline, taken at its first job."""
+    import joulepilot.compiler as compiler
+    import psutil
+    from joulepilot.compiler.zygote import ZygotePool
+
+    contexts: list[str] = []
+    real_context = compiler.sweep_context
+    monkeypatch.setattr(compiler, "sweep_context", lambda device, idle_s: contexts.append(device) or
+                        real_context(device, idle_s))
+    early: list[tuple[str, bool]] = []
+    real = ZygotePool.start_early
+
+    def recorded(pool, job, start):
+        real(pool, job, start)
+        early.append((job["device"], pool.pending_on(job["device"]) is not None))
+
+    monkeypatch.setattr(ZygotePool, "start_early", recorded)
+    gpus[0].processes = [production]
+    daemon, db = two_gpu_daemon(tmp_path)
+    result = daemon.run(once=True)
+    assert result.exit_code == 0, result.summary
+    runs = runs_of(db)
+    assert {r["device"] for r in runs} == {"cuda:1"} and len(runs) >= 2
+    assert contexts == ["cuda:1"]
+    assert ("cuda:0", True) in early  # started on the busy GPU while it waited
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and p.pid != production]
 
 
 def test_production_returning_on_one_gpu_stops_only_its_job(tmp_path, gpus, production):

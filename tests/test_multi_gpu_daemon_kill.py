@@ -31,6 +31,8 @@ UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-333
 
 
 def workers_of(pid: int) -> list[psutil.Process]:
+    """Every benchmark worker process under `pid`: each GPU's zygote of the workload, and the jobs' workers
+    forked from them."""
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -39,6 +41,18 @@ def workers_of(pid: int) -> list[psutil.Process]:
     for proc in children:
         try:
             if is_worker(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def job_workers_of(pid: int) -> list[psutil.Process]:
+    """The workers running a job under `pid` (not the zygotes, the daemon's own children, that fork them)."""
+    found = []
+    for proc in workers_of(pid):
+        try:
+            if proc.ppid() != pid:
                 found.append(proc)
         except psutil.Error:
             continue
@@ -61,18 +75,22 @@ def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_dupli
                               stderr=open(tmp_path / "first.log", "w"), stdin=subprocess.DEVNULL)
     try:
         # Kill it outright once a job is done and two others run at once, each with its worker.
-        def two_running_after_one_done() -> bool:
+        def two_running_after_one_done() -> list[psutil.Process] | None:
             states = [r["state"] for r in poll_query(db, "SELECT state FROM jobs")]
-            return states.count("done") >= 1 and states.count("running") == 2 and len(workers_of(daemon.pid)) == 2
+            running = states.count("done") >= 1 and states.count("running") == 2
+            found = job_workers_of(daemon.pid) if running else []
+            return found if len(found) == 2 else None
 
-        wait_for(two_running_after_one_done, 240, "a finished job and two running at once")
-        workers = workers_of(daemon.pid)
+        job_workers = wait_for(two_running_after_one_done, 240, "a finished job and two running at once")
+        zygotes = [p for p in workers_of(daemon.pid) if p not in job_workers]
+        assert len(zygotes) == 2  # each GPU's zygote of the workload, which forked the job's worker there
+        workers = job_workers + zygotes
         os.kill(daemon.pid, signal.SIGKILL)
         daemon.wait(timeout=10)
     finally:
         if daemon.poll() is None:
             daemon.kill()
-    _, alive = psutil.wait_procs(workers, timeout=15)  # both workers die with it (PR_SET_PDEATHSIG)
+    _, alive = psutil.wait_procs(workers, timeout=15)  # zygotes and workers die with it (PR_SET_PDEATHSIG)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
     jobs = query(db, "SELECT * FROM jobs ORDER BY id")

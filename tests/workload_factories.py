@@ -103,3 +103,14 @@ def linear(batch_size: int = 1, features: int = 32):
 
 
 not_callable = 42
+
+
+def parallel_at_build(batch_size: int = 1):
+    """Runs a multi-threaded matmul while it is built, as weight initialisation may: in a zygote that kept
+    torch's OpenMP pool for this, a forked worker would hang in its first parallel region."""
+    weight = torch.randn(512, 512)
+    mixed = weight @ weight.T / 512.0
+    linear = nn.Linear(512, 512)
+    with torch.no_grad():
+        linear.weight.copy_(mixed)
+    return linear, (torch.randn(max(batch_size, 64), 512),)

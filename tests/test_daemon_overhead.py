@@ -1,0 +1,135 @@
+"""What a daemon pass spends besides measuring: one idle baseline per pass and device, workers forked from
+the workload's zygote, warm starts only for the decided configuration and the runner-up; and the start-up
+check that ends a dead daemon's worker leaves a live sweep's forked workers alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+import pytest
+from daemon_factories import wait_for, write_daemon_config, write_policy
+from joulepilot.compiler import CompileConfig, worker_budget
+from joulepilot.compiler.runner import run_worker_job
+from joulepilot.compiler.zygote import FORKED, ZygotePool
+from joulepilot.controller.daemon import Daemon, _end_leftover_worker
+from joulepilot.controller.daemon_config import load_daemon_config
+from joulepilot.controller.redecide import warm_start_candidates
+from joulepilot.policies.resolve import Candidate, Decision
+from joulepilot.store import list_runs, open_db
+from joulepilot.store.daemon_state import write_heartbeat
+from joulepilot.store.jsonvalues import json_object
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch, request):
+    monkeypatch.syspath_prepend(str(request.config.rootpath))
+
+
+def test_a_pass_takes_each_devices_idle_baseline_once_and_forks_its_workers(tmp_path, fake_worker, monkeypatch,
+                                                                            own_tmpdir):
+    import joulepilot.compiler as compiler
+
+    contexts: list[str] = []
+    real = compiler.sweep_context
+
+    def counted(device, idle_s):
+        contexts.append(device)
+        return real(device, idle_s)
+
+    monkeypatch.setattr(compiler, "sweep_context", counted)
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "mlp", modes=("eager",), precisions=("fp32", "bf16", "tf32"))
+    cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.2))
+    result = Daemon(cfg).run(once=True)
+    assert result.exit_code == 0, result.summary
+    assert result.summary["runs_ok"] >= 3
+    assert contexts == ["cpu"]  # one idle baseline for the pass's jobs on the CPU
+    runs = list_runs(open_db(db))
+    assert {json_object(r["extra"])["worker_process"] for r in runs} == {FORKED}
+    for run in runs:
+        extra = json_object(run["extra"])
+        assert extra["job_wall_s"] >= run["window_s"] + extra["latency_s"]
+    # The pass's zygote ended with the pass.
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _candidate(label: str, status: str, median: float | None, run_id: int | None = 1, source: str = "measured"):
+    return Candidate(config={"id": label, "label": label}, label=label, source=source, status=status,
+                     median=median, run_id=run_id)
+
+
+def test_warm_starts_are_timed_for_the_decided_configuration_and_the_runner_up_only():
+    decision = Decision(policy="p", policy_hash="h", device_kind="cpu", torch_version="2.13", workload="mlp",
+                        workload_id="w", config={"id": "b", "label": "b"}, state="verified", reason="",
+                        objective="energy",
+                        expected_inferences=1, candidates=[
+                            _candidate("a", "kept", 3.0), _candidate("b", "chosen", 1.0),
+                            _candidate("c", "kept", 2.0), _candidate("d", "rejected", 0.5),
+                            _candidate("e", "proposed", 0.1, run_id=None, source="predicted"),
+                            _candidate("f", "flagged", 2.5)])
+    assert [(role, c.label) for role, c in warm_start_candidates(decision)] == [("decided", "b"), ("runner-up", "c")]
+    alone = Decision(**{**decision.__dict__, "candidates": [_candidate("b", "chosen", 1.0)]})
+    assert [(role, c.label) for role, c in warm_start_candidates(alone)] == [("decided", "b")]
+    # Provisional: the fallback (here eager, "x") is applied while the best run is flagged for a repeat.
+    provisional = Decision(**{**decision.__dict__, "state": "provisional", "config": {"id": "x", "label": "x"},
+                              "candidates": [_candidate("f", "flagged", 2.5), _candidate("x", "kept", 4.0)]})
+    assert [(role, c.label) for role, c in warm_start_candidates(provisional)] == [("decided", "x"),
+                                                                                  ("runner-up", "f")]
+
+
+def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, own_tmpdir):
+    """A dead daemon's heartbeat may name a pid that now belongs to a worker of a live bench, forked from its
+    zygote (so its parent is the zygote, not bench): it must not be ended."""
+    job = {"kind": "bench", "spec": "tests.workload_factories:hangs_on_first_call", "device": "cpu",
+           "config": CompileConfig(mode="eager").to_row(), "min_seconds": 0.2, "idle_power_w": {}}
+    pids: list[int] = []
+    stop = threading.Event()
+    results: list[dict] = []
+    with ZygotePool() as pool:
+        thread = threading.Thread(target=lambda: results.append(run_worker_job(
+            job, budget=worker_budget(120, 0.2), zygotes=pool, on_start=pids.append,
+            cancel=lambda: "test over" if stop.is_set() else None)))
+        thread.start()
+        try:
+            wait_for(lambda: pids, 120, "the forked worker")
+            worker = psutil.Process(pids[0])
+            assert worker.ppid() == pool.current.pid  # bench -> zygote -> worker
+            db = open_db(tmp_path / "j.db")
+            write_heartbeat(db, "sweeping", {"job": {"worker_pid": worker.pid}})
+            _end_leftover_worker(db)
+            time.sleep(1.0)
+            assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+        finally:
+            stop.set()
+            thread.join(60)
+    assert results and results[0]["status"] == "cancelled"
+
+
+def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(tmp_path, fake_worker, own_tmpdir):
+    """Only on a GPU (its idle check looks at the GPU, which the zygote never touches); on a CPU device the
+    zygote's start would be the very load the wait is about."""
+    from joulepilot.compiler.zygote import ZygotePool
+    from joulepilot.policies import load_policy
+    from joulepilot.store import enqueue_job, queued_jobs, upsert_config
+
+    policies = tmp_path / "policies"
+    policy = load_policy(write_policy(policies, "mlp", modes=("eager",)))
+    cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies))
+    daemon = Daemon(cfg)
+    daemon.db = open_db(tmp_path / "j.db")
+    config = CompileConfig(mode="eager", batch_size=8)
+    upsert_config(daemon.db, config.to_row())
+    enqueue_job(daemon.db, policy="mlp", workload_id="w", config_id=config.id, provenance_key="p", max_attempts=3)
+    (job,) = queued_jobs(daemon.db)
+    with ZygotePool() as pool:
+        daemon._zygotes = pool
+        daemon._start_zygote_while_waiting(job, policy, "cpu")
+        assert pool.pending is None
+        daemon._start_zygote_while_waiting(job, policy, "cuda:0")
+        assert pool.pending is not None and pool.pending.proc.poll() is None
+        assert (pool.pending.key.spec, pool.pending.key.batch_size, pool.pending.key.device) == ("mlp", 8, "cuda:0")
+    assert pool.pending is None

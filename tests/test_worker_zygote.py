@@ -1,0 +1,238 @@
+"""The worker zygote: one process per workload imports torch and builds the model once, and each
+configuration's worker is forked from it, with compile caches of its own; where forking is not safe the
+jobs run as fresh processes. Cache isolation is checked with real Inductor compiles (marked slow)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_factories import wait_for
+from joulepilot.compiler import CompileConfig, bench, worker_budget
+from joulepilot.compiler.bench import worker_job_key
+from joulepilot.compiler.runner import read_phases, run_worker_job, start_zygote_early
+from joulepilot.compiler.workloads import can_prebuild
+from joulepilot.compiler.zygote import FORK_WORKERS_ENV, FORKED, FRESH, ZygotePool
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch, request):
+    # the zygote and the workers import tests.workload_factories through the parent's import roots
+    monkeypatch.syspath_prepend(str(request.config.rootpath))
+
+
+def _job(spec: str, config: CompileConfig, **extra) -> dict:
+    return {"kind": "bench", "spec": spec, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
+            "idle_power_w": {}, **extra}
+
+
+def _family() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, own_tmpdir):
+    budget = worker_budget(120, 0.2)
+    parents: list[int] = []
+
+    def started(pid: int) -> None:
+        parents.append(psutil.Process(pid).ppid())
+
+    with ZygotePool() as pool:
+        first = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool, on_start=started)
+        zygote = pool.current
+        assert zygote is not None
+        second = run_worker_job(_job("mlp", CompileConfig(mode="default")), budget=budget, zygotes=pool,
+                                on_start=started)
+        assert pool.current is zygote
+        assert zygote.info["fork_safe"] and zygote.info["built"]
+        assert {"torch", "torch._dynamo", "torch.export"} <= set(zygote.info["preloaded"])
+        # Nothing is ever compiled in the zygote: its own cache folder stays empty.
+        assert not any((zygote.workdir / "inductor-cache").rglob("*"))
+        other = run_worker_job(_job("mlp", CompileConfig(mode="eager"), seq_len=None, image_size=7),
+                               budget=budget, zygotes=pool, on_start=started)
+        assert pool.current is not zygote and zygote.proc.poll() is not None  # a new workload, a new zygote
+        assert not zygote.workdir.exists()
+    assert [r["status"] for r in (first, second, other)] == ["ok", "ok", "ok"], (first, second, other)
+    assert {r["worker_process"] for r in (first, second, other)} == {FORKED}
+    assert parents[:2] == [zygote.pid, zygote.pid] and parents[2] != zygote.pid
+    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
+
+
+def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fake_worker, own_tmpdir):
+    budget = worker_budget(120, 0.2)
+    with ZygotePool() as pool:
+        start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, None))
+        early = pool.pending
+        assert early is not None and pool.current is None
+        result = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
+        assert result["worker_process"] == FORKED and pool.current is early and pool.pending is None
+    with ZygotePool() as pool:
+        start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, 7))
+        other = pool.pending
+        result = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
+        assert result["status"] == "ok" and pool.current is not other and other.proc.poll() is not None
+    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(fake_worker, own_tmpdir):
+    """A sweep over several GPUs runs each job on a thread that ends with the job, and the kernel's
+    PR_SET_PDEATHSIG follows the thread that started a process: the pool starts its zygotes on a thread of
+    its own, so the device's next jobs are forked from the same zygote."""
+    budget = worker_budget(120, 0.2)
+    results: list[dict] = []
+    parents: list[int] = []
+    with ZygotePool() as pool:
+        for mode in ("eager", "default", "eager"):
+            job = _job("mlp", CompileConfig(mode=mode))
+            thread = threading.Thread(target=lambda job=job: results.append(run_worker_job(
+                job, budget=budget, zygotes=pool, on_start=lambda pid: parents.append(psutil.Process(pid).ppid()))))
+            thread.start()
+            thread.join(120)
+            assert not thread.is_alive()
+            time.sleep(0.3)  # a zygote killed with its thread would be gone by now
+            assert pool.current is not None and pool.current.proc.poll() is None
+        zygote = pool.current
+    assert [r["worker_process"] for r in results] == [FORKED] * 3, results
+    assert parents == [zygote.pid] * 3
+
+
+def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, own_tmpdir):
+    runs = bench("mlp", [CompileConfig(mode="eager"), CompileConfig(mode="eager", precision="bf16")], device="cpu",
+                 min_seconds=0.2, db=db, idle_s=0)
+    assert [r["status"] for r in runs] == ["ok", "ok"]
+    assert [r["extra"]["worker_process"] for r in runs] == [FORKED, FORKED]
+    for run in runs:  # the job's wall time covers its parts (the first also starts the zygote)
+        extra = run["extra"]
+        assert extra["job_wall_s"] >= run["compile_s"] + run["warmup_s"] + extra["latency_s"] + run["window_s"]
+    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
+
+
+def test_fork_workers_off_runs_fresh_processes(db, fake_worker, monkeypatch):
+    monkeypatch.setenv(FORK_WORKERS_ENV, "0")
+    (run,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    assert run["status"] == "ok"
+    assert run["extra"]["worker_process"] == f"{FRESH} ({FORK_WORKERS_ENV}=0)"
+
+
+def test_a_forked_worker_uses_torchs_thread_count_after_a_parallel_build(db, monkeypatch):
+    """The zygote builds with one intra-op thread (an OpenMP pool in it would hang the forked worker's first
+    parallel region), and each worker runs with torch's own count, as a fresh process does."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    spec = "tests.workload_factories:parallel_at_build"
+    (forked,) = bench(spec, [CompileConfig(mode="eager")], device="cpu", min_seconds=0.3, db=db, idle_s=0,
+                      budget_s=60)
+    assert forked["status"] == "ok", forked["reason"]
+    assert forked["extra"]["worker_process"] == FORKED
+    monkeypatch.setenv(FORK_WORKERS_ENV, "0")
+    (fresh,) = bench(spec, [CompileConfig(mode="eager")], device="cpu", min_seconds=0.3, db=db, idle_s=0,
+                     budget_s=60, force=True)
+    assert fresh["status"] == "ok" and fresh["extra"]["worker_process"].startswith(FRESH)
+    assert forked["extra"]["torch_threads"] == fresh["extra"]["torch_threads"] == 2
+
+
+def test_a_module_that_starts_a_thread_at_import_is_run_in_fresh_processes(db, tmp_path, fake_worker):
+    (tmp_path / "threaded.py").write_text(
+        "import threading, time\nimport torch\n"
+        "threading.Thread(target=time.sleep, args=(600,), name='poller', daemon=True).start()\n"
+        "def build(batch_size=1):\n    return torch.nn.Linear(4, 4), (torch.randn(batch_size, 4),)\n")
+    (run,) = bench(f"{tmp_path / 'threaded.py'}:build", [CompileConfig(mode="eager")], device="cpu",
+                   min_seconds=0.2, db=db, idle_s=0)
+    assert run["status"] == "ok", run["reason"]
+    assert run["extra"]["worker_process"] == f"{FRESH} (preloading started 1 Python thread(s) (poller))"
+
+
+def test_a_worker_whose_zygote_dies_fails_with_the_reason_and_the_next_job_gets_a_new_zygote(fake_worker, own_tmpdir):
+    budget = worker_budget(120, 0.2)
+    hang = _job("tests.workload_factories:hangs_on_first_call", CompileConfig(mode="eager"))
+    with ZygotePool() as pool:
+        workdirs: list[Path] = []
+
+        def kill_zygote_in_reference(kind: str, phase: str) -> None:
+            if phase == "reference":
+                os.kill(pool.current.pid, signal.SIGKILL)
+
+        result = run_worker_job(hang, budget=budget, zygotes=pool, on_phase=kill_zygote_in_reference, keep_dir=True)
+        workdirs.append(Path(result["workdir"]))
+        first_zygote = pool.current
+        assert result["status"] == "failed"
+        assert result["reason"].startswith("worker killed by SIGKILL during reference")
+        assert "its zygote process died" in result["reason"]
+        wait_for(lambda: not [p for p in _family() if p.pid != first_zygote.pid and p.is_running()
+                              and p.status() != psutil.STATUS_ZOMBIE], 15, "the worker to die with its zygote")
+        fine = run_worker_job(_job("tests.workload_factories:hangs_on_first_call", CompileConfig(mode="eager")),
+                              budget=worker_budget(3, 0.2), zygotes=pool, keep_dir=True)
+        workdirs.append(Path(fine["workdir"]))
+        assert pool.current is not first_zygote and fine["worker_process"] == FORKED
+        assert fine["reason"] == "the first forward call (eager reference) exceeded the compile budget of 3 s"
+        assert [p for p, _ in read_phases(workdirs[1] / "phases.tsv")][-1] == "reference"
+
+
+def test_a_prebuilt_workload_is_the_one_a_worker_would_build_and_is_handed_out_once():
+    import torch
+    from joulepilot.compiler.workloads import load_workload, prebuild_workload
+
+    built = prebuild_workload("mlp", batch_size=3, seq_len=None, image_size=None, seed=7)
+    handed = load_workload("mlp", batch_size=3, device="cpu", seed=7)
+    assert handed.model is built.model  # the zygote's copy, not a second build
+    fresh = load_workload("mlp", batch_size=3, device="cpu", seed=7)  # handed out once: built anew
+    assert fresh.model is not built.model
+    for a, b in zip(built.model.state_dict().values(), fresh.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(built.example_inputs[0], fresh.example_inputs[0])
+    other_seed = prebuild_workload("mlp", batch_size=3, seed=8)
+    assert load_workload("mlp", batch_size=3, device="cpu", seed=7).model is not other_seed.model
+    assert load_workload("mlp", batch_size=3, device="cpu", seed=8).model is other_seed.model
+
+
+def test_a_forked_worker_decides_inductors_compile_threads_from_its_own_environment(monkeypatch):
+    """Inductor reads TORCHINDUCTOR_COMPILE_THREADS when it is imported, which happened in the zygote: a job
+    that sets it (compile threads split between concurrent jobs) must get it as a fresh worker would."""
+    from joulepilot.compiler.zygote_server import _fresh_compile_state
+    from torch._inductor import config
+
+    monkeypatch.setattr(config, "compile_threads", config.compile_threads)  # restored afterwards
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    _fresh_compile_state()
+    assert config.compile_threads == 3
+
+
+def test_only_a_factory_for_a_gpu_is_left_to_each_worker_to_build():
+    assert can_prebuild("mlp", "cpu") and can_prebuild("torchvision:resnet50", "cuda:0")
+    assert can_prebuild("pkg.models:build", "cpu")
+    assert not can_prebuild("pkg.models:build", "cuda:0")  # it may build on the device it is given
+
+
+@pytest.mark.slow
+def test_a_second_configuration_compiles_cold_and_does_not_hit_the_first_ones_cache(db, own_tmpdir):
+    """The same compiled configuration twice in one sweep (`force`): if the second worker could see the first
+    one's Inductor cache (or in-process compiled state inherited from the zygote) it would record hits."""
+    config = CompileConfig(mode="default")
+    runs = bench("tests.workload_factories:linear", [config, config], device="cpu", min_seconds=0.2, db=db,
+                 idle_s=0, force=True, save_artifacts=False)
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r["reason"] for r in runs]
+    for run in runs:
+        caches = run["extra"]["compile_caches"]
+        assert run["extra"]["worker_process"] == FORKED
+        assert caches.get("fxgraph_cache_miss", 0) >= 1, caches
+        assert not caches.get("fxgraph_cache_hit") and not caches.get("autograd_cache_hit"), caches
+
+
+def test_a_module_that_exits_at_import_fails_each_run_as_a_fresh_worker_would(db, tmp_path, fake_worker):
+    """The zygote dies importing it; the jobs run as fresh processes and fail with the worker's own reason."""
+    (tmp_path / "hostile.py").write_text("import os, sys\nprint('refusing to load', file=sys.stderr)\n"
+                                         "os._exit(7)\ndef build(batch_size=1):\n    pass\n")
+    runs = bench(f"{tmp_path / 'hostile.py'}:build", [CompileConfig(mode="eager"), CompileConfig(mode="default")],
+                 device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    for run in runs:
+        assert run["status"] == "failed" and run["reason"].startswith("worker exited with code 7 during load")
+        assert run["extra"]["worker_process"] == \
+            f"{FRESH} (the zygote exited with code 7 while preloading: refusing to load)"
