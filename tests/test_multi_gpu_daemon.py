@@ -143,7 +143,8 @@ def test_a_busy_gpu_gets_no_job_while_the_idle_one_does(tmp_path, gpus, producti
 
 
 def test_production_returning_on_one_gpu_stops_only_its_job(tmp_path, gpus, production):
-    daemon, db = two_gpu_daemon(tmp_path)
+    # 0.5 s windows: the job on cuda:0 is stopped within a poll (0.5 s) of its worker's start, which takes longer
+    daemon, db = two_gpu_daemon(tmp_path, min_seconds=0.5)
     stopped: dict[str, int] = {}
 
     def production_starts_on_gpu0() -> None:

@@ -156,7 +156,8 @@ def test_explain_notes_a_recompile_limit_hit_without_rejecting_the_configuration
     assert warning in shown["default/fp32/b8"]["notes"][0]
 
 
-def test_bench_cli_measures_a_shape_set_and_refuses_a_bad_one_in_one_line(tmp_path):
+def test_bench_cli_measures_a_shape_set_and_refuses_a_bad_one_in_one_line(tmp_path, fake_worker):
+    # the fake worker: eager compiles nothing, and its shorter warm-up and latency pass change nothing here
     runner = CliRunner()
     result = runner.invoke(main, ["bench", "tests.shape_workloads:build", "--modes", "eager", "--shapes",
                                   "seq_len=4:3,12", "--batch-size", "2", "--device", "cpu", "--min-seconds", "0.2",

@@ -151,7 +151,8 @@ def test_inputs_are_zero_padded_to_the_bucket_shape():
         pad_like(torch.zeros(2, 9), torch.zeros(2, 8))
 
 
-def test_bench_stores_a_shape_set_run_under_the_shape_sets_workload(tmp_path):
+def test_bench_stores_a_shape_set_run_under_the_shape_sets_workload(tmp_path, fake_worker):
+    # the fake worker: eager compiles nothing, and its shorter warm-up and latency pass change nothing checked here
     shapes = ShapeSet("seq_len", (4, 12), (3, 1))
     runs = bench(SPEC, [CompileConfig(mode="eager", batch_size=2)], device="cpu", min_seconds=0.2, idle_s=0,
                  db=tmp_path / "j.db", shapes=shapes, warm_start=False)
