@@ -7,6 +7,7 @@ The models are small plain-torch files written by the tests. Dynamo runs in fron
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from decision_factories import seed_runs, write_policy
-from joulepilot.compiler import CompileConfig, inductor, load_workload, workload_id
+from joulepilot.compiler import CompileConfig, inductor, load_workload, runner, workload_id
 from joulepilot.compiler.doctor import analyse_model
 from joulepilot.compiler.graph_breaks import break_summary, doctor_command
 from joulepilot.compiler.provenance import cpu_name, provenance
@@ -26,6 +27,8 @@ from joulepilot.store import insert_run, open_db, upsert_config, upsert_host, up
 from joulepilot.store.deployments import insert_samples, register_deployment
 
 from joulepilot.cli import main
+
+real_run_worker_job = runner.run_worker_job
 
 BREAKING_MODEL = '''"""A model with two graph breaks: a print() and a branch on a tensor's value."""
 import torch
@@ -144,11 +147,23 @@ def _analyse(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def doctored(tmp_path_factory):
-    """`joulepilot doctor model.py:make --backend eager --json`, run once (a real worker process)."""
+    """`joulepilot doctor model.py:make --backend eager --json`, run once (a real worker process), with what its
+    worker returned (`worker_result`), for the text test to give the same command again."""
     path = _write(tmp_path_factory.mktemp("doctor"), BREAKING_MODEL)
-    result = CliRunner().invoke(main, ["doctor", f"{path}:make", "--backend", "eager", "--device", "cpu", "--json"])
+    returned: list[dict] = []
+
+    def recording(job, **kwargs):
+        result = real_run_worker_job(job, **kwargs)
+        returned.append(copy.deepcopy(result))
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "run_worker_job", recording)
+        result = CliRunner().invoke(main, ["doctor", f"{path}:make", "--backend", "eager", "--device", "cpu",
+                                           "--json"])
     assert result.exit_code == 0, (result.output, result.stderr)
-    return {"path": path, "found": json.loads(result.stdout), "stderr": result.stderr}
+    (worker_result,) = returned
+    return {"path": path, "found": json.loads(result.stdout), "stderr": result.stderr, "worker_result": worker_result}
 
 
 def test_doctor_names_the_print_and_the_branch(doctored):
@@ -182,9 +197,19 @@ def test_doctor_json_has_graphs_recompiles_and_eager_time(doctored):
     assert "[1/1]" in doctored["stderr"] and "graph break(s)" in doctored["stderr"]
 
 
-def test_doctor_text_names_both_lines_with_their_fixes(tmp_path):
-    path = _write(tmp_path, BREAKING_MODEL)
+def test_doctor_text_names_both_lines_with_their_fixes(doctored, monkeypatch):
+    # The same command without --json; its worker's analysis is the one the JSON tests read (the worker process,
+    # whose start is most of the cost, is theirs): this test is about the text made of it.
+    path = doctored["path"]
+    jobs = []
+
+    def replay(job, **_):
+        jobs.append(job)
+        return copy.deepcopy(doctored["worker_result"])
+
+    monkeypatch.setattr(runner, "run_worker_job", replay)
     result = CliRunner().invoke(main, ["doctor", f"{path}:make", "--backend", "eager", "--device", "cpu"])
+    assert [(j["kind"], j["spec"], j["backend"]) for j in jobs] == [("doctor", f"{path}:make", "eager")]
     assert result.exit_code == 0, (result.output, result.stderr)
     out = result.stdout
     for marker in ("break: print", "break: branch"):

@@ -10,6 +10,7 @@ on a GPU. The SIGKILL test for the parallel sweep is in test_multi_gpu_daemon_ki
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from joulepilot.controller.idle import own_process_tree
 UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
 WATTS = (100.0, 300.0)  # far apart, so a run metered on the wrong GPU shows it
 CORES = 16  # the host's cores as the scheduler is told them (this machine has fewer)
+IDLE_S = 0.5  # each job's idle baseline (2 s on a GPU): these tests check which GPU it is taken on, not its length
 
 
 @pytest.fixture(autouse=True)
@@ -53,6 +55,7 @@ def gpus(monkeypatch, fake_worker):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv(device_pool.COMPILE_THREADS_ENV, raising=False)
     monkeypatch.setattr(device_pool, "available_cores", lambda: CORES)
+    monkeypatch.setattr(importlib.import_module("joulepilot.compiler.bench"), "default_idle_s", lambda device: IDLE_S)
     return two
 
 
@@ -131,7 +134,7 @@ def test_two_jobs_at_once_each_on_its_own_gpu_and_counter(tmp_path, gpus):
 
 def test_a_busy_gpu_gets_no_job_while_the_idle_one_does(tmp_path, gpus, production):
     gpus[0].processes = [production]
-    daemon, db = two_gpu_daemon(tmp_path)
+    daemon, db = two_gpu_daemon(tmp_path, min_seconds=0.5)  # about where the jobs run, not their windows
     result = daemon.run(once=True)
     assert result.exit_code == 0, result.summary
     assert not result.summary["paused"] and result.summary["runs_ok"] >= 2
@@ -176,7 +179,8 @@ def test_a_gpu_waiting_for_its_quiet_period_has_its_zygote_started_meanwhile(tmp
 
 
 def test_production_returning_on_one_gpu_stops_only_its_job(tmp_path, gpus, production):
-    daemon, db = two_gpu_daemon(tmp_path)
+    # 0.5 s windows: the job on cuda:0 is stopped within a poll (0.5 s) of its worker's start, which takes longer
+    daemon, db = two_gpu_daemon(tmp_path, min_seconds=0.5)
     stopped: dict[str, int] = {}
 
     def production_starts_on_gpu0() -> None:

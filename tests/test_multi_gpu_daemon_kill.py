@@ -1,20 +1,25 @@
 """SIGKILL of the daemon in the middle of a sweep over two GPUs, then a restart: no half-written run, no
 duplicate, every job measured once.
 
-The daemon is a real process; NVML in it and in its workers is the fake with two GPUs
+The daemon that is killed is a real process; NVML in it and in its workers is the fake with two GPUs
 (`fake_pynvml.subprocess_env`), and the workers are the fake worker (the model on the CPU, the energy from the
-fake GPU's counter).
+fake GPU's counter). The restart, about what the next daemon makes of what the killed one left, runs the same
+command in this process (`joulepilot daemon --once` through click, NVML the same fake installed here), which
+saves a process start with its imports.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
 
 import psutil
+from click.testing import CliRunner
 from daemon_factories import (
     daemon_cmd,
     is_worker,
@@ -26,6 +31,8 @@ from daemon_factories import (
 )
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
+
+from joulepilot.cli import main
 
 UUIDS = ("GPU-0a0a0a0a-1111-2222-3333-444444444444", "GPU-1b1b1b1b-1111-2222-3333-444444444444")
 
@@ -60,7 +67,7 @@ def job_workers_of(pid: int) -> list[psutil.Process]:
 
 
 def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_duplicate_run(
-        tmp_path, monkeypatch, fake_worker, own_tmpdir):
+        tmp_path, monkeypatch, fake_worker, own_tmpdir, restore_logging):
     gpus = [FakeGpu(uuid=UUIDS[0], power_w=100.0), FakeGpu(uuid=UUIDS[1], power_w=300.0)]
     for name, value in fake_pynvml.subprocess_env(gpus).items():
         monkeypatch.setenv(name, value)
@@ -68,7 +75,8 @@ def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_dupli
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager", "default"), precisions=("fp32", "bf16"))  # four jobs
-    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=1.0)
+    # 0.5 s windows: each job still spends seconds in its worker, time enough to be caught running
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.5)
     config.write_text('devices = "auto"\n' + config.read_text().replace("[idle]\n", "[idle]\nmin_idle_s = 0\n"))
 
     daemon = subprocess.Popen(daemon_cmd("--config", str(config)), stdout=subprocess.DEVNULL,
@@ -107,11 +115,14 @@ def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_dupli
         assert samples > 0  # the run and its samples, written together
 
     # Restart: both orphaned jobs go back in the queue and are measured; the finished ones are not redone.
-    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json"), capture_output=True, text=True,
-                          timeout=400)
-    assert proc.returncode == 0, proc.stderr
-    assert re.search(rf"job\(s\) {running[0]}, {running[1]} re-queued", proc.stderr)
-    summary = json.loads(proc.stdout)
+    fake_pynvml.install(monkeypatch, gpus, call_latency_s=0.0035)
+    # each job's idle baseline 0.5 s, not a GPU's 2 s: what matters here is which jobs are measured, and where
+    monkeypatch.setattr(importlib.import_module("joulepilot.compiler.bench"), "default_idle_s", lambda device: 0.5)
+    logging.getLogger("joulepilot").handlers.clear()  # the daemon logs to the stderr the runner gives it
+    restart = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert restart.exit_code == 0, (restart.output, restart.stderr)
+    assert re.search(rf"job\(s\) {running[0]}, {running[1]} re-queued", restart.stderr)
+    summary = json.loads(restart.stdout)
     assert summary["devices"] == ["cuda:0", "cuda:1"] and [d["policy"] for d in summary["decided"]] == ["mlp"]
 
     jobs = query(db, "SELECT * FROM jobs ORDER BY id")

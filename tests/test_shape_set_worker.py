@@ -5,7 +5,7 @@ The worker runs in this process (`worker.run_job`) on a small plain-torch model 
 (tests/shape_workloads.py). Its compiles are real Dynamo compiles (guards, recompiles, the recompile limit)
 handed to Dynamo's own `eager` backend instead of Inductor, which would spend seconds generating C++ per size
 on this machine: these tests are about how Dynamo meets the sizes, not about Inductor's code. The test marked
-slow runs `bench` with Inductor in the real worker process.
+slow runs `bench` with Inductor in the real worker process (on a one-layer model, `build_linear`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from joulepilot.compiler.workloads import workload_id
 from joulepilot.telemetry import EnergyMeter
 
 SPEC = "tests.shape_workloads:build"
+LINEAR_SPEC = "tests.shape_workloads:build_linear"
 
 
 @pytest.fixture(autouse=True)
@@ -150,7 +151,8 @@ def test_inputs_are_zero_padded_to_the_bucket_shape():
         pad_like(torch.zeros(2, 9), torch.zeros(2, 8))
 
 
-def test_bench_stores_a_shape_set_run_under_the_shape_sets_workload(tmp_path):
+def test_bench_stores_a_shape_set_run_under_the_shape_sets_workload(tmp_path, fake_worker):
+    # the fake worker: eager compiles nothing, and its shorter warm-up and latency pass change nothing checked here
     shapes = ShapeSet("seq_len", (4, 12), (3, 1))
     runs = bench(SPEC, [CompileConfig(mode="eager", batch_size=2)], device="cpu", min_seconds=0.2, idle_s=0,
                  db=tmp_path / "j.db", shapes=shapes, warm_start=False)
@@ -172,9 +174,10 @@ def test_padding_without_a_shape_set_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_bench_with_inductor_recompiles_per_size_statically_and_once_dynamically(tmp_path):
+    # One Linear layer over the sequence: every compile is a real Inductor one, with no C++ kernel to build per size
     shapes = ShapeSet("seq_len", (5, 6, 7))
     configs = [CompileConfig(mode="default", batch_size=2), CompileConfig(mode="default", dynamic=True, batch_size=2)]
-    static, dynamic = bench(SPEC, configs, device="cpu", min_seconds=0.2, idle_s=0, db=tmp_path / "j.db",
+    static, dynamic = bench(LINEAR_SPEC, configs, device="cpu", min_seconds=0.2, idle_s=0, db=tmp_path / "j.db",
                             shapes=shapes, warm_start=False, save_artifacts=False)
     assert static["status"] == dynamic["status"] == "ok", (static.get("reason"), dynamic.get("reason"))
     assert static["recompiles"] == 2 and [s["compiled_frames"] for s in static["extra"]["shapes"]["sizes"]] == [1, 1, 1]

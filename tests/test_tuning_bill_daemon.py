@@ -1,36 +1,41 @@
 """The tuning bill of the daemon: each pass logs and returns the seconds and joules it spent measuring per
 policy, and `joulepilot status` shows them (text and JSON) beside every run the daemon ever made for it.
-The workers are the fake (tests/fake_worker.py): this is about the bookkeeping, not about compiling."""
+The workers are the fake (tests/fake_worker.py): this is about the bookkeeping, not about compiling. The daemon
+passes and `status` run in this process (the CLI through click), which saves a process start with its imports each
+and checks the same summary, log and output."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import logging
 
 import pytest
 from bill_factories import JOB_WALL_S, runs_of, store_run
-from daemon_factories import daemon_cmd, use_fake_worker, write_daemon_config, write_policy
+from click.testing import CliRunner
+from daemon_factories import use_fake_worker, write_daemon_config, write_policy
 from joulepilot.policies.bill import bill_of, calls_text, duration_text, energy_text
 from joulepilot.store import open_db
 from joulepilot.store.runs import daemon_runs
 
+from joulepilot.cli import main
+
 
 def once(config):
-    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json"), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), proc.stderr
+    """`joulepilot daemon --once --json` in this process. The daemon logs to the stderr it finds when it first
+    configures logging; each pass here gets a stderr of its own, so its handler is set up again."""
+    logging.getLogger("joulepilot").handlers.clear()
+    result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return json.loads(result.stdout), result.stderr
 
 
 def status(db, *args):
-    proc = subprocess.run([sys.executable, "-m", "joulepilot", "status", "--db", str(db), *args],
-                          capture_output=True, text=True, timeout=60, env=None)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    result = CliRunner().invoke(main, ["status", "--db", str(db), *args])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    return result.stdout
 
 
-def test_each_pass_and_status_show_what_measuring_cost_per_policy(tmp_path, monkeypatch):
+def test_each_pass_and_status_show_what_measuring_cost_per_policy(tmp_path, monkeypatch, restore_logging):
     use_fake_worker(monkeypatch)
     monkeypatch.setenv("COLUMNS", "300")
     db = tmp_path / "j.db"
