@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .options import REGIONAL_AUTO, ConfigError
+from .shapes import recompile_limit
 
 
 class RegionalError(ConfigError):
@@ -128,17 +129,6 @@ def compile_blocks(model: Any, regional: str, compile_kwargs: dict[str, Any]) ->
     for path in block.paths:
         modules[path].compile(**compile_kwargs)
     return block
-
-
-def recompile_limit() -> int | None:
-    """Dynamo's limit of compiled variants per code object (past it, calls run eagerly)."""
-    from torch._dynamo import config
-
-    for name in ("recompile_limit", "cache_size_limit"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def describe_regional(block: BlockClass) -> dict[str, Any]:

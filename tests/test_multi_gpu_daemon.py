@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -34,16 +33,9 @@ CORES = 16  # the host's cores as the scheduler is told them (this machine has f
 IDLE_S = 0.5  # each job's idle baseline (2 s on a GPU): these tests check which GPU it is taken on, not its length
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """The daemon configures the `joulepilot` logger (its own handler, no propagation); put it back, or later
-    tests in this process that read log records through pytest would see none."""
-    logger = logging.getLogger("joulepilot")
-    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
-    yield
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-    logger.propagate = propagate
+# The daemon configures the `joulepilot` logger (its own handler, no propagation): conftest's fixture puts
+# it back, or later tests in this process that read log records through pytest would see none.
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture
@@ -114,8 +106,10 @@ def test_two_jobs_at_once_each_on_its_own_gpu_and_counter(tmp_path, gpus):
         extra = run["extra"]
         assert run["status"] == "ok" and run["energy_source"] == "nvml"
         assert extra["device_uuids"] == {f"gpu:{index}": UUIDS[index]}  # metered on its own GPU, by UUID
-        assert run["avg_power_w"] == pytest.approx(WATTS[index], rel=0.15)  # ... that GPU's counter
-        assert run["idle_power_w"] == pytest.approx(WATTS[index], rel=0.15)  # its idle baseline: the same GPU
+        # ... that GPU's counter: within a third of its watts, which tells 100 W from 300 W apart while a
+        # 1-s window on a busy host reads the ~100 ms counter steps with a few steps' error (348 W seen)
+        assert run["avg_power_w"] == pytest.approx(WATTS[index], rel=1 / 3)
+        assert run["idle_power_w"] == pytest.approx(WATTS[index], rel=1 / 3)  # its idle baseline: the same GPU
         # each worker compiled with half of the cores, and numbered GPUs as NVML does
         assert extra["fake_worker_env"] == {"TORCHINDUCTOR_COMPILE_THREADS": str(CORES // 2),
                                             "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
