@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from .budget import FIRST_CALL_PHASES, WorkerBudget
-from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool
+from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool, kill_process_tree
 
 POLL_S = 0.2
 STDERR_TAIL_LINES = 12
@@ -138,25 +138,13 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
 
 
 def kill_worker_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the worker's process group and every descendant (one that started its own session too)."""
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
+    """SIGKILL the worker's process group and every descendant (one that started its own session too),
+    then reap it."""
+    kill_process_tree(proc.pid)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
-    psutil.wait_procs(descendants, timeout=5)
 
 
 def _signal_name(code: int) -> str:
