@@ -114,3 +114,25 @@ def restore_logging():
     logger.handlers[:] = handlers
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+@pytest.fixture
+def live_children():
+    """Lists this process's live descendants that the test started: children that were already there when it
+    began (multiprocessing's resource tracker, left by an earlier test on the same xdist worker) are not its."""
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def live() -> list:
+        found = []
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if proc.pid not in before and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    return live
+

@@ -28,7 +28,7 @@ def _repo_on_path(monkeypatch, request):
 
 
 def test_a_pass_takes_each_devices_idle_baseline_once_and_forks_its_workers(tmp_path, fake_worker, monkeypatch,
-                                                                            own_tmpdir, restore_logging):
+                                                                            own_tmpdir, restore_logging, live_children):
     import joulepilot.compiler as compiler
 
     contexts: list[str] = []
@@ -53,8 +53,7 @@ def test_a_pass_takes_each_devices_idle_baseline_once_and_forks_its_workers(tmp_
         extra = json_object(run["extra"])
         assert extra["job_wall_s"] >= run["window_s"] + extra["latency_s"]
     # The pass's zygote ended with the pass.
-    assert not [p for p in psutil.Process().children(recursive=True)
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not live_children()
 
 
 def _candidate(label: str, status: str, median: float | None, run_id: int | None = 1, source: str = "measured"):

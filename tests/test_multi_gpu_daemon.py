@@ -140,12 +140,11 @@ def test_a_busy_gpu_gets_no_job_while_the_idle_one_does(tmp_path, gpus, producti
 
 
 def test_a_gpu_waiting_for_its_quiet_period_has_its_zygote_started_meanwhile(tmp_path, gpus, production,
-                                                                             monkeypatch):
+                                                                             monkeypatch, live_children):
     """While production work keeps cuda:0 from being idle, the daemon starts the zygote of the next job's
     workload there (CPU work only, which does not disturb the GPU's quiet period), and ends it with the pass.
     The idle GPU's two jobs share one idle baseline, taken at its first job."""
     import joulepilot.compiler as compiler
-    import psutil
     from joulepilot.compiler.zygote import ZygotePool
 
     contexts: list[str] = []
@@ -168,8 +167,7 @@ def test_a_gpu_waiting_for_its_quiet_period_has_its_zygote_started_meanwhile(tmp
     assert {r["device"] for r in runs} == {"cuda:1"} and len(runs) >= 2
     assert contexts == ["cuda:1"]
     assert ("cuda:0", True) in early  # started on the busy GPU while it waited
-    assert not [p for p in psutil.Process().children(recursive=True)
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and p.pid != production]
+    assert not [p for p in live_children() if p.pid != production]
 
 
 def test_production_returning_on_one_gpu_stops_only_its_job(tmp_path, gpus, production):

@@ -33,11 +33,7 @@ def _job(spec: str, config: CompileConfig, **extra) -> dict:
             "idle_power_w": {}, **extra}
 
 
-def _family() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
-
-
-def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, own_tmpdir):
+def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     parents: list[int] = []
 
@@ -62,11 +58,11 @@ def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, 
     assert [r["status"] for r in (first, second, other)] == ["ok", "ok", "ok"], (first, second, other)
     assert {r["worker_process"] for r in (first, second, other)} == {FORKED}
     assert parents[:2] == [zygote.pid, zygote.pid] and parents[2] != zygote.pid
-    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not live_children()
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
 
 
-def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fake_worker, own_tmpdir):
+def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fake_worker, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     with ZygotePool() as pool:
         start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, None))
@@ -79,7 +75,7 @@ def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fa
         other = pool.pending
         result = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
         assert result["status"] == "ok" and pool.current is not other and other.proc.poll() is not None
-    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not live_children()
 
 
 def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(fake_worker, own_tmpdir):
@@ -104,7 +100,7 @@ def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(fake_wor
     assert parents == [zygote.pid] * 3
 
 
-def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, own_tmpdir):
+def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, own_tmpdir, live_children):
     runs = bench("mlp", [CompileConfig(mode="eager"), CompileConfig(mode="eager", precision="bf16")], device="cpu",
                  min_seconds=0.2, db=db, idle_s=0)
     assert [r["status"] for r in runs] == ["ok", "ok"]
@@ -112,7 +108,7 @@ def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, o
     for run in runs:  # the job's wall time covers its parts (the first also starts the zygote)
         extra = run["extra"]
         assert extra["job_wall_s"] >= run["compile_s"] + run["warmup_s"] + extra["latency_s"] + run["window_s"]
-    assert not [p for p in _family() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not live_children()
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
 
 
@@ -150,7 +146,7 @@ def test_a_module_that_starts_a_thread_at_import_is_run_in_fresh_processes(db, t
     assert run["extra"]["worker_process"] == f"{FRESH} (preloading started 1 Python thread(s) (poller))"
 
 
-def test_a_worker_whose_zygote_dies_fails_with_the_reason_and_the_next_job_gets_a_new_zygote(fake_worker, own_tmpdir):
+def test_a_worker_whose_zygote_dies_fails_with_the_reason_and_the_next_job_gets_a_new_zygote(fake_worker, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     hang = _job("tests.workload_factories:hangs_on_first_call", CompileConfig(mode="eager"))
     with ZygotePool() as pool:
@@ -166,8 +162,7 @@ def test_a_worker_whose_zygote_dies_fails_with_the_reason_and_the_next_job_gets_
         assert result["status"] == "failed"
         assert result["reason"].startswith("worker killed by SIGKILL during reference")
         assert "its zygote process died" in result["reason"]
-        wait_for(lambda: not [p for p in _family() if p.pid != first_zygote.pid and p.is_running()
-                              and p.status() != psutil.STATUS_ZOMBIE], 15, "the worker to die with its zygote")
+        wait_for(lambda: not [p for p in live_children() if p.pid != first_zygote.pid], 15, "the worker to die with its zygote")
         fine = run_worker_job(_job("tests.workload_factories:hangs_on_first_call", CompileConfig(mode="eager")),
                               budget=worker_budget(3, 0.2), zygotes=pool, keep_dir=True)
         workdirs.append(Path(fine["workdir"]))
