@@ -170,11 +170,10 @@ def _fresh_compile_state() -> None:
     if config is not None and getattr(config, "compile_threads", None) is not None \
             and hasattr(config, "decide_compile_threads"):
         config.compile_threads = config.decide_compile_threads()  # TORCHINDUCTOR_COMPILE_THREADS
-    try:
-        from torch._inductor.utils import clear_caches
-    except ImportError:
-        return
-    clear_caches()
+    utils = sys.modules.get("torch._inductor.utils")  # not imported here: nothing to empty, and no import to pay
+    clear_caches = getattr(utils, "clear_caches", None)
+    if clear_caches is not None:
+        clear_caches()
 
 
 def _child(command: dict[str, Any], threads: int, protocol: TextIO, run_child: RunChild) -> NoReturn:

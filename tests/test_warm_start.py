@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from joulepilot.compiler import CompileConfig
+from joulepilot.compiler.artifacts import kernels_path
 from joulepilot.compiler.budget import worker_budget
 from joulepilot.compiler.runner import run_worker_job
 from joulepilot.compiler.warmstart import precompile_available
@@ -15,65 +16,29 @@ pytestmark = pytest.mark.slow
 SPEC = "tests.block_models:block_stack"
 
 
-def _cold_then_warm(tmp_path, config: CompileConfig, precompile: bool) -> tuple[dict, dict]:
-    job = {"kind": "bench", "spec": SPEC, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
-           "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": precompile,
-           "artifacts_path": str(tmp_path / f"{config.id}.bin")}
-    budget = worker_budget(900, 0.2)
-    cold = run_worker_job(job, budget=budget)
-    assert cold["status"] == "ok", cold.get("reason")
-    warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]), budget=budget)
-    assert warm["status"] == "ok", warm.get("reason")
-    return cold, warm
-
-
-def test_regional_warm_start_loads_kernels_and_frames_and_builds_nothing(tmp_path):
-    cold, warm = _cold_then_warm(tmp_path, CompileConfig("default", regional=True), precompile=True)
-    saved = cold["extra"]["artifacts"]
-    assert cold["extra"]["regional"]["instances"] == 4 and cold["extra"]["dynamo_frames_first_call"] == 1
-    assert saved["entries"]["inductor"] == 1 and saved["entries"]["aot_autograd"] == 1
-    assert saved["kernels"] > 0 and (tmp_path / f"{CompileConfig('default', regional=True).id}.kernels.tar").is_file()
-    assert warm["artifacts"]["kernels"] == saved["kernels"]
-    assert warm["kernels_built"] == 0  # every C++ kernel came from the packed binaries
-    assert "inductor_codegen_s" not in warm["compile_timers_s"]  # and no code was generated
-    if precompile_available():
-        assert saved["precompile"] and warm["artifacts"]["precompile"]
-        assert warm["dynamo_frames"] == 0  # the precompiled frames were installed: nothing traced
-    else:
-        assert warm["caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
-    assert warm["warm_start_s"] == pytest.approx(warm["artifacts_load_s"] + warm["apply_s"] + warm["first_call_s"])
-    assert warm["warm_start_s"] < cold["compile_s"]
-    assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
-
-
-def test_whole_model_warm_start_without_precompile_hits_the_inductor_caches(tmp_path):
-    cold, warm = _cold_then_warm(tmp_path, CompileConfig("default"), precompile=False)
-    assert cold["extra"]["compile_caches"] == {"fxgraph_cache_miss": 1, "autograd_cache_miss": 1}
-    assert "precompile" not in cold["extra"]["artifacts"]["entries"]
-    assert warm["caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
-    assert warm["dynamo_frames"] == 1  # traced again, but compiled from the caches
-    assert warm["kernels_built"] == 0 and warm["artifacts"]["kernels"] > 0
-    assert warm["warm_start_s"] < cold["compile_s"]
-    assert warm["max_rel_error"] == cold["max_rel_error"]
-
-
-def test_a_model_with_graph_breaks_warm_starts_every_frame(tmp_path):
-    job_spec = "tests.block_models:breaking_stack"
+def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_caches(tmp_path):
+    """The default path (no precompile): every frame is traced again and compiled from the saved caches."""
     config = CompileConfig("default")
-    job = {"kind": "bench", "spec": job_spec, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
-           "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": True, "artifacts_path": str(tmp_path / "a.bin")}
+    job = {"kind": "bench", "spec": "tests.block_models:breaking_stack", "device": "cpu", "config": config.to_row(),
+           "min_seconds": 0.2, "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": False,
+           "artifacts_path": str(tmp_path / "a.bin")}
     cold = run_worker_job(job, budget=worker_budget(900, 0.2))
     assert cold["status"] == "ok", cold.get("reason")
-    assert cold["graph_breaks"] >= 1 and cold["extra"]["dynamo_frames_first_call"] > 1
+    frames = cold["extra"]["dynamo_frames_first_call"]
+    assert cold["graph_breaks"] >= 1 and frames > 1
+    entries = cold["extra"]["artifacts"]["entries"]
+    assert "precompile" not in entries and entries["inductor"] > 1
+    misses = cold["extra"]["compile_caches"]
+    assert misses["fxgraph_cache_miss"] == entries["inductor"] and misses["autograd_cache_miss"] == entries["inductor"]
     warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
                           budget=worker_budget(900, 0.2))
     assert warm["status"] == "ok", warm.get("reason")
-    assert warm["artifacts"]["entries"]["inductor"] == cold["extra"]["artifacts"]["entries"]["inductor"] > 1
-    assert warm["kernels_built"] == 0 and warm["max_rel_error"] == cold["max_rel_error"]
-    if precompile_available():
-        assert warm["dynamo_frames"] == 0
-    else:
-        assert warm["caches"]["fxgraph_cache_hit"] == cold["extra"]["compile_caches"]["fxgraph_cache_miss"]
+    assert warm["artifacts"]["entries"]["inductor"] == entries["inductor"]
+    assert warm["caches"] == {"fxgraph_cache_hit": entries["inductor"], "autograd_cache_hit": entries["inductor"]}
+    assert warm["dynamo_frames"] == frames  # traced again, but compiled from the caches
+    assert warm["kernels_built"] == 0 and warm["artifacts"]["kernels"] > 0
+    assert warm["warm_start_s"] < cold["compile_s"]
+    assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
 
 
 HOOK_START = """
@@ -92,7 +57,9 @@ print(json.dumps({"start_s": time.perf_counter() - started, "details": compiled.
 """
 
 
-def test_the_hook_starts_the_decided_configuration_from_its_artifacts(tmp_path, monkeypatch):
+def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(tmp_path, monkeypatch):
+    """One cold regional compile with precompile on, saved where the hook looks: a warm-start worker loads the
+    kernels and frames and builds nothing, and a serving process starts the decided configuration from them."""
     import json
     import os
     import subprocess
@@ -115,6 +82,26 @@ def test_the_hook_starts_the_decided_configuration_from_its_artifacts(tmp_path, 
            "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": True, "artifacts_path": str(artifacts)}
     cold = run_worker_job(job, budget=worker_budget(900, 0.2))
     assert cold["status"] == "ok", cold.get("reason")
+    saved = cold["extra"]["artifacts"]
+    assert cold["extra"]["regional"]["instances"] == 4 and cold["extra"]["dynamo_frames_first_call"] == 1
+    assert saved["entries"]["inductor"] == 1 and saved["entries"]["aot_autograd"] == 1
+    assert saved["kernels"] > 0 and kernels_path(artifacts).is_file()
+
+    warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
+                          budget=worker_budget(900, 0.2))
+    assert warm["status"] == "ok", warm.get("reason")
+    assert warm["artifacts"]["kernels"] == saved["kernels"]
+    assert warm["kernels_built"] == 0  # every C++ kernel came from the packed binaries
+    assert "inductor_codegen_s" not in warm["compile_timers_s"]  # and no code was generated
+    if precompile_available():
+        assert saved["precompile"] and warm["artifacts"]["precompile"]
+        assert warm["dynamo_frames"] == 0  # the precompiled frames were installed: nothing traced
+    else:
+        assert warm["caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
+    assert warm["warm_start_s"] == pytest.approx(warm["artifacts_load_s"] + warm["apply_s"] + warm["first_call_s"])
+    assert warm["warm_start_s"] < cold["compile_s"]
+    assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
+
     write_lock(policy_path, Decision(
         policy=policy.name, policy_hash=policy.hash, device_kind="cpu", torch_version=torch_minor(), workload=SPEC,
         workload_id=wid, config=config.to_row(), state="verified", reason="test", objective="energy",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from daemon_factories import wait_for
 from joulepilot.compiler import CompileConfig, bench, worker_budget
 from joulepilot.compiler.bench import worker_job_key
@@ -48,7 +49,7 @@ def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, 
                                 on_start=started)
         assert pool.current is zygote
         assert zygote.info["fork_safe"] and zygote.info["built"]
-        assert {"torch", "torch._dynamo", "torch.export"} <= set(zygote.info["preloaded"])
+        assert {"torch", "torch.utils.flop_counter", "joulepilot.compiler.measure"} <= set(zygote.info["preloaded"])
         # Nothing is ever compiled in the zygote: its own cache folder stays empty.
         assert not any((zygote.workdir / "inductor-cache").rglob("*"))
         other = run_worker_job(_job("mlp", CompileConfig(mode="eager"), seq_len=None, image_size=7),
@@ -207,6 +208,19 @@ def test_only_a_factory_for_a_gpu_is_left_to_each_worker_to_build():
 
 
 @pytest.mark.slow
+def test_the_real_workers_zygote_preloads_the_compiler_and_the_measuring_code():
+    from joulepilot.compiler import zygote_server
+
+    info: dict = {}
+    try:
+        zygote_server.preload_modules(info)
+    finally:
+        torch.set_num_threads(info["threads"])  # preloading runs torch on one thread; this process keeps its own
+    assert info["preloaded"][:2] == ["torch", "torch.compile"] and not info.get("preload_errors")
+    assert set(zygote_server.PRELOAD_MODULES) <= set(info["preloaded"])
+    assert {"torch._dynamo", "torch.export", "joulepilot.compiler.measure"} <= set(zygote_server.PRELOAD_MODULES)
+
+
 def test_a_second_configuration_compiles_cold_and_does_not_hit_the_first_ones_cache(db, own_tmpdir):
     """The same compiled configuration twice in one sweep (`force`): if the second worker could see the first
     one's Inductor cache (or in-process compiled state inherited from the zygote) it would record hits."""
