@@ -56,7 +56,34 @@ def pytest_configure(config):
             coverage_plugin.options.cov_report = {}
 
 
+_STARTS_PROCESSES = ("subprocess.", "run_worker_job(", "bench(", "start_daemon(", "daemon_cmd(", "CliRunner")
+
+
+def _weight(item, module_text: dict) -> int:
+    """Longest first: real Inductor compiles, then tests that start workers or daemons, then the rest."""
+    if item.get_closest_marker("slow"):
+        return 0
+    if {"fake_worker", "own_tmpdir"} & set(getattr(item, "fixturenames", ())):
+        return 1
+    path = str(getattr(item, "path", ""))
+    if path not in module_text:
+        try:
+            module_text[path] = open(path, encoding="utf-8").read()
+        except OSError:
+            module_text[path] = ""
+    return 2 if any(marker in module_text[path] for marker in _STARTS_PROCESSES) else 3
+
+
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist hands out tests in this order: files with long tests first, so that no process is left with
+    # a long test at the end while the other idles.
+    if _whole_suite(config):  # whole files move, so tests that share a module's fixture keep their order
+        texts: dict = {}
+        module_weight: dict = {}
+        for item in items:
+            path = str(getattr(item, "path", ""))
+            module_weight[path] = min(module_weight.get(path, 3), _weight(item, texts))
+        items.sort(key=lambda item: module_weight[str(getattr(item, "path", ""))])
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
