@@ -73,7 +73,7 @@ from joulepilot.store.decisions import latest_decision
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, allowed_devices, probe_device
-from .gpu_scheduler import WORKER_STARTED, GpuScheduler
+from .gpu_scheduler import WORKER_STARTED, GpuScheduler, assign_jobs
 from .guided import GuidedPlan, plan_guided
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
@@ -107,6 +107,7 @@ class GuidedState:
     violated: set[str]
     plan: GuidedPlan | None = None
     stopped: bool = False
+    active: bool = False  # it has queued a measurement this pass (and holds one of the pass's search slots)
 
 
 @dataclass
@@ -469,7 +470,7 @@ class Daemon:
         # 3. measure while idle (a guided policy is planned one measurement at a time, between jobs)
         self._pass_model = None
         self._pass_model_fitted = False
-        self._advance_guided(by_name, probe, summary)
+        self._advance_guided(by_name, probe, summary, slots=len(devices))
         self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)), devices=len(devices))
         self._run_queue(by_name, devices, probe, summary)
 
@@ -535,6 +536,7 @@ class Daemon:
         env = worker_env(scheduler.concurrent)
         wait_s = max(self.cfg.interval_s, self.cfg.idle.min_idle_s + self.cfg.idle.poll_s)
         plan_guided = True  # the guided searches may have a next measurement (again after each job's end)
+        last_workload: dict[str, str] = {}  # each device's latest workload, whose zygote is up there
         waiting_since: float | None = None
         try:
             while True:
@@ -543,15 +545,17 @@ class Daemon:
                     runnable = self._runnable_jobs(by_name, probe)
                     if not runnable and plan_guided:
                         plan_guided = False
-                        if self._advance_guided(by_name, probe, summary):
+                        if self._advance_guided(by_name, probe, summary, slots=len(devices)):
                             runnable = self._runnable_jobs(by_name, probe)
                             self._notify("jobs_planned", total=len(runnable), devices=len(devices))
                     if runnable:
                         ready = scheduler.ready_devices(own_process_tree())
-                        for device, job in zip(ready, runnable, strict=False):
+                        started, left = assign_jobs(ready, runnable, last_workload)
+                        for device, job in started:
+                            last_workload[device] = job.workload_id
                             self._start_job(scheduler, job, by_name[job.policy], device, env)
                         waiting = [d for d in scheduler.free() if d not in ready]
-                        for device, job in zip(waiting, runnable[len(ready):], strict=False):
+                        for device, job in assign_jobs(waiting, left, last_workload)[0]:
                             self._start_zygote_while_waiting(job, by_name[job.policy], device, env)
                 if not scheduler.running():
                     if self.stop_event.is_set() or not runnable:
@@ -609,19 +613,30 @@ class Daemon:
         return plan_guided(self.db, policy, probe.device_kind, model, provenance_key=probe.provenance_key,
                            max_age_s=self.cfg.max_decision_age_s, violated=state.violated)
 
-    def _advance_guided(self, by_name: dict[str, Any], probe: DeviceProbe, summary: dict[str, Any]) -> bool:
-        """Queue the next measurement of every guided search that has none open; True when one was queued.
-        A search whose next measurement cannot be queued (its job failed too often) stops for this pass."""
+    def _advance_guided(self, by_name: dict[str, Any], probe: DeviceProbe, summary: dict[str, Any],
+                        slots: int = 1) -> bool:
+        """Queue the next measurement of the guided searches that have none open; True when one was queued.
+        A search whose next measurement cannot be queued (its job failed too often) stops for this pass.
+
+        At most `slots` searches (one per device) run at once, each to its end before another starts: a
+        workload's measurements then follow one another, forked from one zygote, where searches taking turns
+        would close and start each workload's zygote again at every turn (seconds of imports and model
+        build on every job)."""
         from joulepilot.store import upsert_config
 
         queued = False
-        for name, state in self._guided.items():
+        order = sorted(self._guided.items(), key=lambda item: not item[1].active)  # searches under way first
+        in_flight = sum(1 for _, state in order if state.active and not state.stopped)
+        for name, state in order:
             if state.stopped or self._has_open_jobs(name):
                 continue
+            if not state.active and in_flight >= slots:
+                continue  # its turn comes when a search under way stops
             policy = by_name[name]
             plan = self._guided_plan(policy, probe, self._model_for_pass())
             state.plan = plan
             if plan.done:
+                in_flight -= int(state.active)
                 state.stopped = True
                 log.info("policy %s: guided search stops after %d measurement(s), %.0f s: %s; %d skipped", name,
                          plan.measurements, plan.spent_s, plan.stop_reason, len(plan.skipped))
@@ -634,12 +649,16 @@ class Daemon:
                                               max_attempts=self.cfg.bench.max_attempts)
                 drop_queued_jobs(self.db, name, [job_id])
             if not created:
+                in_flight -= int(state.active)
                 state.stopped = True
                 log.warning("policy %s: %s could not be queued again (its job failed %d times); the guided "
                             "search stops for this pass", name, step.config.label, self.cfg.bench.max_attempts)
                 continue
             summary["enqueued"] += 1
             queued = True
+            if not state.active:
+                state.active = True
+                in_flight += 1
             log.info("policy %s: guided search measures %s (%s): %s", name, step.config.label, step.kind, step.why)
         return queued
 

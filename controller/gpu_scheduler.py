@@ -125,3 +125,23 @@ class GpuScheduler:
             if outcome is not None and outcome.kind == "preempted":
                 self.preempted.add(event.device)
         return event
+
+
+def assign_jobs(devices: Sequence[str], jobs: Sequence[Any],
+                last_workload: dict[str, str]) -> tuple[list[tuple[str, Any]], list[Any]]:
+    """Pairs idle `devices` with queued `jobs` (each with a `workload_id`), in queue order, and returns the
+    pairs and the jobs left. A device takes a job of the workload it measured last where one is queued (that
+    workload's zygote is up on it), else the first job whose workload no other device measured last, else
+    the first job."""
+    remaining = list(jobs)
+    pairs: list[tuple[str, Any]] = []
+    for device in devices:
+        if not remaining:
+            break
+        pick = next((job for job in remaining if job.workload_id == last_workload.get(device)), None)
+        if pick is None:
+            elsewhere = {workload for other, workload in last_workload.items() if other != device}
+            pick = next((job for job in remaining if job.workload_id not in elsewhere), remaining[0])
+        remaining.remove(pick)
+        pairs.append((device, pick))
+    return pairs, remaining
