@@ -12,9 +12,9 @@ configurations recorded for it. For every workload and each scenario:
 * the real guided search (`controller.search`) runs on the grid; measuring a configuration returns one
   of its recorded ok runs, drawn with a seeded RNG with replacement (a configuration whose runs all
   failed returns one of its failed runs); its wall seconds (finished_at - started_at) are the cost;
-  every draw costs its whole wall time, including the further windows a repeat asks for in the same
-  process (`controller.search.Step.windows`): the daemon does not take several windows in one worker
-  yet (`WINDOW_COST` prices them at their warm-up, latency pass and window, for what that would save);
+  every draw costs its whole wall time, except the further windows a repeat asks for in the same
+  process (`controller.search.Step.windows`), which the daemon takes in one worker: those cost the drawn
+  run's warm-up, latency pass and window (`WINDOW_COST`);
 * the trade-off model (`controller.tradeoff`) is fitted on the runs of the *other* workload specs only:
   those of the exports and of the repository's committed data (`tests/data/*.json`), never any run of
   the replayed spec (at any batch size or on any device);
@@ -67,10 +67,11 @@ TARGET_REGRET = 0.02
 TARGET_REGRET_MAX = 0.05
 TARGET_COST_FRACTION = 0.35
 LARGE_GRID = 16
-# Whether a further window in the same process costs only its warm-up, latency pass and window. Off:
-# the daemon does not yet take several windows in one worker process, so every draw costs its run's
-# whole wall time, as the issue defines the cost.
-WINDOW_COST = False
+# Whether a further window in the same process costs only its warm-up, latency pass and window: the daemon
+# takes a repeat's windows in one worker, each stored as a run whose span is its latency pass and window
+# (`compiler.bench.further_window_rows`), so a draw for a further window costs what such a run records.
+# The recorded runs are whole processes; their warm-up is counted too, which a further window does not do.
+WINDOW_COST = True
 
 
 @dataclass

@@ -236,11 +236,53 @@ class MeasuredRun:
     samples: list[tuple[float, str, float]] = field(default_factory=list)
     workload: dict[str, Any] | None = None
     devices: list[dict[str, Any]] = field(default_factory=list)
+    # the further windows the same worker took (`windows` above 1): (row, samples) each, stored with this one
+    further: list[tuple[dict[str, Any], list[tuple[float, str, float]]]] = field(default_factory=list)
 
     def references(self) -> dict[str, Any]:
-        """Keyword arguments of `commit_run` for the rows this run points at."""
+        """Keyword arguments of `commit_run` for the rows this run points at (and the further windows)."""
         return {"host": host_identity(), "devices": self.devices, "workload": self.workload,
-                "config": self.config.to_row()}
+                "config": self.config.to_row(), "further": self.further}
+
+
+# What a further window of a process does not have of its own: the compile, the warm-up and what they left.
+_NOT_A_WINDOWS = ("compile_s", "warmup_s", "artifacts_path", "warm_start_s")
+_FIRST_WINDOW_EXTRA = ("window", "window_ms_per_call", "window_warning", "latency_calls", "latency_ms_mean",
+                       "latency_ms_min", "latency_s", "compile_window", "compile_timers_s", "compile_caches",
+                       "artifacts", "describe", "warmup_calls", "peak_memory_window_bytes", "job_wall_s")
+
+
+def further_window_rows(row: dict[str, Any], further: list[dict[str, Any]]
+                        ) -> list[tuple[dict[str, Any], list[tuple[float, str, float]]]]:
+    """The runs of a process's further windows, from its first run's `row` (completed in place: it now ends
+    where the second window starts). Spans tile the job: each window's run lasts until the next one starts,
+    the last one until the worker finished. A further window keeps the configuration's numerical check,
+    graph breaks and memory, and has no compile, warm-up or compile energy of its own."""
+    if not further:
+        return []
+    ordered = sorted(further, key=lambda w: w["extra"]["window_in_process"])
+    ends = [w["started_at"] for w in ordered[1:]] + [row.get("finished_at")]
+    rows = []
+    for window, finished_at in zip(ordered, ends, strict=True):
+        more = {k: v for k, v in row.items() if k not in _NOT_A_WINDOWS and not k.startswith("compile_energy")}
+        more.update({k: v for k, v in window.items() if k in row or k in ("started_at", "latency_ms_p50",
+                                                                          "latency_ms_p95")})
+        more["finished_at"] = finished_at
+        extra = {k: v for k, v in row["extra"].items() if k not in _FIRST_WINDOW_EXTRA}
+        extra.update(window["extra"])
+        more["extra"] = extra
+        rows.append((more, [tuple(s) for s in window.get("power_samples") or []]))
+    row["finished_at"] = ordered[0]["started_at"]
+    row["extra"]["windows_in_process"] = len(ordered) + 1
+    if isinstance(row["extra"].get("job_wall_s"), float):  # the job's seconds, less its further windows'
+        row["extra"]["job_wall_s"] -= further_span_s(rows)
+    return rows  # type: ignore[return-value]
+
+
+def further_span_s(further: list[tuple[dict[str, Any], Any]]) -> float:
+    """Seconds the further windows' runs span (each is billed as its own run)."""
+    return sum(max(0.0, float(r["finished_at"]) - float(r["started_at"])) for r, _ in further
+               if isinstance(r.get("finished_at"), int | float) and isinstance(r.get("started_at"), int | float))
 
 
 def _run_row(result: dict[str, Any], *, wid: str, config: CompileConfig, device: str, origin: dict[str, Any],
@@ -331,6 +373,7 @@ def measure_config(
     on_phase: Callable[[str, str], None] | None = None,
     worker_env: dict[str, str] | None = None,
     zygotes: ZygotePool | None = None,
+    windows: int = 1,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
@@ -365,6 +408,7 @@ def measure_config(
         "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
+        "windows": 1 if shapes is not None else max(1, int(windows)),
     }
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others
         job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
@@ -402,12 +446,15 @@ def measure_config(
     workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
     if shapes is not None:  # the worker described the workload at the set's first size
         workload["id"] = wid
+    further = result.pop("further_windows", None) or []
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["budget"] = budget.to_dict()
     row["extra"]["worker_env"] = env
     row["extra"]["job_wall_s"] = time.monotonic() - job_started
-    return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices)
+    more = further_window_rows(row, further) if row["status"] == "ok" else []
+    return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices,
+                       more)
 
 
 def _stored_run(database: sqlite_utils.Database, run_id: int) -> dict[str, Any]:

@@ -168,6 +168,49 @@ def _peak_power(measurement: Any) -> float | None:
     return max(peaks) if peaks else None
 
 
+def _windows(job: dict[str, Any]) -> int:
+    """How many energy windows the job takes in this process (`windows`, default 1)."""
+    try:
+        return max(1, int(job.get("windows") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _window_fields(window: Any, calls: int, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:
+    """The runs-table columns an energy window of `calls` forward calls gives."""
+    energy = window.energy_j
+    above = _above_idle_j(window, idle)
+    return {
+        "window_s": window.duration_s,
+        "inferences": calls,
+        "throughput_per_s": batch_size * calls / window.duration_s,
+        "energy_j": energy,
+        "energy_j_per_inference": energy / calls,
+        "energy_above_idle_j": above,
+        "energy_above_idle_j_per_inference": None if above is None else above / calls,
+        "idle_power_w": _idle_sum(window, idle),
+        "avg_power_w": energy / window.duration_s if window.duration_s > 0 else None,
+        "peak_power_w": _peak_power(window),
+        "energy_source": "+".join(window.sources) if window.sources else None,
+    }
+
+
+def _further_window(index: int, started_at: float, latencies: list[float], window: Any, calls: int,
+                    finished_at: float, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:
+    """A further window of the process, as its own run's fields (the parent completes the row)."""
+    from .measure import percentile
+
+    extra: dict[str, Any] = {"window_in_process": index, "latency_calls": len(latencies),
+                             "latency_ms_mean": sum(latencies) / len(latencies), "latency_ms_min": min(latencies),
+                             "window": {"devices": [d.to_dict() for d in window.devices]}}
+    fields = {"started_at": started_at, "finished_at": finished_at, "latency_ms_p50": percentile(latencies, 50),
+              "latency_ms_p95": percentile(latencies, 95), **_window_fields(window, calls, batch_size, idle)}
+    _check_window_pace(window.duration_s * 1000.0 / calls, fields["latency_ms_p50"], extra)
+    fields["extra"] = extra
+    fields["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
+    return fields
+
+
 def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     import torch
 
@@ -289,6 +332,17 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
                                    sync=sync, phases=phases, min_seconds=min_seconds, latency_s=latency_s,
                                    warmup_max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
         peak_window = _peak_memory_bytes(device)
+        further = []
+        for index in range(2, _windows(job) + 1) if shape_run is None else ():
+            # A further window of this process (a repeat the search asked for without another compile): its
+            # own latency pass and energy window, stored as a run of its own.
+            phases.enter("window")
+            started_at = time.time()
+            more_latencies = latency_pass(call, sync, seconds=latency_s)
+            sync()
+            meter.begin("window")
+            more_calls = back_to_back(call, sync, min_seconds=min_seconds)
+            further.append((index, started_at, more_latencies, meter.end("window"), more_calls, time.time()))
     finally:
         meter.close()
 
@@ -306,22 +360,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
         extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
 
-    energy = window.energy_j
-    above = _above_idle_j(window, idle)
-    result.update({
-        "window_s": window.duration_s,
-        "inferences": calls,
-        "throughput_per_s": config.batch_size * calls / window.duration_s,
-        "energy_j": energy,
-        "energy_j_per_inference": energy / calls,
-        "energy_above_idle_j": above,
-        "energy_above_idle_j_per_inference": None if above is None else above / calls,
-        "idle_power_w": _idle_sum(window, idle),
-        "avg_power_w": energy / window.duration_s if window.duration_s > 0 else None,
-        "peak_power_w": _peak_power(window),
-        "energy_source": "+".join(window.sources) if window.sources else None,
-        "peak_memory_bytes": max(peak_before_window, peak_window),
-    })
+    result.update(_window_fields(window, calls, config.batch_size, idle))
+    result["peak_memory_bytes"] = max(peak_before_window, peak_window)
     _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra)
     if shape_run is not None:
         shape_run.fold(result)
@@ -329,6 +369,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     extra["window"] = {"devices": [d.to_dict() for d in window.devices]}
     extra["compile_window"] = compile_window
     result["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
+    if further:
+        result["further_windows"] = [_further_window(*each, config.batch_size, idle) for each in further]
 
     if config.compiles and job.get("artifacts_path"):
         phases.enter("save_artifacts")

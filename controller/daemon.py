@@ -688,6 +688,7 @@ class Daemon:
         columns = run_columns(self.db)
         bench_cfg = self.cfg.bench
         zygotes = self._zygotes
+        windows = self._windows_for(job)
         if device.startswith("cuda") and not self._has_context(device) and zygotes is not None:
             # the zygote's CPU work does not disturb the GPU's idle power, taken first on the job's thread
             start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
@@ -699,10 +700,17 @@ class Daemon:
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
                 budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
                 shapes=policy.shapes, describe=describes, cancel=stop_check, on_start=on_start, worker_env=env,
-                zygotes=zygotes,
+                zygotes=zygotes, windows=windows,
             )
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
+
+    def _windows_for(self, job: JobRow) -> int:
+        """How many energy windows the job's worker takes: what its guided search asked for this measurement
+        (a repeat takes the windows it still needs in one process, `controller.search.Step.windows`), else 1."""
+        state = self._guided.get(job.policy)
+        step = state.plan.next[0] if state is not None and state.plan is not None and state.plan.next else None
+        return max(1, int(step.windows)) if step is not None and step.config.id == job.config_id else 1
 
     def _worker_started(self, running: RunningJob, worker_pid: int) -> None:
         with self._jobs_lock:
@@ -787,11 +795,17 @@ class Daemon:
 
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
+        from joulepilot.compiler.bench import further_span_s
+
         measured = outcome.result
-        # `job_wall_s`: the whole job (worker start-up, idle baseline, ...), which the tuning bill counts.
-        measured.row["extra"].update({"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
-                                      "job_provenance_key": job.provenance_key,
-                                      "job_wall_s": round(outcome.wall_s, 3)})
+        job_fields = {"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
+                      "job_provenance_key": job.provenance_key}
+        for row, _ in measured.further:  # further windows of the worker: runs of the same job
+            row["extra"].update(job_fields)
+        # `job_wall_s`: the whole job (worker start-up, idle baseline, ...), which the tuning bill counts, less
+        # the further windows, each billed as its own run.
+        job_wall_s = outcome.wall_s - further_span_s(measured.further)
+        measured.row["extra"].update({**job_fields, "job_wall_s": round(job_wall_s, 3)})
         outcome.extra["status"] = measured.status
         try:
             stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),

@@ -60,14 +60,21 @@ def _write_references(db: sqlite_utils.Database, host: Mapping[str, Any] | None,
 def commit_run(db: sqlite_utils.Database, run: Mapping[str, Any], samples: Sequence[Sequence[Any]] = (), *,
                host: Mapping[str, Any] | None = None, devices: Iterable[Mapping[str, Any]] = (),
                workload: Mapping[str, Any] | None = None, config: Mapping[str, Any] | None = None,
-               job_id: int | None = None) -> int:
+               job_id: int | None = None,
+               further: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[Any]]]] = ()) -> int:
     """Write one finished run with its power samples, the host, devices, workload and configuration
     rows it references, and, when `job_id` is given, that job's end (`done` for an ok run, `failed`
-    otherwise), all in one transaction; returns the run id. A kill at any moment leaves all of it or
-    none of it."""
+    otherwise), all in one transaction; returns the run id. `further`: (run, samples) of the further
+    windows the same worker took, stored after it in the same transaction, each with the first run's id
+    in `extra.first_run_id`. A kill at any moment leaves all of it or none of it."""
     with transaction(db):
         _write_references(db, host, devices, workload, config)
         run_id = insert_run(db, run, [tuple(s) for s in samples])  # type: ignore[misc]
+        for more, more_samples in further:
+            extra = json_object(more.get("extra")) if isinstance(more.get("extra"), str) \
+                else dict(more.get("extra") or {})
+            insert_run(db, {**more, "extra": {**extra, "first_run_id": run_id}},
+                       [tuple(s) for s in more_samples])  # type: ignore[misc]
         if job_id is not None:
             finish_job(db, job_id, state="done" if run.get("status") == "ok" else "failed", run_id=run_id)
     return run_id

@@ -70,7 +70,9 @@ def _write_side_file(folder: Path, record: Mapping[str, Any]) -> Path:
 def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
                             samples: Sequence[Sequence[Any]] = (), *, host: Mapping[str, Any] | None = None,
                             devices: Iterable[Mapping[str, Any]] = (), workload: Mapping[str, Any] | None = None,
-                            config: Mapping[str, Any] | None = None, job_id: int | None = None) -> StoreOutcome:
+                            config: Mapping[str, Any] | None = None, job_id: int | None = None,
+                            further: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[Any]]]] = ()
+                            ) -> StoreOutcome:
     """`commit_run`, and when SQLite refuses the commit, the same data in a side file beside the database.
 
     Raises RunNotStored when the side file cannot be written either (its message names both errors)."""
@@ -81,13 +83,15 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
     extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
     try:
         return StoreOutcome(commit_run(db, run, samples, host=host, devices=devices, workload=workload,
-                                       config=config, job_id=job_id))
+                                       config=config, job_id=job_id, further=further))
     except sqlite3.OperationalError as exc:
         error = str(exc)
     extra["pending_id"] = pending_id
     record = {"pending_id": pending_id, "written_at": time.time(), "error": error, "job_id": job_id,
               "run": {**run, "extra": extra}, "samples": [list(s) for s in samples], "host": host,
-              "devices": devices, "workload": workload, "config": config}
+              "devices": devices, "workload": workload, "config": config,
+              "further": [{"run": dict(more), "samples": [list(x) for x in more_samples]}
+                          for more, more_samples in further]}
     folder = pending_dir(db)
     if folder is None:
         raise RunNotStored(f"the run could not be stored ({error}) and an in-memory database has no folder "
@@ -137,7 +141,9 @@ def import_pending_runs(db: sqlite_utils.Database) -> list[PendingImport]:
         try:
             run_id = commit_run(db, run, record.get("samples") or (), host=record.get("host"),
                                 devices=record.get("devices") or (), workload=record.get("workload"),
-                                config=record.get("config"), job_id=finish)
+                                config=record.get("config"), job_id=finish,
+                                further=[(more["run"], more.get("samples") or ())
+                                         for more in record.get("further") or ()])
         except (sqlite3.Error, ValueError) as exc:
             imported.append(PendingImport(path, None, job_id, error=str(exc)))
             continue

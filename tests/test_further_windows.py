@@ -1,0 +1,127 @@
+"""A repeat the guided search asks for takes its windows in one worker process (`Step.windows`): each further
+window is stored as a run of its own, marked `extra.window_in_process`, in the transaction of the job's first
+run; their spans tile the job, so the tuning bill and the search's cost count each second once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from daemon_factories import write_daemon_config, write_policy
+from joulepilot.compiler import CompileConfig, worker_budget
+from joulepilot.compiler.bench import further_span_s, further_window_rows
+from joulepilot.compiler.runner import run_worker_job
+from joulepilot.controller.daemon import Daemon
+from joulepilot.controller.daemon_config import load_daemon_config
+from joulepilot.controller.search_types import Observation
+from joulepilot.store import (
+    commit_run,
+    commit_run_or_set_aside,
+    host_identity,
+    import_pending_runs,
+    list_runs,
+    open_db,
+)
+from joulepilot.store.jsonvalues import json_object
+from test_pending_runs import FILLER_CONFIG, FILLER_WORKLOAD, _make_full
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch, request):
+    monkeypatch.syspath_prepend(str(request.config.rootpath))
+
+
+def test_a_worker_takes_the_further_windows_in_its_process(fake_worker, own_tmpdir):
+    job = {"kind": "bench", "spec": "mlp", "device": "cpu", "config": CompileConfig(mode="default").to_row(),
+           "min_seconds": 0.2, "idle_power_w": {}, "windows": 3}
+    result = run_worker_job(job, budget=worker_budget(120, 0.6))
+    assert result["status"] == "ok", result.get("reason")
+    further = result["further_windows"]
+    assert [w["extra"]["window_in_process"] for w in further] == [2, 3]
+    for window in further:
+        assert window["window_s"] >= 0.2 and window["inferences"] > 0 and window["energy_source"] == "estimate"
+        assert window["energy_j_per_inference"] == pytest.approx(window["energy_j"] / window["inferences"])
+        assert window["latency_ms_p50"] > 0 and window["extra"]["latency_calls"] >= 1
+        assert result["started_at"] < window["started_at"] < window["finished_at"] <= result["finished_at"]
+    assert further[0]["finished_at"] <= further[1]["started_at"]
+
+
+def _first_row(started: float, finished: float) -> dict:
+    return {"workload_id": FILLER_WORKLOAD["id"], "config_id": FILLER_CONFIG["id"], "host_id": host_identity()["id"],
+            "device": "cpu", "status": "ok", "started_at": started, "finished_at": finished, "compile_s": 4.0,
+            "compile_energy_j": 40.0, "compile_energy_cpu_j": 40.0, "warmup_s": 0.5, "window_s": 1.0,
+            "energy_j": 10.0, "energy_j_per_inference": 0.1, "inferences": 100, "max_rel_error": 1e-6,
+            "latency_ms_p50": 9.0, "latency_ms_p95": 9.5, "energy_source": "estimate",
+            "artifacts_path": "/tmp/a.bin", "extra": {"job_wall_s": 20.0, "latency_s": 1.0, "describe": {"x": 1},
+                                                       "window": {"devices": []}, "worker_env": {"A": "1"}}}
+
+
+def _window(index: int, started: float, finished: float, energy_j: float) -> dict:
+    return {"started_at": started, "finished_at": finished, "window_s": 1.0, "inferences": 100,
+            "energy_j": energy_j, "energy_j_per_inference": energy_j / 100, "latency_ms_p50": 8.0,
+            "latency_ms_p95": 8.5, "energy_source": "estimate", "power_samples": [[started, "cpu:0", 11.0]],
+            "extra": {"window_in_process": index, "latency_calls": 50, "window": {"devices": []}}}
+
+
+def test_further_windows_become_runs_whose_spans_tile_the_job():
+    row = _first_row(100.0, 116.0)
+    rows = further_window_rows(row, [_window(3, 112.0, 113.5, 12.0), _window(2, 109.0, 110.5, 11.0)])
+    (second, second_samples), (third, _) = rows
+    assert row["finished_at"] == 109.0 and (second["started_at"], second["finished_at"]) == (109.0, 112.0)
+    assert (third["started_at"], third["finished_at"]) == (112.0, 116.0)  # the last one until the worker ended
+    assert row["extra"]["windows_in_process"] == 3 and row["extra"]["job_wall_s"] == pytest.approx(13.0)
+    assert further_span_s(rows) == pytest.approx(7.0)
+    for more in (second, third):
+        for key in ("compile_s", "compile_energy_j", "compile_energy_cpu_j", "warmup_s", "artifacts_path"):
+            assert key not in more  # no compile, warm-up or artifacts of its own
+        assert more["max_rel_error"] == 1e-6 and more["config_id"] == row["config_id"]
+        assert "describe" not in more["extra"] and "job_wall_s" not in more["extra"]
+        assert more["extra"]["worker_env"] == {"A": "1"}
+    assert second["energy_j_per_inference"] == 0.11 and second["latency_ms_p50"] == 8.0
+    assert second_samples == [(109.0, "cpu:0", 11.0)]
+    assert not Observation.from_run(second).fresh_process and Observation.from_run(row).fresh_process
+    assert Observation.from_run(second).wall_s == pytest.approx(3.0)
+    assert further_window_rows(_first_row(1.0, 2.0), []) == []
+
+
+def test_further_windows_are_committed_with_the_first_run_or_set_aside_with_it(tmp_path):
+    db = open_db(tmp_path / "j.db")
+    now = time.time()
+    row = _first_row(now, now + 6)
+    further = further_window_rows(row, [_window(2, now + 3, now + 4, 11.0)])
+    refs = {"host": host_identity(), "workload": FILLER_WORKLOAD, "config": FILLER_CONFIG}
+    first_id = commit_run(db, row, [], further=further, **refs)
+    runs = {r["id"]: r for r in list_runs(db)}
+    assert len(runs) == 2 and json_object(runs[first_id + 1]["extra"])["first_run_id"] == first_id
+    assert json_object(runs[first_id + 1]["extra"])["window_in_process"] == 2
+
+    full = open_db(tmp_path / "full.db")
+    _make_full(full)
+    outcome = commit_run_or_set_aside(full, _first_row(now, now + 6), [], further=further, **refs)
+    assert outcome.run_id is None and outcome.pending_path.is_file()
+    full.execute("PRAGMA max_page_count = 1000000")
+    (item,) = import_pending_runs(full)
+    stored = [r for r in list_runs(full) if r["status"] == "ok"]
+    assert item.run_id is not None and len(stored) == 2
+    assert {json_object(r["extra"]).get("first_run_id") for r in stored} == {None, item.run_id}
+
+
+def test_the_daemon_takes_a_repeats_windows_in_one_worker(tmp_path, fake_worker, own_tmpdir, restore_logging):
+    """One configuration: its baseline run, then the repeats the search asks for, two windows in one process."""
+    db_path = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "one", modes=("eager",), strategy="guided")
+    cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=db_path, policies=policies,
+                                                 min_seconds=0.2))
+    result = Daemon(cfg).run(once=True)
+    assert result.exit_code == 0, result.summary
+    runs = sorted(list_runs(open_db(db_path)), key=lambda r: r["id"])
+    extras = [json_object(r["extra"]) for r in runs]
+    assert len(runs) >= 3 and all(r["status"] == "ok" for r in runs)
+    further = [(r, e) for r, e in zip(runs, extras, strict=True) if e.get("window_in_process")]
+    assert further, extras
+    for run, extra in further:
+        first = next(r for r in runs if r["id"] == extra["first_run_id"])
+        assert extra["job_id"] == json_object(first["extra"])["job_id"] and extra["policy"] == "one"
+        assert run["started_at"] >= first["finished_at"] and run["compile_s"] is None
+    assert len({e["job_id"] for e in extras}) < len(runs)  # fewer workers than runs
