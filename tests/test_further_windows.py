@@ -5,6 +5,7 @@ run; their spans tile the job, so the tuning bill and the search's cost count ea
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from daemon_factories import write_daemon_config, write_policy
@@ -106,22 +107,41 @@ def test_further_windows_are_committed_with_the_first_run_or_set_aside_with_it(t
     assert {json_object(r["extra"]).get("first_run_id") for r in stored} == {None, item.run_id}
 
 
-def test_the_daemon_takes_a_repeats_windows_in_one_worker(tmp_path, fake_worker, own_tmpdir, restore_logging):
-    """One configuration: its baseline run, then the repeats the search asks for, two windows in one process."""
+def test_a_job_takes_the_windows_its_guided_search_asked_for():
+    from joulepilot.controller.daemon import GuidedState
+    from joulepilot.controller.guided import GuidedPlan, NextMeasurement
+
+    daemon = Daemon.__new__(Daemon)  # only the pass's guided state is read
+    config = CompileConfig(mode="default")
+    plan = GuidedPlan(policy="p", workload_id="w", device_kind="cpu",
+                      next=[NextMeasurement(config, "repeat", True, "repeat: a tie", 1, windows=2)])
+    daemon._guided = {"p": GuidedState(set(), plan=plan)}
+    job = SimpleNamespace(policy="p", config_id=config.id)
+    assert daemon._windows_for(job) == 2
+    assert daemon._windows_for(SimpleNamespace(policy="p", config_id="another")) == 1  # not the planned one
+    assert daemon._windows_for(SimpleNamespace(policy="exhaustive", config_id=config.id)) == 1
+
+
+def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, fake_worker, own_tmpdir,
+                                                                       restore_logging, monkeypatch):
+    monkeypatch.setattr(Daemon, "_windows_for", lambda self, job: 3)  # as a repeat of three windows would
     db_path = tmp_path / "j.db"
     policies = tmp_path / "policies"
-    write_policy(policies, "one", modes=("eager",), strategy="guided")
+    write_policy(policies, "one", modes=("eager",))
     cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=db_path, policies=policies,
                                                  min_seconds=0.2))
     result = Daemon(cfg).run(once=True)
     assert result.exit_code == 0, result.summary
     runs = sorted(list_runs(open_db(db_path)), key=lambda r: r["id"])
     extras = [json_object(r["extra"]) for r in runs]
-    assert len(runs) >= 3 and all(r["status"] == "ok" for r in runs)
-    further = [(r, e) for r, e in zip(runs, extras, strict=True) if e.get("window_in_process")]
-    assert further, extras
-    for run, extra in further:
-        first = next(r for r in runs if r["id"] == extra["first_run_id"])
-        assert extra["job_id"] == json_object(first["extra"])["job_id"] and extra["policy"] == "one"
-        assert run["started_at"] >= first["finished_at"] and run["compile_s"] is None
-    assert len({e["job_id"] for e in extras}) < len(runs)  # fewer workers than runs
+    assert [r["status"] for r in runs] == ["ok"] * 3 and result.summary["runs_ok"] == 1  # one job
+    assert [e.get("window_in_process") for e in extras] == [None, 2, 3]
+    first = runs[0]
+    assert extras[0]["windows_in_process"] == 3 and first["compile_s"] is not None
+    for run, extra in zip(runs[1:], extras[1:], strict=True):
+        assert extra["first_run_id"] == first["id"] and extra["job_id"] == extras[0]["job_id"]
+        assert extra["policy"] == "one" and "job_wall_s" not in extra and run["compile_s"] is None
+    assert first["finished_at"] == runs[1]["started_at"] and runs[1]["finished_at"] == runs[2]["started_at"]
+    # the job's seconds: the first run's job_wall_s plus the further windows' spans
+    spans = sum(r["finished_at"] - r["started_at"] for r in runs[1:])
+    assert 0 < extras[0]["job_wall_s"] and extras[0]["job_wall_s"] + spans >= sum(r["window_s"] for r in runs)
