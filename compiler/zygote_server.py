@@ -19,7 +19,10 @@ What is preloaded, and why a fork stays safe:
 - what `torch.compile(model)` imports before a worker's timed first call (Dynamo, and in recent torch
   Inductor's compile_fx), by wrapping a function that is never called; what the first call imports itself
   stays in that call, so `compile_s` counts what it counted in a fresh worker. Also torch.export and the
-  FLOP counter (the description). Inductor starts its compile-worker pool at the first compile, which
+  FLOP counter (the description). On a GPU, the compiler's part (COMPILER_MODULES and torch.compile's
+  imports) is imported after forking a first job that does not compile, while it runs, and the fork
+  checks below are made again; if they fail, the zygote ends after that job and the parent runs the next
+  jobs as fresh processes. Inductor starts its compile-worker pool at the first compile, which
   happens in a child, never here.
 - joulepilot's worker modules and telemetry (no meter is opened here).
 - the model's library (torchvision, timm, transformers) or the factory's module, and the model with its
@@ -45,7 +48,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -67,6 +70,12 @@ PRELOAD_MODULES = (
     "joulepilot.compiler.workloads",
 )
 
+# The compiler's part of PRELOAD_MODULES. On a GPU the zygote imports it after forking a first job that does
+# not compile (the eager baseline), while that job measures: its seconds (several on a GPU host) then overlap
+# the job instead of delaying it. On a CPU device it is imported before the first fork, as the overlap would
+# load the CPU that job meters.
+COMPILER_MODULES = ("torch._dynamo", "torch.export")
+
 RunChild = Callable[[list[str]], int]
 
 
@@ -79,25 +88,41 @@ def _never_called(x: Any) -> Any:
     return x
 
 
-def preload_modules(info: dict[str, Any]) -> None:
-    """Import torch (one intra-op thread while preloading) and PRELOAD_MODULES; records what was loaded."""
+def _import_all(names: Sequence[str], info: dict[str, Any]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+            info["preloaded"].append(name)
+        except Exception as exc:
+            info.setdefault("preload_errors", []).append(f"{name}: {type(exc).__name__}: {exc}")
+
+
+def preload_compiler(info: dict[str, Any]) -> None:
+    """Import what `torch.compile(model)` imports before its first call, and COMPILER_MODULES."""
+    import torch
+
+    try:
+        torch.compile(_never_called)  # imports only: nothing is traced or compiled until a call
+        info["preloaded"].append("torch.compile")
+    except Exception as exc:
+        info.setdefault("preload_errors", []).append(f"torch.compile: {type(exc).__name__}: {exc}")
+    _import_all([name for name in PRELOAD_MODULES if name in COMPILER_MODULES], info)
+    info["compiler"] = "loaded"
+
+
+def preload_modules(info: dict[str, Any], compiler: bool = True) -> None:
+    """Import torch (one intra-op thread while preloading) and PRELOAD_MODULES (without COMPILER_MODULES and
+    torch.compile's imports unless `compiler`); records what was loaded."""
     import torch
 
     info["threads"] = torch.get_num_threads()
     torch.set_num_threads(1)
-    loaded = ["torch"]
-    try:
-        torch.compile(_never_called)  # imports only: nothing is traced or compiled until a call
-        loaded.append("torch.compile")
-    except Exception as exc:
-        info.setdefault("preload_errors", []).append(f"torch.compile: {type(exc).__name__}: {exc}")
-    for name in PRELOAD_MODULES:
-        try:
-            importlib.import_module(name)
-            loaded.append(name)
-        except Exception as exc:
-            info.setdefault("preload_errors", []).append(f"{name}: {type(exc).__name__}: {exc}")
-    info["preloaded"] = loaded
+    info["preloaded"] = ["torch"]
+    if compiler:
+        preload_compiler(info)
+    else:
+        info["compiler"] = "deferred"
+    _import_all([name for name in PRELOAD_MODULES if name not in COMPILER_MODULES], info)
 
 
 def preload_workload(setup: dict[str, Any], info: dict[str, Any]) -> None:
@@ -138,8 +163,9 @@ def _fork_poisoned_for_cuda() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
-def fork_hazard(device: str) -> str | None:
-    """Why forking workers from this process now would be unsafe, or None."""
+def fork_hazard(device: str, workers: Sequence[int] = ()) -> str | None:
+    """Why forking workers from this process now would be unsafe, or None (`workers`: its own running
+    workers, which are not a hazard)."""
     import psutil
     import torch
 
@@ -148,7 +174,7 @@ def fork_hazard(device: str) -> str | None:
     others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
     if others:
         return f"preloading started {len(others)} Python thread(s) ({', '.join(others[:3])})"
-    children = psutil.Process().children()
+    children = [child for child in psutil.Process().children() if child.pid not in workers]
     if children:
         return f"preloading started {len(children)} child process(es)"
     if str(device).startswith("cuda") and _fork_poisoned_for_cuda():
@@ -200,6 +226,25 @@ def _child(command: dict[str, Any], threads: int, protocol: TextIO, run_child: R
             os._exit(code)
 
 
+def _job_compiles(command: dict[str, Any]) -> bool:
+    """Whether the job `command` runs calls torch.compile (or Dynamo): all but an eager bench job."""
+    try:
+        job = json.loads(Path(command["job_path"]).read_text())
+    except (OSError, ValueError, KeyError):
+        return True
+    return job.get("kind", "bench") != "bench" or (job.get("config") or {}).get("mode") != "eager"
+
+
+def _load_compiler(info: dict[str, Any], device: str, workers: Sequence[int] = ()) -> bool:
+    """Import the deferred compiler modules; False when forking is no longer safe afterwards (said on stderr)."""
+    started = time.perf_counter()
+    preload_compiler(info)
+    hazard = fork_hazard(device, workers)
+    print(f"joulepilot zygote: compiler preloaded in {time.perf_counter() - started:.2f} s"
+          + (f"; forking stops: {hazard}" if hazard else ""), file=sys.stderr, flush=True)
+    return hazard is None
+
+
 def serve(setup_path: str, run_child: RunChild) -> int:
     """The zygote's life: preload, say whether it can fork, then fork a worker per command."""
     from .worker import die_with_parent
@@ -210,7 +255,8 @@ def serve(setup_path: str, run_child: RunChild) -> int:
     os.dup2(2, 1)
     info: dict[str, Any] = {"event": "ready", "pid": os.getpid()}
     started = time.perf_counter()
-    preload_modules(info)
+    defer_compiler = str(setup["device"]).startswith("cuda")
+    preload_modules(info, compiler=not defer_compiler)
     modules_s = time.perf_counter() - started
     preload_workload(setup, info)
     info["preload_s"] = {"modules": round(modules_s, 3), "workload": round(time.perf_counter() - started - modules_s, 3)}
@@ -226,11 +272,17 @@ def serve(setup_path: str, run_child: RunChild) -> int:
         command = json.loads(line)
         if command.get("op") != "run":
             return 0
+        after_fork = info["compiler"] == "deferred" and not _job_compiles(command)
+        if info["compiler"] == "deferred" and not after_fork and not _load_compiler(info, setup["device"]):
+            return 0  # not safe to fork any more: the parent runs this job, and the next ones, as fresh processes
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             _child(command, int(info["threads"]), protocol, run_child)
         _send(protocol, {"event": "started", "pid": pid})
+        safe = _load_compiler(info, setup["device"], [pid]) if after_fork else True
         _, status = os.waitpid(pid, 0)
         _send(protocol, {"event": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+        if not safe:
+            return 0

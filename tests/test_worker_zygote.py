@@ -50,6 +50,7 @@ def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, 
         assert pool.current is zygote
         assert zygote.info["fork_safe"] and zygote.info["built"]
         assert {"torch", "torch.utils.flop_counter", "joulepilot.compiler.measure"} <= set(zygote.info["preloaded"])
+        assert zygote.info["compiler"] == "loaded"  # on a CPU device, before the first fork
         # Nothing is ever compiled in the zygote: its own cache folder stays empty.
         assert not any((zygote.workdir / "inductor-cache").rglob("*"))
         other = run_worker_job(_job("mlp", CompileConfig(mode="eager"), seq_len=None, image_size=7),
@@ -219,6 +220,33 @@ def test_the_real_workers_zygote_preloads_the_compiler_and_the_measuring_code():
     assert info["preloaded"][:2] == ["torch", "torch.compile"] and not info.get("preload_errors")
     assert set(zygote_server.PRELOAD_MODULES) <= set(info["preloaded"])
     assert {"torch._dynamo", "torch.export", "joulepilot.compiler.measure"} <= set(zygote_server.PRELOAD_MODULES)
+
+
+def test_on_a_gpu_the_zygote_forks_the_eager_job_first_and_imports_the_compiler_while_it_runs(
+        monkeypatch, fake_worker, own_tmpdir, live_children):
+    from fakes import fake_pynvml
+    from fakes.fake_pynvml import FakeGpu
+
+    gpu = [FakeGpu(uuid="GPU-0a0a0a0a-1111-2222-3333-444444444444", power_w=100.0)]
+    fake_pynvml.install(monkeypatch, gpu, call_latency_s=0.0035)
+    for name, value in fake_pynvml.subprocess_env(gpu).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    budget = worker_budget(120, 0.2)
+    with ZygotePool() as pool:
+        eager = run_worker_job(_job("mlp", CompileConfig(mode="eager"), device="cuda:0"), budget=budget,
+                               zygotes=pool)
+        zygote = pool.current
+        assert zygote.info["compiler"] == "deferred" and "torch.compile" not in zygote.info["preloaded"]
+        log = (zygote.workdir / "stderr.txt").read_text()
+        assert log.count("compiler preloaded") == 1 and "forking stops" not in log  # while the eager job ran
+        compiled = run_worker_job(_job("mlp", CompileConfig(mode="default"), device="cuda:0"), budget=budget,
+                                  zygotes=pool)
+        assert pool.current is zygote  # the same zygote forked the compiled job, its compiler loaded
+        assert (zygote.workdir / "stderr.txt").read_text().count("compiler preloaded") == 1
+    assert [r["status"] for r in (eager, compiled)] == ["ok", "ok"], (eager, compiled)
+    assert {r["worker_process"] for r in (eager, compiled)} == {FORKED}
+    assert not live_children()
 
 
 def test_a_second_configuration_compiles_cold_and_does_not_hit_the_first_ones_cache(db, own_tmpdir):
