@@ -279,6 +279,14 @@ def further_window_rows(row: dict[str, Any], further: list[dict[str, Any]]
     return rows  # type: ignore[return-value]
 
 
+def describes_now(device: str, config: CompileConfig, a_later_job_compiles: bool) -> bool:
+    """Whether a job of a workload that still needs its description should take it. On a GPU the first job
+    that compiles does, where one is to come: describing (FLOP count, graph capture) imports Dynamo, which
+    the zygote there imports only after forking a first job that does not compile (the eager baseline), so
+    that job does not wait for the import. Elsewhere, or when no job compiles, the first job does."""
+    return config.compiles or not str(device).startswith("cuda") or not a_later_job_compiles
+
+
 def further_span_s(further: list[tuple[dict[str, Any], Any]]) -> float:
     """Seconds the further windows' runs span (each is billed as its own run)."""
     return sum(max(0.0, float(r["finished_at"]) - float(r["started_at"])) for r, _ in further
@@ -679,8 +687,9 @@ class _Sweep:
                 continue
             if self.progress:
                 self.progress(index, len(self.configs), config, None)
-            measured = self._measure(config, context, columns=columns,
-                                     describe=workload_needs_description(self.database, self._workload_id(config)),
+            describe = workload_needs_description(self.database, self._workload_id(config)) and describes_now(
+                context.device, config, any(later.compiles for later in self.configs[index + 1:]))
+            measured = self._measure(config, context, columns=columns, describe=describe,
                                      on_phase=self._on_phase(index, config))
             stored = _store_measured(self.database, self.spec, measured, self.notice)
             runs.append(stored)
@@ -712,7 +721,8 @@ class _Sweep:
                         break
                     index, config = item
                     wid = self._workload_id(config)
-                    describe = wid not in describing and workload_needs_description(self.database, wid)
+                    describe = wid not in describing and workload_needs_description(self.database, wid) \
+                        and describes_now(device, config, any(later.compiles for _, later in pending))
                     if describe:
                         describing.add(wid)
                     if self.progress:

@@ -227,12 +227,15 @@ def _child(command: dict[str, Any], threads: int, protocol: TextIO, run_child: R
 
 
 def _job_compiles(command: dict[str, Any]) -> bool:
-    """Whether the job `command` runs calls torch.compile (or Dynamo): all but an eager bench job."""
+    """Whether the job `command` runs calls torch.compile or Dynamo: all but an eager bench job that does not
+    describe its workload."""
     try:
         job = json.loads(Path(command["job_path"]).read_text())
     except (OSError, ValueError, KeyError):
         return True
-    return job.get("kind", "bench") != "bench" or (job.get("config") or {}).get("mode") != "eager"
+    # describing imports Dynamo too (the FLOP count, the graph capture)
+    return job.get("kind", "bench") != "bench" or (job.get("config") or {}).get("mode") != "eager" \
+        or bool(job.get("describe"))
 
 
 def _load_compiler(info: dict[str, Any], device: str, workers: Sequence[int] = ()) -> bool:

@@ -666,6 +666,7 @@ class Daemon:
                    env: dict[str, str]) -> None:
         """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
         from joulepilot.compiler import CompileConfig, measure_config, start_zygote_early, worker_job_key
+        from joulepilot.compiler.bench import describes_now
 
         if not claim_job(self.db, job.id):
             return
@@ -678,7 +679,8 @@ class Daemon:
         running = scheduler.running().values()
         # One worker describes a workload (FLOPs through torch.export, once): not two at the same time.
         describes = (workload_needs_description(self.db, job.workload_id)
-                     and not any(r.describes and r.job.workload_id == job.workload_id for r in running))
+                     and not any(r.describes and r.job.workload_id == job.workload_id for r in running)
+                     and describes_now(device, cfg, any(mode != "eager" for mode in policy.search.modes)))
         with self._jobs_lock:
             self._jobs_view[job.id] = {"id": job.id, "policy": policy.name, "workload": policy.workload,
                                        "config": cfg.label, "device": device, "started_at": time.time()}

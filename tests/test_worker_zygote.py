@@ -222,8 +222,9 @@ def test_the_real_workers_zygote_preloads_the_compiler_and_the_measuring_code():
     assert {"torch._dynamo", "torch.export", "joulepilot.compiler.measure"} <= set(zygote_server.PRELOAD_MODULES)
 
 
-def test_on_a_gpu_the_zygote_forks_the_eager_job_first_and_imports_the_compiler_while_it_runs(
-        monkeypatch, fake_worker, own_tmpdir, live_children):
+@pytest.fixture
+def one_fake_gpu(monkeypatch, fake_worker):
+    """GPU 0 as the NVML fake lists it, here and in the processes this test starts (the model runs on the CPU)."""
     from fakes import fake_pynvml
     from fakes.fake_pynvml import FakeGpu
 
@@ -232,6 +233,11 @@ def test_on_a_gpu_the_zygote_forks_the_eager_job_first_and_imports_the_compiler_
     for name, value in fake_pynvml.subprocess_env(gpu).items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return gpu
+
+
+def test_on_a_gpu_the_zygote_forks_the_eager_job_first_and_imports_the_compiler_while_it_runs(
+        one_fake_gpu, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     with ZygotePool() as pool:
         eager = run_worker_job(_job("mlp", CompileConfig(mode="eager"), device="cuda:0"), budget=budget,
@@ -247,6 +253,20 @@ def test_on_a_gpu_the_zygote_forks_the_eager_job_first_and_imports_the_compiler_
     assert [r["status"] for r in (eager, compiled)] == ["ok", "ok"], (eager, compiled)
     assert {r["worker_process"] for r in (eager, compiled)} == {FORKED}
     assert not live_children()
+
+
+def test_on_a_gpu_the_first_compiled_job_describes_the_workload(one_fake_gpu, db, own_tmpdir, monkeypatch):
+    from joulepilot.compiler.bench import describes_now
+
+    eager, default = CompileConfig(mode="eager"), CompileConfig(mode="default")
+    assert not describes_now("cuda:0", eager, True) and describes_now("cuda:0", default, True)
+    assert describes_now("cuda:0", eager, False) and describes_now("cpu", eager, True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # in this process only: the parent's checks
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    runs = bench("mlp", [eager, default], device="cuda:0", min_seconds=0.2, db=db, idle_s=0)
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r["reason"] for r in runs]
+    assert "describe" not in runs[0]["extra"] and "describe" in runs[1]["extra"]  # the eager job did not wait
+    assert runs[0]["extra"]["worker_process"] == FORKED
 
 
 def test_a_second_configuration_compiles_cold_and_does_not_hit_the_first_ones_cache(db, own_tmpdir):
