@@ -404,7 +404,9 @@ def measure_config(
     device = context.device
     origin = context.origin
     wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
-    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else 1))
+    windows = 1 if shapes is not None else max(1, int(windows))
+    # the allowance grows with the windows the worker takes (each size of a shape set, or further windows)
+    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else windows))
     if precompile is None:
         precompile = precompile_opted_in()
     artifacts = None
@@ -416,7 +418,7 @@ def measure_config(
         "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
-        "windows": 1 if shapes is not None else max(1, int(windows)),
+        "windows": windows,
     }
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others
         job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})

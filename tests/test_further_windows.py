@@ -138,6 +138,7 @@ def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, 
     assert [e.get("window_in_process") for e in extras] == [None, 2, 3]
     first = runs[0]
     assert extras[0]["windows_in_process"] == 3 and first["compile_s"] is not None
+    assert extras[0]["budget"] == worker_budget(cfg.bench.budget_s, 0.2 * 3).to_dict()  # grown for 3 windows
     for run, extra in zip(runs[1:], extras[1:], strict=True):
         assert extra["first_run_id"] == first["id"] and extra["job_id"] == extras[0]["job_id"]
         assert extra["policy"] == "one" and "job_wall_s" not in extra and run["compile_s"] is None
