@@ -246,7 +246,7 @@ class MeasuredRun:
 
 
 # What a further window of a process does not have of its own: the compile, the warm-up and what they left.
-_NOT_A_WINDOWS = ("compile_s", "warmup_s", "artifacts_path", "warm_start_s")
+_FIRST_WINDOW_COLUMNS = ("compile_s", "warmup_s", "artifacts_path", "warm_start_s")
 _FIRST_WINDOW_EXTRA = ("window", "window_ms_per_call", "window_warning", "latency_calls", "latency_ms_mean",
                        "latency_ms_min", "latency_s", "compile_window", "compile_timers_s", "compile_caches",
                        "artifacts", "describe", "warmup_calls", "peak_memory_window_bytes", "job_wall_s")
@@ -264,7 +264,7 @@ def further_window_rows(row: dict[str, Any], further: list[dict[str, Any]]
     ends = [w["started_at"] for w in ordered[1:]] + [row.get("finished_at")]
     rows = []
     for window, finished_at in zip(ordered, ends, strict=True):
-        more = {k: v for k, v in row.items() if k not in _NOT_A_WINDOWS and not k.startswith("compile_energy")}
+        more = {k: v for k, v in row.items() if k not in _FIRST_WINDOW_COLUMNS and not k.startswith("compile_energy")}
         more.update({k: v for k, v in window.items() if k in row or k in ("started_at", "latency_ms_p50",
                                                                           "latency_ms_p95")})
         more["finished_at"] = finished_at
