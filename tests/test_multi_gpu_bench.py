@@ -37,10 +37,7 @@ def two_gpus(monkeypatch, fake_worker):
     import torch
 
     gpus = [FakeGpu(uuid=uuid, power_w=watts) for uuid, watts in zip(UUIDS, WATTS, strict=True)]
-    fake_pynvml.install(monkeypatch, gpus, call_latency_s=0.0035)
-    for name, value in fake_pynvml.subprocess_env(gpus).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_pynvml.install_everywhere(monkeypatch, gpus)
     monkeypatch.delenv(device_pool.COMPILE_THREADS_ENV, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))

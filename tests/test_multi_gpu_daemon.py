@@ -41,10 +41,7 @@ pytestmark = pytest.mark.usefixtures("restore_logging")
 @pytest.fixture
 def gpus(monkeypatch, fake_worker):
     two = [FakeGpu(uuid=uuid, power_w=watts) for uuid, watts in zip(UUIDS, WATTS, strict=True)]
-    fake_pynvml.install(monkeypatch, two, call_latency_s=0.0035)
-    for name, value in fake_pynvml.subprocess_env(two).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_pynvml.install_everywhere(monkeypatch, two)
     monkeypatch.delenv(device_pool.COMPILE_THREADS_ENV, raising=False)
     monkeypatch.setattr(device_pool, "available_cores", lambda: CORES)
     monkeypatch.setattr(importlib.import_module("joulepilot.compiler.bench"), "default_idle_s", lambda device: IDLE_S)

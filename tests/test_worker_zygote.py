@@ -229,10 +229,7 @@ def one_fake_gpu(monkeypatch, fake_worker):
     from fakes.fake_pynvml import FakeGpu
 
     gpu = [FakeGpu(uuid="GPU-0a0a0a0a-1111-2222-3333-444444444444", power_w=100.0)]
-    fake_pynvml.install(monkeypatch, gpu, call_latency_s=0.0035)
-    for name, value in fake_pynvml.subprocess_env(gpu).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_pynvml.install_everywhere(monkeypatch, gpu)
     return gpu
 
 

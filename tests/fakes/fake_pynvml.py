@@ -216,6 +216,16 @@ def subprocess_env(gpus: list[FakeGpu], *, call_latency_s: float = 0.0035) -> di
     return {GPUS_ENV: json.dumps(spec), "PYTHONPATH": os.pathsep.join(path)}
 
 
+def install_everywhere(monkeypatch, gpus: list[FakeGpu], *, call_latency_s: float = 0.0035) -> FakeNvml:
+    """`install` in this process and `subprocess_env` for the processes the test starts, with every GPU
+    visible (no CUDA_VISIBLE_DEVICES): the workers and daemons a test starts see the same fake GPUs."""
+    state = install(monkeypatch, gpus, call_latency_s=call_latency_s)
+    for name, value in subprocess_env(gpus, call_latency_s=call_latency_s).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return state
+
+
 def install_from_env() -> FakeNvml:
     """In a process a test started: simulate the GPUs of JOULEPILOT_FAKE_GPUS (see `subprocess_env`)."""
     global _state
