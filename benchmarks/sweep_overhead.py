@@ -77,7 +77,16 @@ def per_config(run: dict[str, Any]) -> dict[str, Any]:
     return {"config": run.get("config_label"), "workload": run.get("workload"), "status": run.get("status"),
             "job_wall_s": wall, **parts, "irreducible_s": irreducible,
             "ratio": wall / irreducible if wall and irreducible else None,
-            "warm_start_s": run.get("warm_start_s"), "worker": _extra(run).get("worker_process")}
+            "warm_start_s": run.get("warm_start_s"), "worker": _extra(run).get("worker_process"),
+            "zygote_wait_s": _extra(run).get("zygote_wait_s"), "zygote": _zygote_origin(_extra(run))}
+
+
+def _zygote_origin(extra: dict[str, Any]) -> str | None:
+    """How the job's zygote began: a spare (imports done before the workload was known) or started for it."""
+    preload = extra.get("zygote_preload_s")
+    if not isinstance(preload, dict):
+        return None
+    return "spare" if "spare" in preload else "own"
 
 
 def _loadavg() -> list[float]:
@@ -171,11 +180,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"## {'repeat ' + str(item['repeat']) if 'repeat' in item else 'pass'}: {head}",
                   f"load average before {item['load_before']}, after {item['load_after']}", "",
                   "| workload | config | status | job wall s | compile s | warm-up s | latency s | window s | "
-                  "irreducible s | ratio | warm start s | worker |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "irreducible s | ratio | warm start s | zygote wait s | zygote | worker |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in item["configs"]:
             lines.append(f"| {c['workload']} | {c['config']} | {c['status']} | {_f(c['job_wall_s'])} | "
                          f"{_f(c['compile_s'])} | {_f(c['warmup_s'])} | {_f(c['latency_s'])} | {_f(c['window_s'])} | "
-                         f"{_f(c['irreducible_s'])} | {_f(c['ratio'])} | {_f(c['warm_start_s'])} | {c['worker'] or '-'} |")
+                         f"{_f(c['irreducible_s'])} | {_f(c['ratio'])} | {_f(c['warm_start_s'])} | "
+                         f"{_f(c.get('zygote_wait_s'))} | {c.get('zygote') or '-'} | {c['worker'] or '-'} |")
         lines.append("")
     return "\n".join(lines)
 

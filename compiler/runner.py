@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +248,20 @@ def start_zygote_early(zygotes: ZygotePool, job: dict[str, Any], env: Mapping[st
     zygotes.start_early(job, _zygote_starter(env or {}))
 
 
+def keep_spare_zygotes(zygotes: ZygotePool, devices: Sequence[str], libraries: Sequence[str] = (), *,
+                       workloads: int, env: Mapping[str, str] | None = None) -> None:
+    """Have `zygotes` keep a spare zygote on each of `devices` (torch, joulepilot and `libraries` imported) for
+    the next workload measured there, `workloads` spares in all; see `ZygotePool.keep_spares`. `env` as for
+    `start_zygote_early`."""
+    extra_env = dict(env or {})
+
+    def starter(device: str) -> Callable[[], Zygote]:
+        return lambda: Zygote.start_spare(device, libraries, module=worker_module(), workdir=new_workdir(),
+                                          env={**_worker_env(), **extra_env})
+
+    zygotes.keep_spares({device: starter(device) for device in devices}, workloads)
+
+
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
                    on_start: Callable[[int], None] | None = None, keep_dir: bool = False,
                    on_phase: PhaseFn | None = None, zygotes: ZygotePool | None = None,
@@ -271,17 +285,23 @@ def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelC
     if on_phase is not None:
         on_phase(kind, "start")
     zygote = None
+    waited_s = 0.0
     if zygotes is not None:
         waited = time.time()
         zygote, cancelled = zygotes.zygote_for(job, start=_zygote_starter(extra_env), limit_s=budget.allowance_s,
                                                cancel=cancel)
+        waited_s = time.time() - waited
         if cancelled:
             return {"status": "cancelled", "reason": cancelled, "phase": "start", "started_at": waited,
                     "finished_at": time.time()}
     fallback = zygotes.fallback_reason(job) if zygotes is not None else ""
     workdir = new_workdir()
     try:
-        return _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, zygote, fallback, extra_env)
+        result = _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, zygote, fallback, extra_env)
+        if zygote is not None:  # what the job waited for its workload's zygote (a workload's first job only)
+            result["zygote_wait_s"] = round(waited_s, 3)
+            result["zygote_preload_s"] = zygote.info.get("preload_s")
+        return result
     finally:
         if not keep_dir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -434,6 +434,8 @@ class Daemon:
             if reason is not None:
                 stale[policy.name] = reason
         summary["stale"] = [{"policy": n, "reason": r} for n, r in stale.items()]
+        if stale:
+            self._keep_spares(devices, [by_name[name] for name in stale])
 
         # 2. plan and queue
         from joulepilot.store import upsert_config
@@ -772,6 +774,22 @@ class Daemon:
         shape = policy.shape_args()
         start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
                                                          shape.get("image_size"), policy.shapes), env)
+
+    def _keep_spares(self, devices: list[str], policies: list[Any]) -> None:
+        """On each GPU, a spare zygote imports torch, joulepilot and the model libraries of the pass's workloads
+        while the pass plans and takes the idle baseline, and then while the GPU measures: no workload's first
+        job waits for those imports (`ZygotePool.keep_spares`), one spare per workload the pass may measure.
+        Not on a CPU device, whose meter would count them."""
+        from joulepilot.compiler import keep_spare_zygotes
+        from joulepilot.compiler.device_pool import worker_env
+        from joulepilot.compiler.workloads import model_libraries
+
+        gpus = [device for device in devices if device.startswith("cuda")]
+        if self._zygotes is None or not gpus:
+            return
+        workloads = {(p.workload, p.batch_size, tuple(sorted(p.shape_args().items()))) for p in policies}
+        keep_spare_zygotes(self._zygotes, gpus, model_libraries(p.workload for p in policies),
+                           workloads=len(workloads), env=worker_env(len(devices)))
 
     def _has_context(self, device: str) -> bool:
         with self._contexts_lock:

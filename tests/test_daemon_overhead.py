@@ -133,3 +133,34 @@ def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(
         assert pool.pending is not None and pool.pending.proc.poll() is None
         assert (pool.pending.key.spec, pool.pending.key.batch_size, pool.pending.key.device) == ("mlp", 8, "cuda:0")
     assert pool.pending is None
+
+
+def test_on_a_gpu_each_workloads_zygote_is_a_spare_that_imported_torch_while_the_pass_planned(
+        tmp_path, fake_worker, monkeypatch, own_tmpdir, restore_logging, live_children):
+    """Two workloads on one GPU: the daemon starts a spare zygote at the start of the pass (torch and the
+    libraries imported while it plans and takes the idle baseline) and a second one while the first workload
+    measures; each workload's first job is forked from a spare, and none is left at the end."""
+    import importlib
+
+    from fakes import fake_pynvml
+    from fakes.fake_pynvml import FakeGpu
+
+    fake_pynvml.install_everywhere(monkeypatch, [FakeGpu(uuid="GPU-0a0a0a0a-1111-2222-3333-444444444444",
+                                                         power_w=100.0)])
+    monkeypatch.setattr(importlib.import_module("joulepilot.compiler.bench"), "default_idle_s", lambda device: 0.5)
+    db = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "mlp")
+    write_policy(policies, "linear", workload="tests.workload_factories:linear")
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.2)
+    config.write_text("devices = [0]\n" + config.read_text().replace("[idle]\n", "[idle]\nmin_idle_s = 0\n"))
+    result = Daemon.from_cli(config_path=str(config), db=None, policies=()).run(once=True)
+    assert result.exit_code == 0, result.summary
+    runs = list_runs(open_db(db))
+    assert len(runs) == 2 and {r["device"] for r in runs} == {"cuda:0"}, [r["reason"] for r in runs]
+    for run in runs:
+        extra = json_object(run["extra"])
+        assert extra["worker_process"] == FORKED
+        assert "spare" in extra["zygote_preload_s"], extra  # the zygote began as a spare
+        assert extra["zygote_wait_s"] <= extra["job_wall_s"]
+    assert not live_children()
