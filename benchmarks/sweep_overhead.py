@@ -82,11 +82,11 @@ def per_config(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _zygote_origin(extra: dict[str, Any]) -> str | None:
-    """How the job's zygote began: a spare (imports done before the workload was known) or started for it."""
-    preload = extra.get("zygote_preload_s")
-    if not isinstance(preload, dict):
+    """When the job's zygote was started: ahead of the workload's first job (`early`: while the device waited
+    or measured another workload), or by that job."""
+    if "zygote_early" not in extra:
         return None
-    return "spare" if "spare" in preload else "own"
+    return "early" if extra["zygote_early"] else "by the job"
 
 
 def _loadavg() -> list[float]:

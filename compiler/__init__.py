@@ -32,7 +32,7 @@ from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
 from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, REGIONAL_AUTO, ConfigError
 from .regional import BlockClass, RegionalError, block_classes, choose_block, compile_blocks
-from .runner import keep_spare_zygotes, start_zygote_early
+from .runner import start_zygote_early
 from .shape_set import ShapeSet
 from .workloads import Workload, WorkloadError, check_spec, load_workload, workload_id
 from .zygote import ZygotePool
@@ -79,7 +79,6 @@ __all__ = [
     "plan_configs",
     "save_artifacts",
     "save_warm_start",
-    "keep_spare_zygotes",
     "start_zygote_early",
     "sweep_context",
     "time_warm_start",

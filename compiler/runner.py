@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -242,24 +242,11 @@ def _zygote_starter(extra_env: Mapping[str, str]) -> Callable[[ZygoteKey], Zygot
     return start
 
 
-def start_zygote_early(zygotes: ZygotePool, job: dict[str, Any], env: Mapping[str, str] | None = None) -> None:
-    """Have `zygotes` start the zygote for `job`'s workload now, to overlap its start with other waiting.
-    `env`: the variables its workers will run with (see `run_worker_job`)."""
-    zygotes.start_early(job, _zygote_starter(env or {}))
-
-
-def keep_spare_zygotes(zygotes: ZygotePool, devices: Sequence[str], libraries: Sequence[str] = (), *,
-                       workloads: int, env: Mapping[str, str] | None = None) -> None:
-    """Have `zygotes` keep a spare zygote on each of `devices` (torch, joulepilot and `libraries` imported) for
-    the next workload measured there, `workloads` spares in all; see `ZygotePool.keep_spares`. `env` as for
-    `start_zygote_early`."""
-    extra_env = dict(env or {})
-
-    def starter(device: str) -> Callable[[], Zygote]:
-        return lambda: Zygote.start_spare(device, libraries, module=worker_module(), workdir=new_workdir(),
-                                          env={**_worker_env(), **extra_env})
-
-    zygotes.keep_spares({device: starter(device) for device in devices}, workloads)
+def start_zygote_early(zygotes: ZygotePool, job: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
+    """Have `zygotes` start the zygote for `job`'s workload now, to overlap its start with other waiting or
+    measuring; True when one was started (see `ZygotePool.start_early`). `env`: the variables its workers will
+    run with (see `run_worker_job`)."""
+    return zygotes.start_early(job, _zygote_starter(env or {}))
 
 
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
@@ -301,6 +288,7 @@ def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelC
         if zygote is not None:  # what the job waited for its workload's zygote (a workload's first job only)
             result["zygote_wait_s"] = round(waited_s, 3)
             result["zygote_preload_s"] = zygote.info.get("preload_s")
+            result["zygote_early"] = zygote.early
         return result
     finally:
         if not keep_dir:

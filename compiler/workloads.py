@@ -20,7 +20,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,20 +326,6 @@ _PREBUILT: dict[tuple[Any, ...], Workload] = {}
 
 def _prebuilt_key(spec: str, batch_size: int, seq_len: int | None, image_size: int | None, seed: int) -> tuple:
     return (spec, int(batch_size), seq_len, image_size, int(seed))
-
-
-def model_libraries(specs: Iterable[str]) -> list[str]:
-    """The model libraries (torchvision, timm, transformers) that building `specs` imports, each once; a spec
-    that does not parse names none (building it reports that)."""
-    libraries: list[str] = []
-    for spec in specs:
-        try:
-            kind = split_spec(spec)[0]
-        except WorkloadError:
-            continue
-        if kind in ADAPTERS and kind not in libraries:
-            libraries.append(kind)
-    return libraries
 
 
 def can_prebuild(spec: str, device: str) -> bool:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,13 +98,14 @@ def _last_line(path: Path) -> str:
 class Zygote:
     """A started zygote and the pipe to it; one job at a time."""
 
-    def __init__(self, key: ZygoteKey | None, proc: subprocess.Popen, workdir: Path) -> None:
-        self.key = key  # None for a spare that has not been given a workload yet
+    def __init__(self, key: ZygoteKey, proc: subprocess.Popen, workdir: Path) -> None:
+        self.key = key
         self.proc = proc
         self.workdir = workdir
         self.info: dict[str, Any] = {}
         self._buffer = b""
         self.gone = False
+        self.early = False  # started ahead of its workload's first job (`ZygotePool.start_early`)
 
     @property
     def pid(self) -> int:
@@ -112,20 +113,8 @@ class Zygote:
 
     @classmethod
     def start(cls, key: ZygoteKey, *, module: str, workdir: Path, env: dict[str, str]) -> Zygote:
-        return cls._start(key, {**asdict(key), "parent_pid": os.getpid()}, module=module, workdir=workdir, env=env)
-
-    @classmethod
-    def start_spare(cls, device: str, libraries: Sequence[str], *, module: str, workdir: Path,
-                    env: dict[str, str]) -> Zygote:
-        """A zygote that imports torch, joulepilot and `libraries` for `device` and then waits for `load(key)`."""
-        setup = {"spare": True, "device": device, "libraries": list(libraries), "parent_pid": os.getpid()}
-        return cls._start(None, setup, module=module, workdir=workdir, env=env)
-
-    @classmethod
-    def _start(cls, key: ZygoteKey | None, setup_fields: dict[str, Any], *, module: str, workdir: Path,
-               env: dict[str, str]) -> Zygote:
         setup = workdir / "zygote.json"
-        setup.write_text(json.dumps(setup_fields))
+        setup.write_text(json.dumps({**asdict(key), "parent_pid": os.getpid()}))
         env = dict(env)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor-cache")  # stays empty: it never compiles
         env["TRITON_CACHE_DIR"] = str(workdir / "triton-cache")
@@ -156,17 +145,6 @@ class Zygote:
                 continue
             self._buffer += chunk
 
-    def load(self, key: ZygoteKey) -> None:
-        """Give a spare its workload; ZygoteGone if it is no longer there. `wait_ready` then waits for it."""
-        assert self.key is None and self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps({"op": "load", "setup": asdict(key)}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            self.gone = True
-            raise ZygoteGone(f"spare zygote {self.pid} is gone: {exc}") from exc
-        self.key = key
-
     def wait_ready(self, limit_s: float, cancel: Callable[[], str | None] | None) -> tuple[str, str | None]:
         """('ready', None) once the zygote has preloaded and can fork; ('refused', why) when it cannot, died
         or ran out of time; ('cancelled', reason) when `cancel` asked to stop."""
@@ -182,8 +160,6 @@ class Zygote:
                 why = f"the zygote exited with code {code} while preloading"
                 last = _last_line(self.workdir / "stderr.txt")
                 return "refused", f"{why}: {last}" if last else why
-            if event is not None and event.get("event") == "spare":  # a spare's first word: the load follows
-                continue
             if event is not None and event.get("event") == "ready":
                 self.info = event
                 if event.get("fork_safe"):
@@ -307,28 +283,19 @@ class _Starter:
 
 
 class _Slot:
-    """One device's zygotes: the ready one, one started early that nobody has waited for yet, and a spare
-    (imports done, no workload yet) with what starts the next spare. `lock` is held by the job that is getting
-    a zygote on this device (one job per device at a time)."""
+    """One device's zygotes: the ready one, and one started early that nobody has waited for yet. `lock` is
+    held by the job that is getting a zygote on this device (one job per device at a time)."""
 
     def __init__(self) -> None:
         self.current: Zygote | None = None
         self.pending: Zygote | None = None
-        self.spare: Zygote | None = None
-        self.start_spare: Callable[[], Zygote] | None = None
         self.lock = threading.Lock()
 
-    def close_workload(self) -> None:
+    def close(self) -> None:
         for zygote in (self.current, self.pending):
             if zygote is not None:
                 zygote.close()
         self.current = self.pending = None
-
-    def close(self) -> None:
-        self.close_workload()
-        if self.spare is not None:
-            self.spare.close()
-        self.spare = self.start_spare = None
 
 
 class ZygotePool:
@@ -348,8 +315,7 @@ class ZygotePool:
         self._slots: dict[str, _Slot] = {}
         self._refused: dict[ZygoteKey, str] = {}
         self._deaths: dict[ZygoteKey, int] = {}
-        self._spares_left = 0
-        self._lock = threading.Lock()  # _slots, _refused, _deaths, _starter, _closed, _spares_left
+        self._lock = threading.Lock()  # _slots, _refused, _deaths, _starter, _closed
         self._starter: _Starter | None = None
         self._closed = False
 
@@ -375,12 +341,6 @@ class ZygotePool:
         """The ready zygote of the one device this pool has served (see `zygote_on` for several)."""
         slot = self._only_slot()
         return slot.current if slot is not None else None
-
-    @property
-    def spare(self) -> Zygote | None:
-        """The spare zygote of the one device this pool has served (see `start_spare`)."""
-        slot = self._only_slot()
-        return slot.spare if slot is not None else None
 
     @property
     def pending(self) -> Zygote | None:
@@ -410,70 +370,35 @@ class ZygotePool:
 
     def _start(self, key: ZygoteKey, start: Callable[[ZygoteKey], Zygote]) -> Zygote | None:
         """A zygote for `key`, started on the pool's thread; None once the pool is closed."""
-        return self._on_starter(lambda: start(key))
-
-    def _on_starter(self, start: Callable[[], Zygote]) -> Zygote | None:
         with self._lock:
             if self._closed:
                 return None
             if self._starter is None:
                 self._starter = _Starter()
             starter = self._starter
-        return starter.start(start)
+        return starter.start(lambda: start(key))
 
-    def _new_zygote(self, slot: _Slot, key: ZygoteKey, start: Callable[[ZygoteKey], Zygote]) -> Zygote | None:
-        """The device's spare given `key`'s workload (and the next spare started), else a zygote started for it."""
-        spare, slot.spare = slot.spare, None
-        if spare is not None:
-            try:
-                if spare.gone or spare.proc.poll() is not None:
-                    raise ZygoteGone(f"spare zygote {spare.pid} exited")
-                spare.load(key)
-            except ZygoteGone:
-                spare.close()
-                spare = None
-        if slot.start_spare is not None and self._spare_allowed():
-            slot.spare = self._on_starter(slot.start_spare)
-        return spare or self._start(key, start)
-
-    def _spare_allowed(self) -> bool:
-        with self._lock:
-            if self._spares_left <= 0:
-                return False
-            self._spares_left -= 1
-            return True
-
-    def keep_spares(self, starters: dict[str, Callable[[], Zygote]], workloads: int) -> None:
-        """Keep a spare zygote on each device of `starters` (whose callable starts one there): a zygote that
-        imports torch, joulepilot and the model libraries while nothing waits for it, and takes the next
-        workload that needs a zygote on its device; a spare taken is replaced by a new one, `workloads` spares
-        in all (one per workload the caller expects to measure, so none is started for nothing). The daemon
-        does this for its GPUs at the start of a pass, so that no workload's first job waits for those imports.
-        Not for a CPU device, whose meter would count the spare's imports."""
+    def start_early(self, job: dict[str, Any], start: Callable[[ZygoteKey], Zygote]) -> bool:
+        """Start the zygote for `job`'s workload now without waiting for it; True when one was started. A GPU
+        sweep does this before it measures the GPU's idle power, and the daemon for the workload a GPU will
+        measure next, while the current one measures there: the zygote's work on the CPU does not disturb the
+        GPU's counter. Nothing happens while a job on that device is getting its zygote, when the device's
+        zygote is that workload's already, or when another was started early there and not used yet."""
         if not self.enabled:
-            return
-        with self._lock:
-            self._spares_left = workloads
-        for device, start in starters.items():
-            slot = self._slot(device)
-            with slot.lock:
-                slot.start_spare = start
-                if slot.spare is None and slot.current is None and self._spare_allowed():
-                    slot.spare = self._on_starter(start)
-
-    def start_early(self, job: dict[str, Any], start: Callable[[ZygoteKey], Zygote]) -> None:
-        """Start the zygote for `job`'s workload now without waiting for it: a GPU sweep does this before it
-        measures the GPU's idle power, which the zygote's work on the CPU does not disturb. Nothing happens
-        while a job on that device is getting its zygote, or when the device has one already."""
-        if not self.enabled:
-            return
+            return False
         key = ZygoteKey.of_job(job)
         slot = self._slot(key.device)
         if not slot.lock.acquire(blocking=False):
-            return
+            return False
         try:
-            if slot.current is None and slot.pending is None and not self._refused_key(key):
-                slot.pending = self._new_zygote(slot, key, start)
+            current = slot.current
+            if slot.pending is None and (current is None or current.key != key) and not self._refused_key(key):
+                slot.pending = self._start(key, start)
+                if slot.pending is None:
+                    return False
+                slot.pending.early = True
+                return True
+            return False
         finally:
             slot.lock.release()
 
@@ -489,7 +414,8 @@ class ZygotePool:
                 return None, None
             current = slot.current
             if current is not None and (current.key != key or current.gone or current.proc.poll() is not None):
-                slot.close_workload()
+                current.close()  # the zygote started early for this workload, if any, stays
+                slot.current = None
                 with self._lock:
                     if current.key == key:
                         self._deaths[key] = self._deaths.get(key, 0) + 1
@@ -501,7 +427,7 @@ class ZygotePool:
                 if zygote is not None and zygote.key != key:
                     zygote.close()
                     zygote = None
-                zygote = zygote or self._new_zygote(slot, key, start)
+                zygote = zygote or self._start(key, start)
                 if zygote is None:  # the pool was closed
                     return None, None
                 try:

@@ -9,10 +9,6 @@ is pointed at stderr, so whatever the preloaded code prints cannot garble them):
   -> {"op": "run", "job_path", "stdout", "stderr", "env"}
   <- {"event": "started", "pid"} ... {"event": "exited", "pid", "code"}  code as Popen.returncode has it
   -> {"op": "exit"}, or the end of stdin: the zygote exits.
-A spare zygote (setup `{"spare": true, "device", "libraries"}`, no workload yet) first answers
-  <- {"event": "spare", "pid", "preloaded", "preload_s"}   once torch, joulepilot and `libraries` are imported
-  -> {"op": "load", "setup": {"spec", "batch_size", "seq_len", "image_size", "seed"}}
-and then preloads that workload and goes on as above.
 One job at a time. When preloading found forking unsafe (`fork_safe` false, `why` says why), the zygote
 exits after answering, and the parent runs that workload's jobs as fresh processes.
 
@@ -252,25 +248,6 @@ def _load_compiler(info: dict[str, Any], device: str, workers: Sequence[int] = (
     return hazard is None
 
 
-def wait_for_workload(setup: dict[str, Any], info: dict[str, Any], protocol: TextIO,
-                      started: float) -> dict[str, Any] | None:
-    """A spare zygote (`"spare": true` in its setup) has imported torch and joulepilot for its device, but no
-    workload yet: it also imports the model libraries it was told of (`libraries`), says `spare`, and waits for
-    `{"op": "load", "setup": {spec, batch_size, ...}}`, the workload it is to preload; None at an exit or the
-    end of stdin. A daemon keeps one per GPU, started while it plans or measures something else, so the next
-    workload's first job does not wait for those imports."""
-    _import_all([str(name) for name in setup.get("libraries") or ()], info)
-    info["preload_s"] = {"spare": round(time.perf_counter() - started, 3)}
-    _send(protocol, {"event": "spare", "pid": os.getpid(), "preloaded": list(info["preloaded"]),
-                     "preload_s": info["preload_s"]})
-    line = sys.stdin.readline()
-    command = json.loads(line) if line.strip() else {}
-    if command.get("op") != "load":
-        return None
-    info["spare"] = True
-    return dict(command.get("setup") or {})
-
-
 def serve(setup_path: str, run_child: RunChild) -> int:
     """The zygote's life: preload, say whether it can fork, then fork a worker per command."""
     from .worker import die_with_parent
@@ -283,18 +260,9 @@ def serve(setup_path: str, run_child: RunChild) -> int:
     started = time.perf_counter()
     defer_compiler = str(setup["device"]).startswith("cuda")
     preload_modules(info, compiler=not defer_compiler)
-    if setup.get("spare"):
-        workload = wait_for_workload(setup, info, protocol, started)
-        if workload is None:
-            return 0
-        setup.update(workload)
-        started = time.perf_counter()
-        modules_s = 0.0
-    else:
-        modules_s = time.perf_counter() - started
+    modules_s = time.perf_counter() - started
     preload_workload(setup, info)
-    info["preload_s"] = {**info.get("preload_s", {}), "modules": round(modules_s, 3),
-                         "workload": round(time.perf_counter() - started - modules_s, 3)}
+    info["preload_s"] = {"modules": round(modules_s, 3), "workload": round(time.perf_counter() - started - modules_s, 3)}
     hazard = fork_hazard(setup["device"])
     info.update(fork_safe=hazard is None, why=hazard)
     _send(protocol, info)

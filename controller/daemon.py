@@ -434,8 +434,6 @@ class Daemon:
             if reason is not None:
                 stale[policy.name] = reason
         summary["stale"] = [{"policy": n, "reason": r} for n, r in stale.items()]
-        if stale:
-            self._keep_spares(devices, [by_name[name] for name in stale])
 
         # 2. plan and queue
         from joulepilot.store import upsert_config
@@ -555,6 +553,7 @@ class Daemon:
                         started, left = assign_jobs(ready, runnable, last_workload)
                         for device, job in started:
                             last_workload[device] = job.workload_id
+                            self._start_next_zygote(device, job, by_name, probe, env)
                             self._start_job(scheduler, job, by_name[job.policy], device, env)
                         waiting = [d for d in scheduler.free() if d not in ready]
                         for device, job in assign_jobs(waiting, left, last_workload)[0]:
@@ -757,39 +756,52 @@ class Daemon:
         return outcome
 
     def _start_zygote_while_waiting(self, job: JobRow, policy: Any, device: str,
-                                    env: dict[str, str] | None = None) -> None:
+                                    env: dict[str, str] | None = None) -> bool:
         """On a GPU, start the zygote of the job's workload before waiting for the GPU to be idle: it works on
         the CPU only, so the quiet period the daemon waits out is not disturbed, and the job does not wait
-        for it afterwards. (On a CPU device it would be the very load the wait is about.)"""
-        from joulepilot.compiler import CompileConfig, start_zygote_early, worker_job_key
+        for it afterwards. (On a CPU device it would be the very load the wait is about.) True when one was
+        started."""
+        from joulepilot.compiler import CompileConfig
 
-        if not device.startswith("cuda") or self._zygotes is None:
-            return
         row = config_row(self.db, job.config_id)
         if row is None:
-            return
-        cfg = CompileConfig.from_row(row)
+            return False
+        return self._start_zygote_early(policy, CompileConfig.from_row(row), device, env)
+
+    def _start_zygote_early(self, policy: Any, cfg: Any, device: str, env: dict[str, str] | None) -> bool:
+        from joulepilot.compiler import start_zygote_early, worker_job_key
+
+        if not device.startswith("cuda") or self._zygotes is None:
+            return False
         if policy.batch_size and cfg.batch_size != policy.batch_size:
             cfg = cfg.replace(batch_size=policy.batch_size)
         shape = policy.shape_args()
-        start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
-                                                         shape.get("image_size"), policy.shapes), env)
+        return start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
+                                                                shape.get("image_size"), policy.shapes), env)
 
-    def _keep_spares(self, devices: list[str], policies: list[Any]) -> None:
-        """On each GPU, a spare zygote imports torch, joulepilot and the model libraries of the pass's workloads
-        while the pass plans and takes the idle baseline, and then while the GPU measures: no workload's first
-        job waits for those imports (`ZygotePool.keep_spares`), one spare per workload the pass may measure.
-        Not on a CPU device, whose meter would count them."""
-        from joulepilot.compiler import keep_spare_zygotes
-        from joulepilot.compiler.device_pool import worker_env
-        from joulepilot.compiler.workloads import model_libraries
+    def _start_next_zygote(self, device: str, started: JobRow, by_name: dict[str, Any], probe: DeviceProbe,
+                           env: dict[str, str]) -> None:
+        """On a GPU, start the zygote of the workload that comes after `started`'s there, while `started`'s
+        workload measures: the next workload's first job then does not wait for its imports and model build
+        (several seconds, against an eager job's 8). Next is the first queued job of another workload, else the
+        first guided search of this pass that has not begun; a guess the queue proves wrong costs that zygote's
+        CPU seconds only. One such zygote per GPU at a time, started before `started`'s job is handed over
+        (whose thread then takes the device's zygote); not at the device's first job of the pass, which is
+        waiting for its own."""
+        from joulepilot.compiler import CompileConfig
 
-        gpus = [device for device in devices if device.startswith("cuda")]
-        if self._zygotes is None or not gpus:
+        if not device.startswith("cuda") or self._zygotes is None or not self._has_context(device):
             return
-        workloads = {(p.workload, p.batch_size, tuple(sorted(p.shape_args().items()))) for p in policies}
-        keep_spare_zygotes(self._zygotes, gpus, model_libraries(p.workload for p in policies),
-                           workloads=len(workloads), env=worker_env(len(devices)))
+        for job in self._runnable_jobs(by_name, probe):
+            if job.workload_id != started.workload_id:
+                self._start_zygote_while_waiting(job, by_name[job.policy], device, env)
+                return
+        for name, state in self._guided.items():
+            if not state.active and not state.stopped and name != started.policy:
+                policy = by_name[name]
+                self._start_zygote_early(policy, CompileConfig(mode="eager", batch_size=policy.batch_size),
+                                         device, env)
+                return
 
     def _has_context(self, device: str) -> bool:
         with self._contexts_lock:

@@ -135,11 +135,10 @@ def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(
     assert pool.pending is None
 
 
-def test_on_a_gpu_each_workloads_zygote_is_a_spare_that_imported_torch_while_the_pass_planned(
+def test_on_a_gpu_the_next_workloads_zygote_starts_while_the_current_workload_measures(
         tmp_path, fake_worker, monkeypatch, own_tmpdir, restore_logging, live_children):
-    """Two workloads on one GPU: the daemon starts a spare zygote at the start of the pass (torch and the
-    libraries imported while it plans and takes the idle baseline) and a second one while the first workload
-    measures; each workload's first job is forked from a spare, and none is left at the end."""
+    """Two workloads on one GPU: while the first one's jobs run, the daemon starts the second one's zygote,
+    whose first job is then forked from it without waiting for the imports and the model build."""
     import importlib
 
     from fakes import fake_pynvml
@@ -148,19 +147,30 @@ def test_on_a_gpu_each_workloads_zygote_is_a_spare_that_imported_torch_while_the
     fake_pynvml.install_everywhere(monkeypatch, [FakeGpu(uuid="GPU-0a0a0a0a-1111-2222-3333-444444444444",
                                                          power_w=100.0)])
     monkeypatch.setattr(importlib.import_module("joulepilot.compiler.bench"), "default_idle_s", lambda device: 0.5)
+    early: list[tuple[float, str, bool]] = []
+    real = ZygotePool.start_early
+
+    def recorded(pool, job, start):
+        started = real(pool, job, start)
+        early.append((time.time(), job["spec"], started))
+        return started
+
+    monkeypatch.setattr(ZygotePool, "start_early", recorded)
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
-    write_policy(policies, "mlp")
-    write_policy(policies, "linear", workload="tests.workload_factories:linear")
+    write_policy(policies, "a_mlp", precisions=("fp32", "bf16"))
+    write_policy(policies, "b_linear", workload="tests.workload_factories:linear", precisions=("fp32", "bf16"))
     config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.2)
     config.write_text("devices = [0]\n" + config.read_text().replace("[idle]\n", "[idle]\nmin_idle_s = 0\n"))
     result = Daemon.from_cli(config_path=str(config), db=None, policies=()).run(once=True)
     assert result.exit_code == 0, result.summary
-    runs = list_runs(open_db(db))
-    assert len(runs) == 2 and {r["device"] for r in runs} == {"cuda:0"}, [r["reason"] for r in runs]
-    for run in runs:
-        extra = json_object(run["extra"])
-        assert extra["worker_process"] == FORKED
-        assert "spare" in extra["zygote_preload_s"], extra  # the zygote began as a spare
-        assert extra["zygote_wait_s"] <= extra["job_wall_s"]
+    runs = sorted(list_runs(open_db(db)), key=lambda r: r["started_at"])
+    assert len(runs) == 4 and {r["device"] for r in runs} == {"cuda:0"}, [r["reason"] for r in runs]
+    first, second = runs[0]["workload"], runs[-1]["workload"]
+    assert first != second and [r["workload"] for r in runs] == [first, first, second, second]
+    extras = [json_object(r["extra"]) for r in runs]
+    assert all(e["worker_process"] == FORKED for e in extras)
+    assert extras[2]["zygote_early"]  # the second workload's first job used the zygote started ahead of it
+    started_ahead = [t for t, spec, ok in early if ok and spec == second]
+    assert started_ahead and runs[0]["started_at"] <= min(started_ahead) <= runs[2]["started_at"], (early, runs)
     assert not live_children()

@@ -18,7 +18,7 @@ import torch
 from daemon_factories import wait_for
 from joulepilot.compiler import CompileConfig, bench, worker_budget
 from joulepilot.compiler.bench import worker_job_key
-from joulepilot.compiler.runner import keep_spare_zygotes, read_phases, run_worker_job, start_zygote_early
+from joulepilot.compiler.runner import read_phases, run_worker_job, start_zygote_early
 from joulepilot.compiler.workloads import can_prebuild
 from joulepilot.compiler.zygote import FORK_WORKERS_ENV, FORKED, FRESH, ZygotePool
 
@@ -292,46 +292,22 @@ def test_a_module_that_exits_at_import_fails_each_run_as_a_fresh_worker_would(db
             f"{FRESH} (the zygote exited with code 7 while preloading: refusing to load)"
 
 
-def test_a_spare_zygote_takes_the_next_workload_and_a_new_spare_replaces_it(one_fake_gpu, own_tmpdir,
-                                                                             live_children):
-    """A daemon keeps a spare per GPU: torch and the model libraries imported before any workload needs it;
-    the first job of each workload is forked from a spare given that workload, and another spare follows."""
+def test_the_next_workloads_zygote_starts_while_the_current_one_measures_and_serves_its_first_job(
+        fake_worker, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     with ZygotePool() as pool:
-        keep_spare_zygotes(pool, ["cuda:0"], ["colorsys"], workloads=2)
-        first_spare = pool.spare
-        assert first_spare is not None and first_spare.key is None and pool.current is None
-        eager = run_worker_job(_job("mlp", CompileConfig(mode="eager"), device="cuda:0"), budget=budget,
-                               zygotes=pool)
-        zygote = pool.current
-        assert zygote is first_spare and zygote.key is not None and zygote.key.spec == "mlp"
-        assert zygote.info["spare"] and zygote.info["built"] and "colorsys" in zygote.info["preloaded"]
-        assert "spare" in eager["zygote_preload_s"] and eager["zygote_wait_s"] >= 0
-        second_spare = pool.spare
-        assert second_spare is not None and second_spare is not zygote and second_spare.proc.poll() is None
-        again = run_worker_job(_job("mlp", CompileConfig(mode="eager"), device="cuda:0"), budget=budget,
-                               zygotes=pool)
-        assert pool.current is zygote and pool.spare is second_spare  # the same workload: no spare taken
-        other = run_worker_job(_job("mlp", CompileConfig(mode="eager"), device="cuda:0", image_size=7),
-                               budget=budget, zygotes=pool)
-        assert pool.current is second_spare and zygote.proc.poll() is not None  # a new workload: the spare
-        assert pool.spare is None  # two workloads, two spares: none is started for nothing
-    assert [r["status"] for r in (eager, again, other)] == ["ok", "ok", "ok"], (eager, again, other)
-    assert {r["worker_process"] for r in (eager, again, other)} == {FORKED}
-    assert not live_children()
-
-
-def test_a_spare_that_died_is_not_used_and_the_workload_gets_a_zygote_of_its_own(one_fake_gpu, own_tmpdir,
-                                                                                  live_children):
-    budget = worker_budget(120, 0.2)
-    with ZygotePool() as pool:
-        keep_spare_zygotes(pool, ["cuda:0"], workloads=2)
-        dead = pool.spare
-        dead.proc.kill()
-        dead.proc.wait(10)
-        result = run_worker_job(_job("mlp", CompileConfig(mode="eager"), device="cuda:0"), budget=budget,
-                                zygotes=pool)
-        assert pool.current is not None and pool.current is not dead and pool.current.key.spec == "mlp"
-        assert "spare" not in pool.current.info
-    assert result["status"] == "ok" and result["worker_process"] == FORKED, result
+        first = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
+        current = pool.current
+        assert not start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, None))
+        assert start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, 7))
+        nxt = pool.pending
+        assert nxt is not None and nxt.early and pool.current is current  # beside the current one
+        assert not start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, 9))
+        same = run_worker_job(_job("mlp", CompileConfig(mode="default")), budget=budget, zygotes=pool)
+        assert pool.current is current and pool.pending is nxt  # the current workload still has its zygote
+        other = run_worker_job(_job("mlp", CompileConfig(mode="eager"), image_size=7), budget=budget, zygotes=pool)
+        assert pool.current is nxt and pool.pending is None and current.proc.poll() is not None
+    assert [r["status"] for r in (first, same, other)] == ["ok", "ok", "ok"], (first, same, other)
+    assert [r["zygote_early"] for r in (first, same, other)] == [False, False, True]
+    assert all(r["zygote_wait_s"] >= 0 for r in (first, same, other))
     assert not live_children()
