@@ -42,7 +42,7 @@ DEFAULT_SPEC = "torchvision:resnet50"
 DEFAULT_MODES = "eager,default,reduce-overhead"
 DEFAULT_PRECISIONS = "fp32,tf32,bf16,fp16"
 FIELDS = ("config_id", "config_label", "device", "status", "reason", "energy_j_per_inference", "avg_power_w",
-          "latency_ms_p50", "compile_s", "window_s", "started_at", "finished_at", "device_name")
+          "latency_ms_p50", "compile_s", "window_s", "started_at", "finished_at", "device_name", "torch_version")
 
 
 def log(message: str) -> None:
@@ -65,6 +65,21 @@ def _runs(db_path: Path) -> list[dict[str, Any]]:
         out.append({**{k: row.get(k) for k in FIELDS}, "device_uuids": extra.get("device_uuids"),
                     "window_warning": extra.get("window_warning"), "worker_env": extra.get("worker_env")})
     return out
+
+
+def _torch_version(out: Path, runs: list[dict[str, Any]]) -> str | None:
+    """The torch the runs were measured with (phase files written before they carried it: from their
+    databases), not the torch of the process that compares them."""
+    found = next((r["torch_version"] for r in runs if r.get("torch_version")), None)
+    for name in ("one", "two"):
+        db_path = out / f"phase-{name}" / "sweep.db"
+        if found is None and db_path.exists():
+            db = open_db(db_path, read_only=True)
+            try:
+                found = next((r["torch_version"] for r in list_runs(db) if r.get("torch_version")), None)
+            finally:
+                db.close()
+    return found
 
 
 def sweep_with_bench(args: argparse.Namespace, devices: list[str], db_path: Path, configs: list[CompileConfig]) -> None:
@@ -219,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = phases["one"]["runs"] + phases["two"]["runs"]
     meta = {"date": dt.date.today().isoformat(), "host": platform.node(), "spec": args.spec,
             "batch_size": args.batch_size, "via": args.via, "min_seconds": args.min_seconds,
-            "configurations": len(configs), "torch_version": torch.__version__,
+            "configurations": len(configs), "torch_version": _torch_version(args.out, runs) or torch.__version__,
             "device_name": next((r["device_name"] for r in runs if r.get("device_name")), "?")}
     (args.out / "multi_gpu_sweep.json").write_text(json.dumps({"meta": meta, **result}, indent=1, default=str))
     text = summary_md(meta, result)
