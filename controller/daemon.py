@@ -861,14 +861,19 @@ class Daemon:
         """Decide the stale policies whose sweep is complete, then make sure every other policy's lock
         file holds its stored decision (a lock write that failed on an earlier pass is retried here).
         `violated_by_policy` was used to plan; `decide` reads the violated configurations itself."""
+        from joulepilot.compiler import CompileConfig
         from joulepilot.policies import LockWriteError, sync_lock
 
-        ready = [n for n in stale if not self._has_open_jobs(n)]
+        ready = self._warm_zygote_first([n for n in stale if not self._has_open_jobs(n)], by_name, probe.device)
         if ready:
             self.heartbeat("fitting", f"refitting and deciding {len(ready)} polic{'y' if len(ready) == 1 else 'ies'}")
             model = fit_or_none(self.db)
-        for name in ready:
+        for index, name in enumerate(ready):
             policy = by_name[name]
+            if index + 1 < len(ready):  # its warm starts' zygote, started while this policy's are timed
+                following = by_name[ready[index + 1]]
+                self._start_zygote_early(following, CompileConfig(mode="eager", batch_size=following.batch_size),
+                                         probe.device, None)
             search = None
             if name in self._guided:
                 plan = self._guided_plan(policy, probe, model)
@@ -903,6 +908,19 @@ class Daemon:
             if written:
                 log.info("policy %s: lock file %s written", name, written)
                 summary["lock_files"].append(str(written))
+
+    def _warm_zygote_first(self, names: list[str], by_name: dict[str, Any], device: str) -> list[str]:
+        """`names` with the policy whose workload's zygote is up on `device` (the last one measured) first: its
+        warm starts are timed without starting that zygote again."""
+        current = self._zygotes.zygote_on(device) if self._zygotes is not None else None
+        if current is None or current.key is None:
+            return names
+
+        def is_current(name: str) -> bool:
+            policy = by_name[name]
+            return (policy.workload, policy.batch_size) == (current.key.spec, current.key.batch_size)
+
+        return sorted(names, key=lambda name: not is_current(name))
 
     def _time_warm_starts(self, policy: Any, decision: Any, device: str, summary: dict[str, Any]) -> None:
         """Time the warm start (a worker with empty caches loading the saved compile artifacts, then its first

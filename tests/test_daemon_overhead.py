@@ -174,3 +174,24 @@ def test_on_a_gpu_the_next_workloads_zygote_starts_while_the_current_workload_me
     started_ahead = [t for t, spec, ok in early if ok and spec == second]
     assert started_ahead and runs[0]["started_at"] <= min(started_ahead) <= runs[2]["started_at"], (early, runs)
     assert not live_children()
+
+
+def test_warm_starts_begin_with_the_policy_whose_workloads_zygote_is_up(tmp_path):
+    """After a pass's jobs, the device's zygote is the last workload's: deciding (and timing the warm starts of)
+    that policy first uses it, where the pass's first policy would close it and start its own again."""
+    from types import SimpleNamespace
+
+    from joulepilot.compiler.zygote import ZygoteKey
+    from joulepilot.policies import load_policy
+
+    policies = tmp_path / "policies"
+    by_name = {name: load_policy(write_policy(policies, name, workload=workload))
+               for name, workload in (("a", "mlp"), ("b", "tests.workload_factories:linear"), ("c", "convnet"))}
+    cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies))
+    daemon = Daemon(cfg)
+    up = ZygoteKey("tests.workload_factories:linear", 8, None, None, 1234, "cuda:0")
+    daemon._zygotes = SimpleNamespace(zygote_on=lambda device: SimpleNamespace(key=up) if device == "cuda:0" else None)
+    assert daemon._warm_zygote_first(["a", "b", "c"], by_name, "cuda:0") == ["b", "a", "c"]
+    assert daemon._warm_zygote_first(["a", "b", "c"], by_name, "cuda:1") == ["a", "b", "c"]
+    daemon._zygotes = None
+    assert daemon._warm_zygote_first(["c", "a"], by_name, "cuda:0") == ["c", "a"]
