@@ -42,6 +42,7 @@ from typing import Any
 
 import schedule
 from joulepilot.compiler.device_pool import Finished
+from joulepilot.policies.batches import config_workload_id
 from joulepilot.store import (
     RunNotStored,
     commit_run_or_set_aside,
@@ -79,7 +80,7 @@ from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome
 from .pass_bill import PassBill
-from .planner import plan_policy, stale_reason
+from .planner import measured_config, plan_policy, stale_reason
 from .redecide import (
     decide_policy,
     fit_or_none,
@@ -457,7 +458,8 @@ class Daemon:
             with transaction(self.db):
                 for cfg in plan.to_measure:
                     upsert_config(self.db, cfg.to_row())
-                    job_id, created = enqueue_job(self.db, policy=name, workload_id=plan.workload_id,
+                    # each configuration under its own batch size's workload (the batch-size lever)
+                    job_id, created = enqueue_job(self.db, policy=name, workload_id=config_workload_id(policy, cfg),
                                                   config_id=cfg.id, provenance_key=probe.provenance_key,
                                                   max_attempts=self.cfg.bench.max_attempts)
                     keep.append(job_id)
@@ -645,7 +647,8 @@ class Daemon:
             step = plan.next[0]
             with transaction(self.db):
                 upsert_config(self.db, step.config.to_row())
-                job_id, created = enqueue_job(self.db, policy=name, workload_id=plan.workload_id,
+                job_id, created = enqueue_job(self.db, policy=name,
+                                              workload_id=config_workload_id(policy, step.config),
                                               config_id=step.config.id, provenance_key=probe.provenance_key,
                                               max_attempts=self.cfg.bench.max_attempts)
                 drop_queued_jobs(self.db, name, [job_id])
@@ -666,7 +669,7 @@ class Daemon:
     def _start_job(self, scheduler: GpuScheduler, job: JobRow, policy: Any, device: str,
                    env: dict[str, str]) -> None:
         """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
-        from joulepilot.compiler import CompileConfig, measure_config, start_zygote_early, worker_job_key
+        from joulepilot.compiler import measure_config, start_zygote_early, worker_job_key
         from joulepilot.compiler.bench import describes_now
 
         if not claim_job(self.db, job.id):
@@ -674,9 +677,7 @@ class Daemon:
         row = config_row(self.db, job.config_id)
         if row is None:
             raise LookupError(f"job {job.id}: configuration {job.config_id} is not in the store")
-        cfg = CompileConfig.from_row(row)
-        if policy.batch_size and cfg.batch_size != policy.batch_size:
-            cfg = cfg.replace(batch_size=policy.batch_size)
+        cfg = measured_config(row, policy)  # at its own batch size: the batch-size lever measures several
         running = scheduler.running().values()
         # One worker describes a workload (FLOPs through torch.export, once): not two at the same time.
         describes = (workload_needs_description(self.db, job.workload_id)
@@ -761,20 +762,16 @@ class Daemon:
         the CPU only, so the quiet period the daemon waits out is not disturbed, and the job does not wait
         for it afterwards. (On a CPU device it would be the very load the wait is about.) True when one was
         started."""
-        from joulepilot.compiler import CompileConfig
-
         row = config_row(self.db, job.config_id)
         if row is None:
             return False
-        return self._start_zygote_early(policy, CompileConfig.from_row(row), device, env)
+        return self._start_zygote_early(policy, measured_config(row, policy), device, env)
 
     def _start_zygote_early(self, policy: Any, cfg: Any, device: str, env: dict[str, str] | None) -> bool:
         from joulepilot.compiler import start_zygote_early, worker_job_key
 
         if not device.startswith("cuda") or self._zygotes is None:
             return False
-        if policy.batch_size and cfg.batch_size != policy.batch_size:
-            cfg = cfg.replace(batch_size=policy.batch_size)
         shape = policy.shape_args()
         return start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
                                                                 shape.get("image_size"), policy.shapes), env)
@@ -928,7 +925,7 @@ class Daemon:
         Only those two: a warm start of every configuration would cost a worker per job for figures that no
         deployment uses. Each runs on a job thread of its own, stopped as a job is; the store is read and
         written here, on the pass's thread."""
-        from joulepilot.compiler import CompileConfig, time_warm_start, warm_start_fields
+        from joulepilot.compiler import time_warm_start, warm_start_fields
         from joulepilot.compiler.device_pool import worker_env
         from joulepilot.store import record_warm_start, run_warm_start_state
 
@@ -945,9 +942,7 @@ class Daemon:
                 continue  # eager, already timed, or its artifacts are gone
             if self.stop_event.is_set() or tracker.busy_now(own_process_tree()):
                 return
-            cfg = CompileConfig.from_row(candidate.config)
-            if policy.batch_size and cfg.batch_size != policy.batch_size:
-                cfg = cfg.replace(batch_size=policy.batch_size)
+            cfg = measured_config(candidate.config, policy)
             self.heartbeat("sweeping", f"timing the warm start of {policy.name}: {cfg.label} on {device}")
 
             def measure(stop_check: Any, on_start: Any, cfg: Any = cfg, artifacts: str = artifacts) -> Any:

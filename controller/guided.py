@@ -6,7 +6,9 @@ store, never memory, so a daemon killed at any point continues where it stopped.
 what it is given (every job runs in a fresh worker process), stores the run, and asks again, until the
 plan has nothing left to measure; then it decides, keeping `GuidedPlan.summary()` in the decision.
 
-Which runs count: those of the policy's workload on this device kind under this torch major.minor
+Which runs count: those of the policy's workload (at each batch size of its grid, `policies.batches`: with
+`[search] batch_sizes` the grid spans several, and the engine ranks by J per sample) on this device kind
+under this torch major.minor
 (under this host's provenance and within the decision age limit, when given), every one of them, ok
 or failed, repeats included. The budget (`[search] budget_s`, `max_measurements`) counts the runs the
 daemon made for this policy (`extra.policy`); runs made otherwise (`joulepilot bench`) count as
@@ -26,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.batches import grid_workload_ids, workload_rows_by_batch
 from joulepilot.policies.schema import Limits, Policy
-from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.runs import RunRow, workload_runs
 
 from .planner import ordered_candidates
@@ -99,10 +101,14 @@ def search_limits(policy: Policy) -> Limits:
     return Limits(**{name: getattr(policy.limits, name, None) for name in LIMIT_UNITS})
 
 
-def counted_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str, *,
-                 provenance_key: str | None = None, min_finished_at: float | None = None) -> list[RunRow]:
-    """The runs a search rests on, oldest first (see the module docstring)."""
-    runs = workload_runs(db, workload_id, device_kind, torch_version)
+def counted_runs(db: sqlite_utils.Database, workload_id: str | Collection[str], device_kind: str,
+                 torch_version: str, *, provenance_key: str | None = None,
+                 min_finished_at: float | None = None) -> list[RunRow]:
+    """The runs a search rests on, oldest first (see the module docstring); `workload_id`: one, or the
+    workloads of every batch size of the grid."""
+    ids = [workload_id] if isinstance(workload_id, str) else list(workload_id)
+    runs = sorted((run for wid in ids for run in workload_runs(db, wid, device_kind, torch_version)),
+                  key=lambda r: -int(r.id or 0))
     kept = [r for r in runs
             if (provenance_key is None or r.provenance_key == provenance_key)
             and (min_finished_at is None or float(r.finished_at or r.started_at) >= min_finished_at)]
@@ -139,7 +145,8 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
     if not grid:
         plan.stop_reason = "every allowed configuration broke the power envelope in a deployment"
         return plan
-    runs = counted_runs(db, workload_id, device_kind, torch_version, provenance_key=provenance_key,
+    runs = counted_runs(db, list(grid_workload_ids(policy).values()), device_kind, torch_version,
+                        provenance_key=provenance_key,
                         min_finished_at=None if max_age_s is None else now - max_age_s)
     ids = {c.id for c in grid}
     prior: dict[str, list[Observation]] = {}
@@ -154,10 +161,17 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
             made += 1
 
     predict = None
-    workload = stored_workload(db, workload_id)
-    if model is not None and workload is not None:
+    workloads = workload_rows_by_batch(db, policy)  # the model predicts each batch size with its own row
+    if model is not None and all(row is not None for row in workloads.values()):
         def predict(rows: Any) -> Any:
-            return model.predict_many(workload, rows, device_kind)
+            out: list[Any] = [None] * len(rows)
+            for batch, workload in workloads.items():
+                at = [i for i, row in enumerate(rows) if int(row.get("batch_size") or policy.batch_size) == batch]
+                if at:
+                    for i, pred in zip(at, model.predict_many(workload, [rows[i] for i in at], device_kind),
+                                       strict=True):
+                        out[i] = pred
+            return [pred if pred is not None else {} for pred in out]
 
     search = GuidedSearch(grid, _never_measure, predict, limits=search_limits(policy),
                           settings=search_settings(policy), prior=prior, spent_s=spent_s, measurements=made)

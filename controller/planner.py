@@ -41,7 +41,8 @@ def compile_cost_rank(config: Any) -> tuple:
 
 
 def ordered_candidates(policy: Any) -> list[Any]:
-    """The policy's allowed configurations (CompileConfig), cheapest compile first."""
+    """The policy's allowed configurations (CompileConfig), cheapest compile first; with `[search]
+    batch_sizes`, each at every batch size of the grid (the policy's own first among equals)."""
     from joulepilot.policies.resolve import candidate_configs
 
     return sorted(candidate_configs(policy), key=compile_cost_rank)
@@ -71,22 +72,37 @@ def stale_reason(
     return None
 
 
-def fresh_ok_config_ids(db: sqlite_utils.Database, workload_id: str, provenance_key: str, min_finished_at: float
-                        ) -> set[str]:
-    """Configurations with an ok run of this workload under this provenance, recent enough to trust.
+def fresh_ok_config_ids(db: sqlite_utils.Database, workload_id: str | Iterable[str], provenance_key: str,
+                        min_finished_at: float) -> set[str]:
+    """Configurations with an ok run of this workload (or of these, one per batch size of a grid) under this
+    provenance, recent enough to trust.
 
     A configuration whose newest such run was flagged "repeat this run" is not fresh (it is measured
     again) until REPEAT_LIMIT of its runs were flagged."""
     from joulepilot.policies.resolve import needs_repeat, run_flag
 
+    ids = [workload_id] if isinstance(workload_id, str) else list(workload_id)
+    runs = sorted((run for wid in ids for run in recent_ok_runs(db, wid, provenance_key, min_finished_at)),
+                  key=lambda r: -int(r.id or 0))
     newest_flagged: dict[str, bool] = {}
     flagged: dict[str, int] = {}
-    for run in recent_ok_runs(db, workload_id, provenance_key, min_finished_at):  # newest first
+    for run in runs:  # newest first
         newest_flagged.setdefault(run.config_id, bool(run_flag(run)))
         if run_flag(run):
             flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
     return {config_id for config_id, was_flagged in newest_flagged.items()
             if not (was_flagged and needs_repeat(flagged.get(config_id, 0)))}
+
+
+def measured_config(row: Mapping[str, Any], policy: Any) -> Any:
+    """The CompileConfig a daemon job measures for `policy`: the stored configuration as it is, at its own
+    batch size (a configuration of the batch-size lever is at another batch size than the policy's on
+    purpose); only a row that names no batch size takes the policy's."""
+    from joulepilot.compiler import CompileConfig
+
+    if not row.get("batch_size") and getattr(policy, "batch_size", None):
+        row = {**row, "batch_size": policy.batch_size}
+    return CompileConfig.from_row(row)
 
 
 @dataclass
@@ -108,11 +124,12 @@ def plan_policy(
     db: sqlite_utils.Database, policy: Any, *, reason: str, provenance_key: str, max_age_s: float,
     violated: Iterable[str] = (), now: float | None = None,
 ) -> Plan:
+    from joulepilot.policies.batches import grid_workload_ids
     from joulepilot.policies.resolve import policy_workload_id
 
     now = time.time() if now is None else now
     workload_id = policy_workload_id(policy)
-    fresh = fresh_ok_config_ids(db, workload_id, provenance_key, now - max_age_s)
+    fresh = fresh_ok_config_ids(db, grid_workload_ids(policy).values(), provenance_key, now - max_age_s)
     violated = set(violated)
     plan = Plan(policy=policy.name, workload_id=workload_id, reason=reason)
     for cfg in ordered_candidates(policy):

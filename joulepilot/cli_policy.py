@@ -237,6 +237,10 @@ def _echo_decision(decision: Any) -> None:
                f"{decision.expected_inferences:,} expected inferences)")
     click.echo(f"device     {decision.device_kind}, torch {decision.torch_version}")
     click.echo(f"decision   {decision.label}  [{decision.state}]")
+    if len(decision.batch_sizes) > 1:  # the batch-size lever: which batch size was chosen, and how they compared
+        searched = ", ".join(map(str, sorted(decision.batch_sizes)))
+        click.echo(f"batch      {decision.config.get('batch_size')} (the policy's batch_size is "
+                   f"{decision.batch_sizes[0]}; searched {searched}, compared in {decision.objective_unit})")
     click.echo(f"reason     {decision.reason}")
     if decision.confidence:
         click.echo(f"confidence {decision.confidence}")
@@ -281,7 +285,8 @@ def _graph_break_notes(file: str, db: str | None, decision: Any) -> list[dict[st
         return []
     policy = _load(file)
     with reading_store(db) as database:
-        runs = [r for r in workload_runs(database, decision.workload_id) if r.id in wanted]
+        runs = [r for wid in decision.workload_ids or [decision.workload_id]
+                for r in workload_runs(database, wid) if r.id in wanted]
     command = doctor_command(decision.workload, decision.config.get("batch_size") or policy.batch_size,
                              policy.seq_len, policy.image_size)
     return graph_break_notes(runs, command)

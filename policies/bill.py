@@ -22,6 +22,9 @@ both as the resolver counts runs (medians over counted repeats on the decision's
 torch). The baseline is what would run without tuning: stock `torch.compile` (mode default, fp32)
 when it is measured, else eager fp32. The search pays back after `search energy / saving` calls;
 where nothing is saved (the decision keeps the baseline, or costs more per call) it never pays back.
+With the batch-size lever (`policies.batches`) the search is every run of the policy's workload at each
+batch size of its grid, the baseline stays at the policy's batch size, and a decision at another batch
+size saves the baseline's J for as many samples as one of its calls, less its own J per call.
 """
 
 from __future__ import annotations
@@ -246,7 +249,10 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
     baseline (see the module docstring). A dict, as the decision keeps it in its details."""
     from joulepilot.compiler import CompileConfig
 
-    runs = workload_runs(db, decision.workload_id, decision.device_kind, decision.torch_version)
+    workload_ids = list(getattr(decision, "workload_ids", None) or [decision.workload_id])
+    runs = sorted((run for wid in workload_ids
+                   for run in workload_runs(db, wid, decision.device_kind, decision.torch_version)),
+                  key=lambda r: -int(r.id or 0))
     search = bill_of(runs)
     by_policy = [r for r in runs if r.extra.get("policy") == decision.policy]
     ok_by_config: dict[str, list[RunRow]] = {}
@@ -254,14 +260,18 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
         if run.ok:
             ok_by_config.setdefault(run.config_id, []).append(run)
 
-    batch = decision.config.get("batch_size") or 1
+    applied_batch = int(decision.config.get("batch_size") or 1)
+    batch_sizes = getattr(decision, "batch_sizes", None) or [applied_batch]
+    batch = int(batch_sizes[0])  # the policy's own batch size
     baseline: dict[str, Any] | None = None
     for mode, label in BASELINES:
-        cfg = CompileConfig(mode=mode, precision="fp32", batch_size=int(batch))
+        cfg = CompileConfig(mode=mode, precision="fp32", batch_size=batch)
         j, count, source = _counted_median_j(ok_by_config.get(cfg.id, []))
         if j is not None:
             baseline = {"kind": label, "config_id": cfg.id, "label": cfg.label, "energy_j_per_inference": j,
-                        "runs": count, "source": source}
+                        "runs": count, "source": source, "batch_size": batch}
+            if applied_batch != batch:  # as many samples as one call of the applied configuration
+                baseline["kind"] = f"{label} at batch {batch}, for {applied_batch} samples"
             break
     applied_j = _number((decision.measured or {}).get("energy_j_per_inference"))
     applied_source = (decision.measured or {}).get("energy_source")
@@ -283,7 +293,7 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
         out["verdict"], out["why"] = UNKNOWN, (f"the baseline was metered by {baseline['source']} and "
                                                f"{decision.label} by {applied_source}: not like for like")
     else:
-        saving = baseline["energy_j_per_inference"] - applied_j
+        saving = baseline["energy_j_per_inference"] * applied_batch / batch - applied_j
         out["saving_j_per_inference"], out["saving_source"] = saving, applied_source
         if decision.config_id == baseline["config_id"]:
             out["verdict"], out["why"] = NEVER, f"the decision keeps the baseline, {baseline['kind']}: nothing is saved"

@@ -3,11 +3,12 @@
 Rules (the README's "How a decision is made" says the same for users):
 
 * Candidates are every allowed configuration: search.modes x search.precisions x search.fusion x
-  search.dynamic x search.padding x search.regional at the policy's batch size (eager compiles nothing, so
-  it ignores fusion, dynamic, padding and regional and appears once per precision). Padding is searched
-  only when it changes something: a shape set whose sizes all sit on their buckets runs the same calls
-  either way.
-* A candidate's figures come from its latest ok run of the same workload (spec, batch and shape) on
+  search.dynamic x search.padding x search.regional at the policy's batch size, and at each of
+  `[search] batch_sizes` when the policy lists them (`policies.batches`; eager compiles nothing, so it
+  ignores fusion, dynamic, padding and regional and appears once per precision and batch size). Padding
+  is searched only when it changes something: a shape set whose sizes all sit on their buckets runs the
+  same calls either way.
+* A candidate's figures come from its ok runs of the same workload (spec, its batch size and shape) on
   the same device kind under the same torch major.minor. Limits are checked against these
   measurements only. A measured figure that a limit needs but the run lacks rejects the candidate:
   a hard limit is never granted on a guess.
@@ -26,9 +27,12 @@ Rules (the README's "How a decision is made" says the same for users):
   When nothing is measured for this device kind and torch version but the workload has runs on
   other pairs, the decision names them (`measured_elsewhere`).
 * Energy objective: joules per forward call plus compile energy amortised over expected_inferences
-  (compile_energy_j / expected_inferences). `latency`: p95 latency. `edp`: amortised energy x p95.
+  (compile_energy_j / expected_inferences); with several batch sizes in the grid that amortised figure is
+  divided by the candidate's batch size (J per sample, as the guided search ranks them). `latency`: p95
+  latency, per call. `edp`: amortised energy x p95. Limits are per call whatever the batch size.
   Ties go to the cheaper compile. The break-even inference count against eager fp32 is
-  compile_energy_j / (eager J/inference - candidate J/inference).
+  compile_energy_j / (eager J/inference - candidate J/inference), eager's J scaled to the candidate's
+  batch size when they differ.
 """
 
 from __future__ import annotations
@@ -47,9 +51,18 @@ from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.coverage import run_coverage
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
 from joulepilot.store.jsonvalues import json_object
-from joulepilot.store.runs import RunRow, latest_per_config, workload_runs
+from joulepilot.store.runs import RunRow, latest_per_config
 from joulepilot.store.torchversion import torch_major_minor
 
+from .batches import (
+    batch_note,
+    batch_workload_id,
+    grid_batch_sizes,
+    grid_runs,
+    grid_workload_ids,
+    per_sample,
+    workload_rows_by_batch,
+)
 from .noise import (
     TIE,
     Interval,
@@ -155,6 +168,11 @@ class Decision:
     # The tuning bill (`policies.bill.tuning_bill`): what the search cost and when the saving pays it back;
     # None on a decision stored before it was recorded.
     bill: dict[str, Any] | None = None
+    # The batch-size lever (`policies.batches`): the grid's batch sizes (the policy's own first), the workload
+    # of each (their runs are what was searched), and the objective's unit ('J/sample' with several).
+    batch_sizes: list[int] = field(default_factory=list)
+    workload_ids: list[str] = field(default_factory=list)
+    objective_unit: str = ""
 
     @property
     def config_id(self) -> str:
@@ -179,19 +197,21 @@ class Decision:
 
 
 def candidate_configs(policy: Policy) -> list[Any]:
-    """Every allowed configuration, in a stable order, without duplicates."""
+    """Every allowed configuration, in a stable order, without duplicates; each at every batch size of the
+    grid (`policies.batches.grid_batch_sizes`: the policy's own, and `[search] batch_sizes`)."""
     from joulepilot.compiler import CompileConfig
 
     search = policy.search
     shapes = getattr(policy, "shapes", None)
     paddings = search.padding if shapes is not None and shapes.padding_changes_anything else ("none",)
     seen, configs = set(), []
-    for mode, precision, fusion, dynamic, padding, regional in itertools.product(
-            search.modes, search.precisions, search.fusion, search.dynamic, paddings, search.regional_settings()):
+    for mode, precision, fusion, dynamic, padding, regional, batch in itertools.product(
+            search.modes, search.precisions, search.fusion, search.dynamic, paddings, search.regional_settings(),
+            grid_batch_sizes(policy)):
         if mode == "eager":
             fusion, dynamic, padding, regional = "default", False, "none", ""
         cfg = CompileConfig(mode=mode, fusion=fusion, precision=precision, dynamic=dynamic, padding=padding,
-                            batch_size=policy.batch_size, regional=regional)
+                            batch_size=batch, regional=regional)
         if cfg.id not in seen:
             seen.add(cfg.id)
             configs.append(cfg)
@@ -207,10 +227,9 @@ def fallback_config(policy: Policy) -> Any:
 
 
 def policy_workload_id(policy: Policy) -> str:
-    from joulepilot.compiler import workload_id
-
-    return workload_id(policy.workload, policy.batch_size, policy.seq_len, policy.image_size,
-                       getattr(policy, "shapes", None))
+    """The policy's workload at its own batch size (a configuration at another batch size of the grid is
+    measured under `policies.batches.config_workload_id`)."""
+    return batch_workload_id(policy)
 
 
 def run_flag(run: RunRow | Mapping[str, Any]) -> str | None:
@@ -226,11 +245,12 @@ def needs_repeat(flagged_runs: int) -> bool:
     return 0 < flagged_runs < REPEAT_LIMIT
 
 
-def _scan_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str
+def _scan_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str, torch_version: str
                ) -> tuple[dict[str, list[RunRow]], dict[str, RunRow], dict[str, int], set[str]]:
     """(config_id -> every ok run, newest first; config_id -> latest ok run, else latest failed run;
-    config_id -> how many ok runs were flagged; configurations whose newest run failed)."""
-    runs = workload_runs(db, workload_id, device_kind, torch_version)  # newest first
+    config_id -> how many ok runs were flagged; configurations whose newest run failed), over the runs of
+    the policy's workload at each batch size of its grid."""
+    runs = grid_runs(db, policy, device_kind, torch_version)  # newest first
     flagged: dict[str, int] = {}
     newest: dict[str, RunRow] = {}
     ok_by_config: dict[str, list[RunRow]] = {}
@@ -260,14 +280,16 @@ class _Repeats:
     compile_ci: Interval | None = None
 
 
-def _repeats(policy: Policy, ok_runs: list[RunRow]) -> _Repeats:
+def _repeats(policy: Policy, ok_runs: list[RunRow], samples_per_call: int = 1) -> _Repeats:
+    """`samples_per_call`: what the objective's energy is divided by (the batch size when the objective is
+    per sample, else 1); `amortised_j` stays per call."""
     runs, clean = counted_runs(ok_runs)
     objective, amortised = [], []
     for run in runs:
         if run.energy_j_per_inference is None:
             continue
         energy = run.energy_j_per_inference + (run.compile_energy_j or 0.0) / policy.objective.expected_inferences
-        score = _score(policy.objective.minimize, energy, run.latency_ms_p95)
+        score = _score(policy.objective.minimize, energy / samples_per_call, run.latency_ms_p95)
         amortised.append(energy)
         if score is not None:
             objective.append(score)
@@ -385,10 +407,10 @@ def _check_predicted(cand: Candidate, policy: Policy) -> list[str]:
 
 
 def _amortise(cand: Candidate, policy: Policy, energy_j: float, compile_energy_j: float | None,
-              latency_ms: float | None) -> None:
+              latency_ms: float | None, samples_per_call: int = 1) -> None:
     amortised = energy_j + (compile_energy_j or 0.0) / policy.objective.expected_inferences
     cand.amortised_energy_j = amortised
-    cand.score = _score(policy.objective.minimize, amortised, latency_ms)
+    cand.score = _score(policy.objective.minimize, amortised / samples_per_call, latency_ms)
 
 
 def _break_even(compile_energy_j: float | None, energy_j: float, eager_j: float | None,
@@ -521,23 +543,37 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
     workload_row = stored_workload(db, workload_id)
-    ok_by_config, runs, flagged_counts, newest_failed = _scan_runs(db, workload_id, device_name, torch_version)
+    ok_by_config, runs, flagged_counts, newest_failed = _scan_runs(db, policy, device_name, torch_version)
     coverage = run_coverage(db, workload_id)
     fallback = fallback_config(policy)
-    repeats = {cid: _repeats(policy, ok) for cid, ok in ok_by_config.items()}
+    configs = candidate_configs(policy)
+    # J per sample when the grid spans several batch sizes (the batch-size lever), else J per call as ever.
+    by_sample = per_sample(policy)
+    repeats = {cid: _repeats(policy, ok, int(ok[0].batch_size or policy.batch_size) if by_sample else 1)
+               for cid, ok in ok_by_config.items()}
     _intervals(repeats)
 
     eager_id = fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id
     eager_rep = repeats.get(eager_id)
     eager_j = _figures(eager_rep.runs)["energy_j_per_inference"] if eager_rep else None
 
-    configs = candidate_configs(policy)
+    def eager_at(batch: int) -> float | None:
+        """Eager fp32's J per call at the policy's batch size, for as many samples as one call of `batch`."""
+        return None if eager_j is None else eager_j * batch / policy.batch_size
+
     unmeasured = [c for c in configs if c.id not in repeats]
     predictions: dict[str, dict[str, tuple[float, float]]] = {}
-    device_known = device_name in coverage.device_kinds
-    if model is not None and workload_row is not None and unmeasured and device_known:
-        for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name), strict=True):
-            predictions[cfg.id] = pred
+    workload_ids = list(grid_workload_ids(policy).values())
+    device_known = any(device_name in run_coverage(db, wid).device_kinds for wid in workload_ids)
+    rows_by_batch = workload_rows_by_batch(db, policy) if len(workload_ids) > 1 else \
+        {policy.batch_size: workload_row}
+    if model is not None and unmeasured and device_known:
+        for batch, row in rows_by_batch.items():
+            at_batch = [c for c in unmeasured if c.batch_size == batch]
+            if row is None or not at_batch:
+                continue
+            for cfg, pred in zip(at_batch, model.predict_many(row, at_batch, device_name), strict=True):
+                predictions[cfg.id] = pred
 
     candidates: list[Candidate] = []
     for cfg in configs:
@@ -546,7 +582,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none")
         candidates.append(cand)
         if rep is not None:
-            _set_measured(cand, policy, rep, eager_j, cfg.compiles)
+            _set_measured(cand, policy, rep, eager_at(cfg.batch_size), cfg.compiles)
             if cand.score is None:
                 cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
             cand.status = "rejected" if cand.reasons else "kept"
@@ -578,8 +614,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             # metered both parts) leaves predicted compile seconds at predicted power.
             compile_j = (pred["compile_energy_j"][0] if "compile_energy_j" in pred else compile_s * power) \
                 if cfg.compiles else 0.0
-            _amortise(cand, policy, energy, compile_j, latency)
-            cand.break_even_inferences = _break_even(compile_j, energy, eager_j, not cfg.compiles)
+            _amortise(cand, policy, energy, compile_j, latency, cfg.batch_size if by_sample else 1)
+            cand.break_even_inferences = _break_even(compile_j, energy, eager_at(cfg.batch_size), not cfg.compiles)
             if cand.reasons:
                 cand.status = "rejected"
             else:
@@ -592,7 +628,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                 cand.status, cand.source, cand.run_id = "rejected", "measured", run.id
             else:
                 why = ("no trade-off model" if model is None else "workload never described"
-                       if workload_row is None else f"no run at all on {device_name}")
+                       if rows_by_batch.get(cfg.batch_size) is None else f"no run at all on {device_name}")
                 cand.reasons.append(f"not measured on {device_name} with torch {torch_version}, and no "
                                     f"prediction ({why})")
         if cfg.id in exclude:
@@ -616,6 +652,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     lowest_power = None if chosen is not None or worth_repeating else _infeasible_pick(candidates, exclude)
 
     objective = policy.objective.minimize
+    objective_text = _objective_text(objective, by_sample)
     measured_any = any(c.source == "measured" for c in candidates)
     elsewhere = [] if measured_any else [p for p in coverage.workload_pairs
                                          if (p["device_kind"], p["torch_version"]) != (device_name, torch_version)]
@@ -623,10 +660,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         chosen.status = "chosen"
         state, applied = "verified", chosen.config
         reason = (f"{chosen.label} is the measured configuration with the lowest median "
-                  f"{_objective_text(objective)} ({chosen.score:.4g}, {chosen.repeats} "
+                  f"{objective_text} ({chosen.score:.4g}, {chosen.repeats} "
                   f"run{'s' if chosen.repeats != 1 else ''}) within every limit")
         if criterion:
-            reason = (f"{chosen.label} ties with {feasible[0].label} (lowest median {_objective_text(objective)} "
+            reason = (f"{chosen.label} ties with {feasible[0].label} (lowest median {objective_text} "
                       f"{feasible[0].score:.4g}) within noise and wins the tie-break on "
                       f"{_tie_text(criterion, chosen, feasible[0])}")
         reason += f"; {len(feasible)} of {len(candidates)} candidates measured within limits"
@@ -648,7 +685,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     elif proposed is not None:
         state, applied = "provisional", fallback.to_row()
         reason = (f"no measured configuration meets every limit; {proposed.label} is predicted to "
-                  f"({_objective_text(objective)} {proposed.score:.4g}) but is unmeasured, so the fallback "
+                  f"({objective_text} {proposed.score:.4g}) but is unmeasured, so the fallback "
                   f"{fallback.label} is applied until it is benchmarked")
     else:
         state, applied = "fallback", fallback.to_row()
@@ -663,12 +700,15 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     if chosen is not None and worth_repeating:
         reason += (f"; {worth_repeating[0].label} measured better, but its run was flagged \"repeat this run\" "
                    f"so it cannot be verified" + (" until it is measured again" if repeat else ""))
+    if batch_note(policy, applied):
+        reason += "; " + batch_note(policy, applied)
 
     applied_cand = next((c for c in candidates if c.config_id == applied["id"]), None)
     applied_rep = repeats.get(applied["id"])
     if applied_cand is None and applied_rep is not None:
         applied_cand = Candidate(config=applied, label=applied["label"], source="measured")
-        _set_measured(applied_cand, policy, applied_rep, eager_j, applied.get("mode") != "eager")
+        applied_batch = int(applied.get("batch_size") or policy.batch_size)
+        _set_measured(applied_cand, policy, applied_rep, eager_at(applied_batch), applied.get("mode") != "eager")
     return Decision(
         policy=policy.name, policy_hash=policy.hash, device_kind=device_name, torch_version=torch_version,
         workload=policy.workload, workload_id=workload_id, config=applied, state=state, reason=reason,
@@ -679,6 +719,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         eager_energy_j_per_inference=eager_j,
         repeat=[c.config_id for c in repeat], measured_elsewhere=elsewhere,
         excluded_violated=sorted(set(exclude)), confidence=confidence,
+        batch_sizes=list(grid_batch_sizes(policy)), workload_ids=workload_ids,
+        objective_unit=_objective_unit(objective, by_sample),
     )
 
 
@@ -688,9 +730,16 @@ def _elsewhere_text(policy: Policy, device: str, torch_version: str, elsewhere: 
             f"{torch_version}, but it is on: {pairs}")
 
 
-def _objective_text(objective: str) -> str:
-    return {"energy": "amortised J/inference", "latency": "p95 latency (ms)",
-            "edp": "energy-delay product (J x ms)"}[objective]
+def _objective_text(objective: str, per_sample: bool = False) -> str:
+    energy = "J/sample" if per_sample else "J/inference"
+    return {"energy": f"amortised {energy}", "latency": "p95 latency (ms)",
+            "edp": f"energy-delay product ({'J/sample' if per_sample else 'J'} x ms)"}[objective]
+
+
+def _objective_unit(objective: str, per_sample: bool) -> str:
+    """The unit of a candidate's score: 'J' per call, 'J/sample', 'ms', 'J x ms' or 'J/sample x ms'."""
+    energy = "J/sample" if per_sample else "J"
+    return {"energy": energy, "latency": "ms", "edp": f"{energy} x ms"}[objective]
 
 
 def _rejection_summary(candidates: list[Candidate], device: str, torch_version: str, no_workload: bool,

@@ -107,7 +107,9 @@ class Search:
     strategy: str = "guided"
     budget_s: float | None = None  # seconds of measuring per policy and device kind
     max_measurements: int | None = None  # runs the search may make per policy and device kind
-    batch_sizes: tuple[int, ...] | None = None  # validated and stored; not yet a lever of the grid
+    # The batch-size lever: batch sizes the grid covers besides `batch_size`, compared in J per sample
+    # (policies.batches); None: the policy's batch_size only.
+    batch_sizes: tuple[int, ...] | None = None
     # Regional compilation: compile the repeated blocks instead of the whole model (true), or not (false).
     regional: tuple[bool, ...] = (False,)
     # The block class regional compilation compiles; None: the model's most repeated block class.

@@ -17,6 +17,11 @@ Inductor options one by one; `mode` replaces the decided mode and options; anyth
 `backend`, `dynamic`, ...) is passed through. When the decision is eager nothing is compiled and the
 keyword arguments are ignored. The returned callable runs the model under `torch.no_grad()` in the
 decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why).
+
+A decision made at another batch size than the policy's `batch_size` (`[search] batch_sizes`, the batch-size
+lever) is applied as decided (mode, options, precision), but the batch size is the caller's: the hook never
+changes it. It says so once (a warning), in `.decision.reason`, and in `.decision.details["batch_size"]`
+({"decided": 8, "policy": 32}); the compile artifacts it loads are those measured at the decided batch size.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from joulepilot.compiler import ArtifactsInfo, CompileConfig, apply_config, arti
 from joulepilot.compiler.inductor import inductor_options, torch_compile_kwargs
 from joulepilot.compiler.provenance import device_name
 from joulepilot.compiler.warmstart import precompile_opted_in
+from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, host_identity, open_db
@@ -116,11 +122,14 @@ def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -
     return compiled
 
 
-def _load_artifacts(applied: AppliedDecision, config: Any, device: str) -> ArtifactsInfo | None:
-    """The decided configuration's saved artifacts loaded into this process's caches (None: none)."""
-    if not applied.workload_id or not config.compiles:
+def _load_artifacts(applied: AppliedDecision, config: Any, device: str,
+                    workload_id: str | None = None) -> ArtifactsInfo | None:
+    """The decided configuration's saved artifacts loaded into this process's caches (None: none);
+    `workload_id`: the workload they were measured under, when not the decision's (another batch size)."""
+    workload_id = workload_id or applied.workload_id
+    if not workload_id or not config.compiles:
         return None
-    path = artifact_path_for(applied.workload_id, config.id, device_name(device))
+    path = artifact_path_for(workload_id, config.id, device_name(device))
     try:
         if not path.is_file():
             return None
@@ -128,6 +137,21 @@ def _load_artifacts(applied: AppliedDecision, config: Any, device: str) -> Artif
     except Exception as exc:  # unreadable, stale or foreign artifacts only cost a cold compile
         log.warning("could not load compile artifacts %s: %s", path, exc)
         return None
+
+
+def _note_batch_size(policy: Policy, applied: AppliedDecision, config: CompileConfig) -> str | None:
+    """For a configuration decided at another batch size than the policy's: say so (once, and in the decision's
+    reason and details) and return the workload it was measured under; None otherwise."""
+    note = batch_note(policy, applied.config)
+    if not note:
+        return None
+    applied.details["batch_size"] = {"decided": config.batch_size, "policy": policy.batch_size}
+    if note not in applied.reason:
+        applied.reason = f"{applied.reason}; {note}" if applied.reason else note
+    _warn_once(("batch", policy.path or policy.name, config.id),
+               f"policy {policy.name!r} applies {config.label}: {note}; joulepilot.compile does not change your "
+               "batch size")
+    return config_workload_id(policy, config)
 
 
 def merge_compile_kwargs(config: CompileConfig, device: str, user: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +248,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
                    f"{config.label} was measured with inputs padded to the {pol.shapes.dim} buckets {buckets}; "
                    "joulepilot.compile does not pad: pad your inputs to those sizes, or the model recompiles "
                    "for each new size")
-    loaded = _load_artifacts(applied, config, dev)
+    measured_under = _note_batch_size(pol, applied, config)
+    loaded = _load_artifacts(applied, config, dev, measured_under)
     applied.details["artifacts_loaded"] = loaded is not None
     if loaded is not None:
         applied.details["artifacts"] = loaded.to_dict()
