@@ -170,6 +170,7 @@ class GuidedSearch:
             arm.raw = {t: (float(m), float(s)) for t, (m, s) in dict(pred).items()
                        if isinstance(m, int | float) and math.isfinite(m) and m > 0
                        and isinstance(s, int | float) and math.isfinite(s) and s >= 0}
+        self.forecaster.reset()
         self._predicted = True
 
     # -- measured summaries ----------------------------------------------------------------------------

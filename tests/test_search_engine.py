@@ -339,23 +339,52 @@ def test_the_result_is_plain_data_for_json():
 
 def test_a_model_off_by_a_workload_wide_factor_is_corrected_by_the_baselines():
     """The model predicts every configuration of this workload 4x too low (it often is off by one factor
-    for a whole unseen workload): after the two baselines, an unmeasured configuration's forecast is
-    moved almost all the way, and its spread is that between configurations, not across workloads."""
+    for a whole unseen workload): after the two baselines (fp32), an unmeasured configuration's forecast is
+    moved almost all the way; its spread is that between configurations, not across workloads, and
+    narrower for one of the baselines' precision than for one of a precision not measured yet."""
     from joulepilot.controller.search import GuidedSearch
+    from joulepilot.controller.search_forecast import RESIDUAL_SD_LOG
 
-    other = row("reduce-overhead", "bf16")
+    same, other = row("reduce-overhead"), row("reduce-overhead", "bf16")
     low = {label: prediction(p["energy_j_per_inference"][0] / 4, 400) for label, p in BASELINE_PREDICTIONS.items()}
+    low[same["label"]] = prediction(1.2 / 4, 400)
     low[other["label"]] = prediction(1.0 / 4, 400)
-    search = GuidedSearch([EAGER, STOCK, other], Bench({**BASELINE_RUNS, other["label"]: [figures(1.0, 400)]}),
-                          predictor(low))
+    table = {**BASELINE_RUNS, same["label"]: [figures(1.2, 400)], other["label"]: [figures(1.0, 400)]}
+    search = GuidedSearch([EAGER, STOCK, same, other], Bench(table), predictor(low))
     for _ in range(2):
         step, _ = search.advance()
         assert step.kind == "baseline"
         step.arm.runs.append(search.measure(step.arm.config, True))
     search._refresh_raw()
-    forecast = search.forecaster.forecast(search.arms[other["id"]])
-    assert forecast.mean == pytest.approx(1.0, rel=0.1)  # the raw prediction was 0.25 J
-    assert forecast.log_objective[1] < 0.35
+    near = search.forecaster.forecast(search.arms[same["id"]])
+    far = search.forecaster.forecast(search.arms[other["id"]])
+    assert near.mean == pytest.approx(1.2, rel=0.05) and far.mean == pytest.approx(1.0, rel=0.1)  # raw: a quarter
+    uncalibrated = RESIDUAL_SD_LOG["energy_j_per_inference"]["offset"]
+    assert near.log_objective[1] < far.log_objective[1] < uncalibrated / 2
+
+
+def test_one_measured_configuration_of_a_precision_corrects_the_others_of_that_precision():
+    """The model is 4x too low for this workload, and a further 2x for bf16 (it misjudges what bf16 saves
+    here). Once one bf16 configuration is measured, another bf16 one is forecast within 10% and with a
+    narrow spread, while an fp16 one, whose precision nothing measured shares, stays wide."""
+    from joulepilot.controller.search import GuidedSearch
+
+    bf16_default, bf16_ro, fp16_ro = row("default", "bf16"), row("reduce-overhead", "bf16"), row("reduce-overhead",
+                                                                                                    "fp16")
+    truth = {EAGER["label"]: 2.0, STOCK["label"]: 1.6, bf16_default["label"]: 0.8, bf16_ro["label"]: 0.7,
+             fp16_ro["label"]: 0.65}
+    low = {label: prediction(value / (8 if "bf16" in label else 4), 400) for label, value in truth.items()}
+    configs = [EAGER, STOCK, bf16_default, bf16_ro, fp16_ro]
+    search = GuidedSearch(configs, Bench({k: [figures(v, 400)] for k, v in truth.items()}), predictor(low))
+    search._refresh_raw()
+    for config in (EAGER, STOCK, bf16_default):
+        search.arms[config["id"]].runs.append(search.measure(config, True))
+    bf16 = search.forecaster.forecast(search.arms[bf16_ro["id"]])
+    fp16 = search.forecaster.forecast(search.arms[fp16_ro["id"]])
+    assert bf16.mean == pytest.approx(0.7, rel=0.1)
+    assert bf16.log_objective[1] < 0.25 < fp16.log_objective[1]
+    # the fp16 forecast is off by more than the bf16 one, but within its own spread
+    assert abs(math.log(fp16.mean / 0.65)) < fp16.log_objective[1]
 
 
 def test_a_contender_is_confirmed_by_one_new_process_taking_both_missing_windows():
