@@ -96,6 +96,11 @@ from .search_types import (
 __all__ = ["STATES", "STRATEGIES", "GuidedSearch", "MeasuredConfig", "Observation", "SearchResult",
            "SearchSettings", "SearchStep", "SkippedConfig", "run_objective", "run_search"]
 
+# An unmeasured candidate at least this likely to meet the limits is counted on to deliver its objective
+# at one spread (log sd) above its prediction: measuring another is worth only what it may improve on that.
+REACHABLE_MIN_P = 0.5
+REACHABLE_SD = 1.0
+
 Decision = tuple[str, MeasuredConfig | None, str, str, list[MeasuredConfig]]
 
 
@@ -335,7 +340,7 @@ class GuidedSearch:
         self._refresh_raw()
         feasible = [m for m in summaries.values() if m.feasible]
         best = min(feasible, key=lambda m: m.objective.median) if feasible else None
-        scored: list[tuple[float, Arm, Forecast]] = []
+        kept: list[tuple[Arm, Forecast]] = []
         for arm in candidates:
             fc = self.forecaster.forecast(arm)
             reason = self._skip_reason(arm, fc, best)
@@ -343,7 +348,8 @@ class GuidedSearch:
                 self.skip_reasons[arm.id] = (reason, fc)
             else:
                 self.skip_reasons.pop(arm.id, None)
-                scored.append((self._acquisition(fc, best), arm, fc))
+                kept.append((arm, fc))
+        scored = [(self._acquisition(fc, self._reachable(arm, kept, best)), arm, fc) for arm, fc in kept]
         scored.sort(key=lambda t: (-t[0], _cost_rank(t[1].config)))
         for value, arm, fc in scored:
             if fc.cost_s > self._remaining_s():
@@ -380,12 +386,25 @@ class GuidedSearch:
         return ""
 
     @staticmethod
-    def _acquisition(fc: Forecast, best: MeasuredConfig | None) -> float:
+    def _reachable(arm: Arm, kept: Sequence[tuple[Arm, Forecast]], best: MeasuredConfig | None) -> float:
+        """The objective the search can count on without measuring `arm`: the best measured median within
+        every limit, or a candidate still to measure that is likely within the limits
+        (`REACHABLE_MIN_P`), taken at one spread above its prediction; inf when there is neither."""
+        level = best.objective.median if best is not None else math.inf
+        for other, fc in kept:
+            if other is not arm and fc.known and fc.p_feasible >= REACHABLE_MIN_P:
+                level = min(level, fc.pessimistic(REACHABLE_SD))
+        return level
+
+    @staticmethod
+    def _acquisition(fc: Forecast, reachable: float) -> float:
+        """Expected improvement on `reachable` x P(within limits) per second of measuring; while nothing
+        is reachable, P(within limits) per second, scaled by 1 / predicted objective."""
         if not fc.known:
             return 0.0
-        if best is None:
+        if not math.isfinite(reachable):
             return fc.p_feasible / (fc.cost_s * fc.mean)
-        return expected_improvement(*fc.log_objective, best.objective.median) * fc.p_feasible / fc.cost_s
+        return expected_improvement(*fc.log_objective, reachable) * fc.p_feasible / fc.cost_s
 
     def _contenders(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[list[MeasuredConfig], set[str]]:
         """(contenders, lowest median first; ids of the close calls among them)."""

@@ -101,6 +101,26 @@ def test_baselines_come_first_then_the_best_predicted_value_per_second():
     assert guided_steps(result)[0] == slow["label"]  # same predicted cost, predicted twice as good
 
 
+def test_a_cheap_candidate_is_not_measured_first_when_a_likely_better_one_is_predicted():
+    """Eager bf16 takes 12 s and may beat the baselines; reduce-overhead bf16 takes 30 s and is predicted
+    better still. Measured against the baselines alone, the cheap one would come first (more improvement
+    per second); against what the other is expected to deliver it has little to add, so the better one is
+    measured first and the cheap one is then skipped."""
+    cheap, good = row("eager", "bf16"), row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, cheap["label"]: [figures(0.8, 380, compile_s=0.2, wall_s=12)],
+             good["label"]: [figures(0.5, 400, compile_s=12, wall_s=30)]}
+    predictions = {**BASELINE_PREDICTIONS, cheap["label"]: prediction(0.8, 380, 0.2),
+                   good["label"]: prediction(0.5, 400, 12)}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, cheap, good], bench, predictor(predictions),
+                        settings=SearchSettings(expected_inferences=10_000_000))
+    assert guided_steps(result) == [good["label"]]
+    assert cheap["label"] not in bench.seen
+    (skipped,) = result.skipped
+    assert skipped.label == cheap["label"] and "expected gain beyond the noise" in skipped.reason
+    assert result.chosen_label == good["label"] and result.state == "verified"
+
+
 def test_a_candidate_that_cannot_plausibly_win_is_skipped_with_its_reason():
     good, hopeless = row("reduce-overhead", "bf16"), row("reduce-overhead", "fp32", "no-epilogue-fusion")
     table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)], hopeless["label"]: [figures(3.0, 600)]}
