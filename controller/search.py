@@ -9,15 +9,20 @@ How it searches (`strategy = "guided"`):
 
 1. Baselines first: eager fp32 and stock compile (default mode, default fusion) fp32, at the baseline
    batch size, when the grid has them: reports need them, and they calibrate the model for this workload.
-2. The model's predictions for this workload are corrected by what was measured so far, more by
-   similar configurations, and grow surer as similar ones are measured (`search_forecast`): the
-   forest is fitted once per search, and this correction is what is updated after every measurement
-   (milliseconds, whatever the size of the store).
+2. The model's predictions for this workload are corrected by what was measured so far, and grow surer
+   as configurations that share a precision, mode, fusion preset or batch size are measured
+   (`search_forecast`: a Gaussian process over the model's errors): the forest is fitted once per
+   search, and this correction is what is updated after every measurement (milliseconds, whatever the
+   size of the store).
 3. Each unmeasured configuration gets an acquisition value: the expected improvement of the amortised
-   objective over the best measured configuration within every limit (lognormal prediction), times the
-   predicted probability that it meets the limits (with `margin_pct`), divided by the predicted seconds
-   to measure it (compile seconds plus the workload's measured overhead per run). Before anything
-   feasible is measured it is the probability of meeting the limits per second, scaled by 1/objective.
+   objective (lognormal prediction) on what the search can already count on, times the predicted
+   probability that it meets the limits (with `margin_pct`), divided by the predicted seconds to measure
+   it (compile seconds plus the workload's measured overhead per run). What it can count on is the best
+   measured configuration within every limit, or another candidate at least even odds to meet the
+   limits, taken one spread above its prediction, whichever is lower: a cheap candidate is not measured
+   first only because it beats the baselines when another is likely to beat it. Before anything is
+   measured within the limits or likely to be, it is the probability of meeting the limits per second,
+   scaled by 1/objective.
 4. A configuration is skipped, with its reason recorded, when its expected improvement on the best
    measured median beyond that median's noise (lognormal prediction, times its probability of meeting
    the limits) is under `min_expected_gain` (1%) of that median, when it is predicted to break a limit
@@ -28,9 +33,10 @@ How it searches (`strategy = "guided"`):
    within the limits and every one whose interval overlaps it, at least `min_repeats` times in at
    least two processes. A repeat starts a new worker process and takes the windows still needed in it
    (`Step.windows`: each window is stored as a run of its own, the later ones marked as windows of the
-   same process), so confirming a contender costs one more compile, not two. Close calls (a tie, or
-   an average power whose interval straddles the envelope) get another process of two windows, up to
-   `max_repeats` runs.
+   same process), so confirming a contender costs one more compile, not two. Close calls get another
+   process of two windows, up to `max_repeats` runs: an average power whose interval straddles the
+   envelope, and a tie that more runs may still decide otherwise (the tie-break chose another than the
+   lowest median; a tie whose lowest median also wins the tie-break is repeated to the minimum only).
 6. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
    or after `max_measurements` measurements; a measurement predicted to overrun the budget is not
    started.
@@ -442,7 +448,9 @@ class GuidedSearch:
                 if known and median(known) <= best.objective.high:
                     hopeful.add(m.config_id)
                     level[m.config_id] = median(known)
-        close = {m.config_id for m in ties} if len(ties) > 1 else set()
+        # A tie is a close call only while more runs may change the decision: when the tie-break chose
+        # another than the lowest median. Ties with the lowest median chosen are repeated to the minimum.
+        close = {m.config_id for m in ties} if len(ties) > 1 and chosen is not best else set()
         ordered = sorted(level, key=lambda cid: (level[cid], cid))
         return [summaries[cid] for cid in ordered], close | hopeful
 

@@ -229,6 +229,23 @@ def test_a_tie_within_the_noise_goes_to_lower_power_and_the_confidence_says_why(
         assert len(calls) >= MIN_REPEATS and sum(calls) >= 2
 
 
+def test_a_tie_is_repeated_past_the_minimum_only_while_more_runs_may_change_the_decision():
+    """Two configurations tie within the noise. When the one with the lower median also wins the tie-break
+    (lower power), more runs can only confirm it: each gets the minimum of runs, no close-call repeats.
+    When the tie-break picks the higher median, the tie is a close call and both are repeated further."""
+    frugal, busy = row("default", "bf16", "no-epilogue-fusion"), row("reduce-overhead", "bf16")
+    for frugal_energy, busy_energy, repeats in (((1.00, 1.02, 0.98), (1.01, 0.99, 1.03), MIN_REPEATS),
+                                                ((1.01, 0.99, 1.03), (1.00, 1.02, 0.98), MAX_REPEATS)):
+        table = {**BASELINE_RUNS, frugal["label"]: [figures(e, 300) for e in frugal_energy],
+                 busy["label"]: [figures(e, 400) for e in busy_energy]}
+        bench = Bench(table)
+        result = run_search([EAGER, STOCK, busy, frugal], bench, None)
+        assert result.chosen_label == frugal["label"] and result.state == "verified"
+        assert "tie within the noise" in result.confidence
+        assert bench.seen[frugal["label"]] == bench.seen[busy["label"]] == repeats
+        assert not any("close call" in s.why for s in result.steps) == (repeats == MIN_REPEATS)
+
+
 def test_a_clear_win_states_how_much_better_it_is():
     fast, slow = row("reduce-overhead", "bf16"), row("default", "bf16")
     table = {**BASELINE_RUNS, fast["label"]: [figures(e, 420) for e in (0.79, 0.80, 0.78)],
