@@ -425,8 +425,10 @@ class GuidedSearch:
             flagged = [m for m in summaries.values() if not m.ok and m.status == "flagged" and bound is not None
                        and any(r.avg_power_w is not None and r.avg_power_w <= limit_value(
                            "max_avg_power_w", bound, self.settings.margin_pct) for r in self.arms[m.config_id].ok_runs())]
-            hopeful = sorted(straddling, key=lambda m: m.objective.median) + flagged
-            return [chosen, *hopeful], {m.config_id for m in hopeful}
+            # Those that may yet be within every limit come first, lowest median first: one that turns
+            # out feasible makes confirming the infeasible fallback moot.
+            hopeful = sorted(straddling + flagged, key=self._level)
+            return [*hopeful, chosen], {m.config_id for m in hopeful}
         best = min(ties, key=lambda m: m.objective.median)
         level = {m.config_id: m.objective.median for m in ties}
         # As good as the best, but over the envelope only within the noise, lacking a figure a limit
@@ -440,19 +442,24 @@ class GuidedSearch:
                     for v in m.violations):
                 hopeful.add(m.config_id)
                 level[m.config_id] = m.objective.median
-            elif not m.ok and m.status == "flagged":
-                values = [run_objective(r, m.config, objective=self.settings.objective,
-                                        expected_inferences=self.settings.expected_inferences,
-                                        per_sample=self.per_sample) for r in self.arms[m.config_id].ok_runs()]
-                known = [v for v in values if v is not None]
-                if known and median(known) <= best.objective.high:
-                    hopeful.add(m.config_id)
-                    level[m.config_id] = median(known)
+            elif not m.ok and m.status == "flagged" and self._level(m) <= best.objective.high:
+                hopeful.add(m.config_id)
+                level[m.config_id] = self._level(m)
         # A tie is a close call only while more runs may change the decision: when the tie-break chose
         # another than the lowest median. Ties with the lowest median chosen are repeated to the minimum.
         close = {m.config_id for m in ties} if len(ties) > 1 and chosen is not best else set()
         ordered = sorted(level, key=lambda cid: (level[cid], cid))
         return [summaries[cid] for cid in ordered], close | hopeful
+
+    def _level(self, m: MeasuredConfig) -> float:
+        """A measured configuration's median objective, over its ok runs when none counts yet (flagged)."""
+        if m.objective is not None:
+            return m.objective.median
+        values = [run_objective(r, m.config, objective=self.settings.objective,
+                                expected_inferences=self.settings.expected_inferences,
+                                per_sample=self.per_sample) for r in self.arms[m.config_id].ok_runs()]
+        known = [v for v in values if v is not None]
+        return median(known) if known else math.inf
 
     def _repeat(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, int, str] | None:
         """The contender that most needs another run, and whether that run must start a fresh process.

@@ -190,6 +190,22 @@ def test_infeasible_envelope_chooses_the_lowest_power_config_that_meets_the_othe
     assert "predicted average power 640 W" in skipped.reason and "max_avg_power_w 250 W" in skipped.reason
 
 
+def test_a_configuration_that_may_meet_the_envelope_is_repeated_before_the_infeasible_fallback():
+    """Nothing measured fits 250 W except a configuration whose only run was flagged (it counts after a
+    clean repeat). Repeating it first makes the decision feasible, so the infeasible fallback (the lowest
+    power of the others, 282 W) is never repeated."""
+    fallback, hopeful = row("eager", "bf16"), row("default", "bf16")
+    table = {**BASELINE_RUNS, fallback["label"]: [figures(1.2, 282, compile_s=0.3, wall_s=12, err=0.01)],
+             hopeful["label"]: [figures(0.9, 240, err=0.01, flagged="energy window 2x slower"),
+                                figures(0.9, 240, err=0.01)]}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, fallback, hopeful], bench, None,
+                        limits=Limits(max_avg_power_w=250, max_rel_error=0.02))
+    assert result.chosen_label == hopeful["label"] and result.state == "verified"
+    assert bench.seen[fallback["label"]] == 1
+    assert bench.seen[hopeful["label"]] >= MIN_REPEATS
+
+
 def test_envelope_is_checked_on_the_upper_bound_and_a_straddler_is_repeated_to_the_cap():
     near = row("reduce-overhead", "bf16")  # median 449 W, but its spread reaches over 450 W
     safe = row("default", "bf16")
