@@ -413,7 +413,8 @@ class GuidedSearch:
         return expected_improvement(*fc.log_objective, reachable) * fc.p_feasible / fc.cost_s
 
     def _contenders(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[list[MeasuredConfig], set[str]]:
-        """(contenders, lowest median first; ids of the close calls among them)."""
+        """(contenders in the order to repeat them, lowest median first; ids of the close calls among them).
+        With nothing within the limits, those that may yet be come before the infeasible fallback."""
         state, chosen, _, _, ties = self.decide(summaries)
         if chosen is None:
             return [], set()
