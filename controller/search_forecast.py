@@ -267,8 +267,10 @@ class Forecaster:
         return log_value + float(cross @ alpha), math.sqrt(var)
 
     def overhead_s(self) -> float:
-        """Seconds a measurement of this workload takes besides compiling (median of the runs so far)."""
-        spans = [r.wall_s - (r.compile_s or 0.0) for a in self.arms.values() for r in a.ok_runs() if r.wall_s > 0]
+        """Seconds a measurement of this workload takes besides compiling: the median over the runs so far
+        that started a process (a further window of one has no start, load or compile)."""
+        spans = [r.wall_s - (r.compile_s or 0.0) for a in self.arms.values() for r in a.ok_runs()
+                 if r.wall_s > 0 and r.fresh_process]
         return median(spans) if spans else DEFAULT_OVERHEAD_S
 
     def peak_ratio(self) -> float:

@@ -440,6 +440,20 @@ def test_one_measured_configuration_of_a_precision_corrects_the_others_of_that_p
     assert abs(math.log(fp16.mean / 0.65)) < fp16.log_objective[1]
 
 
+def test_the_predicted_cost_of_a_measurement_counts_fresh_processes_only():
+    """A candidate is measured in a new process: further windows of a process (seconds each, no start,
+    load or compile) say nothing of what that costs besides compiling."""
+    from joulepilot.controller.search import GuidedSearch
+
+    good = row("reduce-overhead", "bf16")
+    search = GuidedSearch([EAGER, STOCK, good], Bench({}), None)
+    stock = search.arms[STOCK["id"]]
+    stock.runs.append(Observation(ok=True, wall_s=30, energy_j_per_inference=1.6, compile_s=12, fresh_process=True))
+    stock.runs.extend(Observation(ok=True, wall_s=5, energy_j_per_inference=1.6, fresh_process=False)
+                      for _ in range(2))
+    assert search.forecaster.overhead_s() == pytest.approx(30 - 12)
+
+
 def test_a_contender_is_confirmed_by_one_new_process_taking_both_missing_windows():
     good = row("reduce-overhead", "bf16")
     table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380, wall_s=30)]}
