@@ -9,15 +9,20 @@ How it searches (`strategy = "guided"`):
 
 1. Baselines first: eager fp32 and stock compile (default mode, default fusion) fp32, at the baseline
    batch size, when the grid has them: reports need them, and they calibrate the model for this workload.
-2. The model's predictions for this workload are corrected by what was measured so far, more by
-   similar configurations, and grow surer as similar ones are measured (`search_forecast`): the
-   forest is fitted once per search, and this correction is what is updated after every measurement
-   (milliseconds, whatever the size of the store).
+2. The model's predictions for this workload are corrected by what was measured so far, and grow surer
+   as configurations that share a precision, mode, fusion preset or batch size are measured
+   (`search_forecast`: a Gaussian process over the model's errors): the forest is fitted once per
+   search, and this correction is what is updated after every measurement (milliseconds, whatever the
+   size of the store).
 3. Each unmeasured configuration gets an acquisition value: the expected improvement of the amortised
-   objective over the best measured configuration within every limit (lognormal prediction), times the
-   predicted probability that it meets the limits (with `margin_pct`), divided by the predicted seconds
-   to measure it (compile seconds plus the workload's measured overhead per run). Before anything
-   feasible is measured it is the probability of meeting the limits per second, scaled by 1/objective.
+   objective (lognormal prediction) on what the search can already count on, times the predicted
+   probability that it meets the limits (with `margin_pct`), divided by the predicted seconds to measure
+   it (compile seconds plus the workload's measured overhead per run). What it can count on is the best
+   measured configuration within every limit, or another candidate at least even odds to meet the
+   limits, taken one spread above its prediction, whichever is lower: a cheap candidate is not measured
+   first only because it beats the baselines when another is likely to beat it. Before anything is
+   measured within the limits or likely to be, it is the probability of meeting the limits per second,
+   scaled by 1/objective.
 4. A configuration is skipped, with its reason recorded, when its expected improvement on the best
    measured median beyond that median's noise (lognormal prediction, times its probability of meeting
    the limits) is under `min_expected_gain` (1%) of that median, when it is predicted to break a limit
@@ -28,9 +33,10 @@ How it searches (`strategy = "guided"`):
    within the limits and every one whose interval overlaps it, at least `min_repeats` times in at
    least two processes. A repeat starts a new worker process and takes the windows still needed in it
    (`Step.windows`: each window is stored as a run of its own, the later ones marked as windows of the
-   same process), so confirming a contender costs one more compile, not two. Close calls (a tie, or
-   an average power whose interval straddles the envelope) get another process of two windows, up to
-   `max_repeats` runs.
+   same process), so confirming a contender costs one more compile, not two. Close calls get another
+   process of two windows, up to `max_repeats` runs: an average power whose interval straddles the
+   envelope, and a tie that more runs may still decide otherwise (the tie-break chose another than the
+   lowest median; a tie whose lowest median also wins the tie-break is repeated to the minimum only).
 6. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
    or after `max_measurements` measurements; a measurement predicted to overrun the budget is not
    started.
@@ -95,6 +101,11 @@ from .search_types import (
 
 __all__ = ["STATES", "STRATEGIES", "GuidedSearch", "MeasuredConfig", "Observation", "SearchResult",
            "SearchSettings", "SearchStep", "SkippedConfig", "run_objective", "run_search"]
+
+# An unmeasured candidate at least this likely to meet the limits is counted on to deliver its objective
+# at one spread (log sd) above its prediction: measuring another is worth only what it may improve on that.
+REACHABLE_MIN_P = 0.5
+REACHABLE_SD = 1.0
 
 Decision = tuple[str, MeasuredConfig | None, str, str, list[MeasuredConfig]]
 
@@ -170,6 +181,7 @@ class GuidedSearch:
             arm.raw = {t: (float(m), float(s)) for t, (m, s) in dict(pred).items()
                        if isinstance(m, int | float) and math.isfinite(m) and m > 0
                        and isinstance(s, int | float) and math.isfinite(s) and s >= 0}
+        self.forecaster.reset()
         self._predicted = True
 
     # -- measured summaries ----------------------------------------------------------------------------
@@ -334,7 +346,7 @@ class GuidedSearch:
         self._refresh_raw()
         feasible = [m for m in summaries.values() if m.feasible]
         best = min(feasible, key=lambda m: m.objective.median) if feasible else None
-        scored: list[tuple[float, Arm, Forecast]] = []
+        kept: list[tuple[Arm, Forecast]] = []
         for arm in candidates:
             fc = self.forecaster.forecast(arm)
             reason = self._skip_reason(arm, fc, best)
@@ -342,7 +354,8 @@ class GuidedSearch:
                 self.skip_reasons[arm.id] = (reason, fc)
             else:
                 self.skip_reasons.pop(arm.id, None)
-                scored.append((self._acquisition(fc, best), arm, fc))
+                kept.append((arm, fc))
+        scored = [(self._acquisition(fc, self._reachable(arm, kept, best)), arm, fc) for arm, fc in kept]
         scored.sort(key=lambda t: (-t[0], _cost_rank(t[1].config)))
         for value, arm, fc in scored:
             if fc.cost_s > self._remaining_s():
@@ -379,15 +392,29 @@ class GuidedSearch:
         return ""
 
     @staticmethod
-    def _acquisition(fc: Forecast, best: MeasuredConfig | None) -> float:
+    def _reachable(arm: Arm, kept: Sequence[tuple[Arm, Forecast]], best: MeasuredConfig | None) -> float:
+        """The objective the search can count on without measuring `arm`: the best measured median within
+        every limit, or a candidate still to measure that is likely within the limits
+        (`REACHABLE_MIN_P`), taken at one spread above its prediction; inf when there is neither."""
+        level = best.objective.median if best is not None else math.inf
+        for other, fc in kept:
+            if other is not arm and fc.known and fc.p_feasible >= REACHABLE_MIN_P:
+                level = min(level, fc.pessimistic(REACHABLE_SD))
+        return level
+
+    @staticmethod
+    def _acquisition(fc: Forecast, reachable: float) -> float:
+        """Expected improvement on `reachable` x P(within limits) per second of measuring; while nothing
+        is reachable, P(within limits) per second, scaled by 1 / predicted objective."""
         if not fc.known:
             return 0.0
-        if best is None:
+        if not math.isfinite(reachable):
             return fc.p_feasible / (fc.cost_s * fc.mean)
-        return expected_improvement(*fc.log_objective, best.objective.median) * fc.p_feasible / fc.cost_s
+        return expected_improvement(*fc.log_objective, reachable) * fc.p_feasible / fc.cost_s
 
     def _contenders(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[list[MeasuredConfig], set[str]]:
-        """(contenders, lowest median first; ids of the close calls among them)."""
+        """(contenders in the order to repeat them, lowest median first; ids of the close calls among them).
+        With nothing within the limits, those that may yet be come before the infeasible fallback."""
         state, chosen, _, _, ties = self.decide(summaries)
         if chosen is None:
             return [], set()
@@ -399,8 +426,10 @@ class GuidedSearch:
             flagged = [m for m in summaries.values() if not m.ok and m.status == "flagged" and bound is not None
                        and any(r.avg_power_w is not None and r.avg_power_w <= limit_value(
                            "max_avg_power_w", bound, self.settings.margin_pct) for r in self.arms[m.config_id].ok_runs())]
-            hopeful = sorted(straddling, key=lambda m: m.objective.median) + flagged
-            return [chosen, *hopeful], {m.config_id for m in hopeful}
+            # Those that may yet be within every limit come first, lowest median first: one that turns
+            # out feasible makes confirming the infeasible fallback moot.
+            hopeful = sorted(straddling + flagged, key=self._level)
+            return [*hopeful, chosen], {m.config_id for m in hopeful}
         best = min(ties, key=lambda m: m.objective.median)
         level = {m.config_id: m.objective.median for m in ties}
         # As good as the best, but over the envelope only within the noise, lacking a figure a limit
@@ -414,17 +443,24 @@ class GuidedSearch:
                     for v in m.violations):
                 hopeful.add(m.config_id)
                 level[m.config_id] = m.objective.median
-            elif not m.ok and m.status == "flagged":
-                values = [run_objective(r, m.config, objective=self.settings.objective,
-                                        expected_inferences=self.settings.expected_inferences,
-                                        per_sample=self.per_sample) for r in self.arms[m.config_id].ok_runs()]
-                known = [v for v in values if v is not None]
-                if known and median(known) <= best.objective.high:
-                    hopeful.add(m.config_id)
-                    level[m.config_id] = median(known)
-        close = {m.config_id for m in ties} if len(ties) > 1 else set()
+            elif not m.ok and m.status == "flagged" and self._level(m) <= best.objective.high:
+                hopeful.add(m.config_id)
+                level[m.config_id] = self._level(m)
+        # A tie is a close call only while more runs may change the decision: when the tie-break chose
+        # another than the lowest median. Ties with the lowest median chosen are repeated to the minimum.
+        close = {m.config_id for m in ties} if len(ties) > 1 and chosen is not best else set()
         ordered = sorted(level, key=lambda cid: (level[cid], cid))
         return [summaries[cid] for cid in ordered], close | hopeful
+
+    def _level(self, m: MeasuredConfig) -> float:
+        """A measured configuration's median objective, over its ok runs when none counts yet (flagged)."""
+        if m.objective is not None:
+            return m.objective.median
+        values = [run_objective(r, m.config, objective=self.settings.objective,
+                                expected_inferences=self.settings.expected_inferences,
+                                per_sample=self.per_sample) for r in self.arms[m.config_id].ok_runs()]
+        known = [v for v in values if v is not None]
+        return median(known) if known else math.inf
 
     def _repeat(self, summaries: Mapping[str, MeasuredConfig]) -> tuple[Arm, int, str] | None:
         """The contender that most needs another run, and whether that run must start a fresh process.

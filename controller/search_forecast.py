@@ -1,15 +1,16 @@
 """The guided search's view of a configuration it has not measured: objective, limits, cost.
 
 The trade-off model predicts each target from other workloads; what was measured of *this* workload
-corrects it. Each measured configuration's log ratio measured / predicted is its residual. The model's
-error on an unseen workload is mostly one offset shared by all its configurations (about 1.2 in log
-energy across the committed workloads, against about 0.26 between configurations of one workload), so
-the mean residual shifts every prediction almost whole after the first measurement; what is left of
-the residuals is shared with similar configurations (`similarity`: precision matters most, then eager
-versus compiled, mode, fusion, batch size), shrunk towards no correction by `CALIBRATION_PRIOR_WEIGHT`.
-The log-space spread is `SPREAD_UNCALIBRATED_LOG` before anything is measured, then falls from
-`SPREAD_FAR_LOG` (the forest's own spread, up to `SPREAD_FAR_MAX_LOG`) towards `SPREAD_NEAR_LOG` as
-similar configurations are measured.
+corrects it. Each measured configuration's log ratio measured / predicted is its residual, and the
+residuals are modelled as a Gaussian process over the grid whose covariance adds what configurations
+share (`residual_kernel`): one offset for the whole workload (about 1.1 in log energy across the
+committed workloads: FLOPs do not translate into joules alike on every model and device), then an error
+per precision, mode, fusion preset, batch size and variant that the model makes alike for every
+configuration that has it, and what is left to each configuration (`RESIDUAL_SD_LOG`). A forecast is
+the raw prediction plus the posterior mean of its residual, with the posterior spread: the first
+measurement removes most of the offset, one measured configuration of a precision tells how far off the
+model is for the others of that precision, and so on. Without a model (no raw prediction), a target is
+guessed from measured neighbours weighted by `similarity`, with spread `SPREAD_NO_MODEL_LOG`.
 """
 
 from __future__ import annotations
@@ -19,21 +20,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from joulepilot.policies.noise import counted, median
 from joulepilot.policies.schema import Limits
+from joulepilot.store.jsonvalues import json_column
 
 from .search_types import LIMIT_FIGURES, LIMIT_UNITS, Observation, SearchSettings, fmt, limit_value
 
-# The model's log error on an unseen workload: about 1.2 before anything of it is measured (one offset
-# for the whole workload: FLOPs do not translate into joules alike on every model and device), about
-# 0.26 between configurations once that offset is removed (committed sweeps, leave-one-workload-out).
-SPREAD_UNCALIBRATED_LOG = 1.2
-SPREAD_FAR_LOG = 0.26
-SPREAD_FAR_MAX_LOG = 0.45
-SPREAD_NEAR_LOG = 0.07
-OFFSET_PRIOR_N = 0.1
+# The trade-off model's log error on an unseen workload, split by what configurations share (standard
+# deviations in log space; fitted by maximum likelihood to the residuals of the committed GPU sweeps, each
+# workload predicted by a model fitted on the others, and rounded): one offset for the whole workload, an
+# error shared by the configurations of one precision, of one mode, of one fusion preset (with the same
+# options), of one batch size and of one variant (dynamic shapes, padding, regional), and one of each
+# configuration's own. Precision dominates energy and latency (the model misjudges how much bf16, fp16 or
+# tf32 saves on a given model and device), compile time hardly depends on it. The committed sweeps hold
+# one batch size and no variants per workload, so those two are a guess (about one mode's worth).
+RESIDUAL_SD_LOG = {
+    "energy_j_per_inference": {"offset": 1.1, "precision": 0.28, "mode": 0.09, "fusion": 0.03, "batch": 0.10,
+                               "variant": 0.10, "config": 0.09},
+    "latency_ms_p95": {"offset": 1.2, "precision": 0.23, "mode": 0.12, "fusion": 0.03, "batch": 0.10,
+                       "variant": 0.10, "config": 0.16},
+    "avg_power_w": {"offset": 0.15, "precision": 0.16, "mode": 0.10, "fusion": 0.03, "batch": 0.10,
+                    "variant": 0.10, "config": 0.14},
+    "compile_s": {"offset": 0.5, "precision": 0.03, "mode": 0.14, "fusion": 0.13, "batch": 0.05,
+                  "variant": 0.15, "config": 0.15},
+    "compile_energy_j": {"offset": 0.5, "precision": 0.03, "mode": 0.14, "fusion": 0.13, "batch": 0.05,
+                         "variant": 0.15, "config": 0.15},
+}
+# Eager compiles nothing: its near-zero compile figures say nothing about compiled configurations.
+COMPILE_TARGETS = ("compile_s", "compile_energy_j")
+MEASUREMENT_SD_LOG = 0.05  # one run's noise in log space (repeats of one configuration differ by about 5%)
 SPREAD_NO_MODEL_LOG = 0.5  # a guess from measured neighbours alone
-CALIBRATION_PRIOR_WEIGHT = 0.5
 PRECISION_SIMILARITY = 0.1
 # Numerical error is set mostly by precision: configurations of one precision differ by about 10%
 # (fusion and mode reorder the arithmetic), so a measured one predicts the others within this log spread.
@@ -94,6 +111,9 @@ class Forecast:
     def std(self) -> float:
         return self.mean * self.log_objective[1]
 
+    def pessimistic(self, k: float) -> float:
+        return math.exp(self.log_objective[0] + k * self.log_objective[1])
+
     def optimistic(self, k: float) -> float:
         return math.exp(self.log_objective[0] - k * self.log_objective[1])
 
@@ -117,6 +137,26 @@ def similarity(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     if (a.get("regional") or "") != (b.get("regional") or ""):
         weight *= 0.6
     return weight
+
+
+def _properties(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What a configuration may share with others, by the names of `RESIDUAL_SD_LOG`."""
+    return {"precision": config.get("precision"), "mode": config.get("mode"),
+            "fusion": (config.get("fusion"), json_column(config.get("options"), {}) or {}),
+            "batch": int(config.get("batch_size") or 1),
+            "variant": (bool(config.get("dynamic")), config.get("padding") or "none", config.get("regional") or "")}
+
+
+def residual_kernel(target: str, a: Mapping[str, Any], b: Mapping[str, Any], same: bool) -> float:
+    """Prior covariance of the model's log errors on configurations a and b of one workload (`same`:
+    they are one configuration): the workload's offset, plus each property they share."""
+    sd = RESIDUAL_SD_LOG.get(target, RESIDUAL_SD_LOG["energy_j_per_inference"])
+    props_b = _properties(b)
+    total = sd["offset"] ** 2 + (sd["config"] ** 2 if same else 0.0)
+    for name, value in _properties(a).items():
+        if value == props_b[name]:
+            total += sd[name] ** 2
+    return total
 
 
 def norm_cdf(z: float) -> float:
@@ -150,6 +190,11 @@ class Forecaster:
         self.limits = limits
         self.settings = settings
         self.per_sample = per_sample
+        self._solved: dict[tuple, tuple[list[Arm], Any, Any]] = {}
+
+    def reset(self) -> None:
+        """Forget the solved residual systems (after the raw predictions changed)."""
+        self._solved.clear()
 
     @staticmethod
     def _padded(target: str, value: float) -> float:
@@ -162,47 +207,70 @@ class Forecaster:
         return median(values) if values else None
 
     def calibrated(self, arm: Arm, target: str) -> tuple[float, float] | None:
-        """(log mean, log sd) of `target` for `arm`, corrected by the measured arms; None: no idea.
-
-        The model's log error on a workload is mostly one offset shared by all its configurations (its
-        spread across workloads, about 1.2 for energy, dwarfs the spread within one, about 0.26): the
-        mean residual is applied almost whole after one measurement (shrunk by n / (n + OFFSET_PRIOR_N)),
-        then the residuals left by it are shared with similar configurations (`similarity`)."""
-        residuals: list[tuple[float, float]] = []  # (weight, log residual)
+        """(log mean, log sd) of `target` for `arm`, corrected by the measured arms; None: no idea."""
+        if target in arm.raw:
+            return self._posterior(arm, target)
         neighbours: list[tuple[float, float]] = []  # (weight, log measured), for a guess without a model
         for other in self.arms.values():
             if other is arm:
                 continue
             measured = self.measured_figure(other, target)
-            if measured is None:
-                continue
-            weight = similarity(arm.config, other.config)
-            neighbours.append((weight, math.log(measured)))
-            if target in other.raw:
-                residuals.append((weight, math.log(measured) - math.log(self._padded(target, other.raw[target][0]))))
-        if target in arm.raw:
-            mean, std = arm.raw[target]
-            log_value = math.log(self._padded(target, mean))
-            # The trees' spread mostly measures disagreement about the workload offset, which the
-            # calibration removes: it widens the spread between configurations only up to a cap.
-            within = min(max(std / mean, SPREAD_FAR_LOG), SPREAD_FAR_MAX_LOG)
-            if not residuals:
-                return log_value, max(within, SPREAD_UNCALIBRATED_LOG)
-            n = len(residuals)
-            offset = sum(r for _, r in residuals) / n * n / (n + OFFSET_PRIOR_N)
-            total = sum(w for w, _ in residuals)
-            shift = offset + sum(w * (r - offset) for w, r in residuals) / (total + CALIBRATION_PRIOR_WEIGHT)
-            share_far = CALIBRATION_PRIOR_WEIGHT / (total + CALIBRATION_PRIOR_WEIGHT)
-            spread_sq = SPREAD_NEAR_LOG ** 2 + (within ** 2 - SPREAD_NEAR_LOG ** 2) * share_far
-            return log_value + shift, math.sqrt(spread_sq + within ** 2 / (n + OFFSET_PRIOR_N) * share_far)
+            if measured is not None:
+                neighbours.append((similarity(arm.config, other.config), math.log(measured)))
         if not neighbours:
             return None
         total = sum(w for w, _ in neighbours)
         return sum(w * v for w, v in neighbours) / total, SPREAD_NO_MODEL_LOG
 
+    def _residuals(self, target: str) -> tuple[list[Arm], Any, Any]:
+        """The measured arms with a raw prediction of `target`, the Cholesky factor of their covariance
+        (noise included) and that covariance's inverse times their residuals; cached per set of runs."""
+        key = (target, tuple((a.id, len(a.runs)) for a in self.arms.values() if a.runs))
+        cached = self._solved.get(key)
+        if cached is not None:
+            return cached
+        measured, residuals, noise = [], [], []
+        for other in self.arms.values():
+            if target not in other.raw or (target in COMPILE_TARGETS and not other.compiles):
+                continue
+            value = self.measured_figure(other, target)
+            if value is None:
+                continue
+            measured.append(other)
+            residuals.append(math.log(value) - math.log(self._padded(target, other.raw[target][0])))
+            noise.append(MEASUREMENT_SD_LOG ** 2 / max(1, len(other.counted_runs())))
+        if measured:
+            gram = np.array([[residual_kernel(target, a.config, b.config, a is b) for b in measured] for a in measured])
+            gram += np.diag(noise)
+            factor = np.linalg.cholesky(gram)
+            solved = (measured, factor, np.linalg.solve(factor.T, np.linalg.solve(factor, np.array(residuals))))
+        else:
+            solved = (measured, None, None)
+        self._solved[key] = solved
+        return solved
+
+    def _posterior(self, arm: Arm, target: str) -> tuple[float, float]:
+        """The raw prediction plus the posterior mean of the model's error on this workload (a Gaussian
+        process over configurations whose kernel adds what they share: `RESIDUAL_SD_LOG`), and the
+        posterior spread, never below one run's noise."""
+        mean, _ = arm.raw[target]
+        log_value = math.log(self._padded(target, mean))
+        prior_var = residual_kernel(target, arm.config, arm.config, True)
+        if target in COMPILE_TARGETS and not arm.compiles:
+            return log_value, math.sqrt(prior_var)
+        measured, factor, alpha = self._residuals(target)
+        if not measured:
+            return log_value, math.sqrt(prior_var)
+        cross = np.array([residual_kernel(target, arm.config, b.config, arm is b) for b in measured])
+        half = np.linalg.solve(factor, cross)
+        var = max(prior_var - float(half @ half), MEASUREMENT_SD_LOG ** 2)
+        return log_value + float(cross @ alpha), math.sqrt(var)
+
     def overhead_s(self) -> float:
-        """Seconds a measurement of this workload takes besides compiling (median of the runs so far)."""
-        spans = [r.wall_s - (r.compile_s or 0.0) for a in self.arms.values() for r in a.ok_runs() if r.wall_s > 0]
+        """Seconds a measurement of this workload takes besides compiling: the median over the runs so far
+        that started a process (a further window of one has no start, load or compile)."""
+        spans = [r.wall_s - (r.compile_s or 0.0) for a in self.arms.values() for r in a.ok_runs()
+                 if r.wall_s > 0 and r.fresh_process]
         return median(spans) if spans else DEFAULT_OVERHEAD_S
 
     def peak_ratio(self) -> float:

@@ -2,8 +2,8 @@
 
 The targets (issue "the decision engine"): on grids of at least 16 configurations, cost_fraction <= 0.35
 and regret <= 2% in at least 90% of scenarios, never above 5%; on the 6-10 configuration grids of the
-committed H200 data, regret <= 2% in every scenario. The committed data has no grid of 16 or more (the
-synthetic sweep's are 15), so only the H200 target applies to it as written.
+committed H200 data, regret <= 2% in every scenario. The committed H100 sweep has the 16-configuration
+grids (mobilenet_v3_large and DistilBERT); the synthetic sweep's are 15.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from joulepilot.store import read_export
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 H200 = DATA / "gpu_sweep_h200.json"
+H100 = DATA / "gpu_sweep_h100.json"
 SYNTHETIC = DATA / "synthetic_sweep.json"
 # The replays (seconds of CPU each) are computed once per module: keep its tests on one xdist worker.
 pytestmark = pytest.mark.xdist_group("search_replay")
@@ -51,7 +52,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 def replays():
     """{file: the --json output} for each committed sweep, seed 0."""
     results = {}
-    for path in (H200, SYNTHETIC):
+    for path in (H200, H100, SYNTHETIC):
         capture = _Capture()
         with capture:
             assert replay_cli.main([str(path), "--json", "--seed", "0"]) == 0
@@ -117,16 +118,17 @@ def test_json_has_exactly_the_documented_shape(replays):
     for result in replays.values():
         assert set(result) == {"scenarios", "summary"}
         assert set(result["summary"]) == {"scenarios", "cost_fraction", "regret_p90", "regret_max"}
-        assert result["summary"]["scenarios"] == len(result["scenarios"]) == 16
         for scenario in result["scenarios"]:
             assert set(scenario) == KEYS
         by_workload = defaultdict(list)
         for scenario in result["scenarios"]:
             by_workload[scenario["workload"]].append(scenario["scenario"])
         assert all(v == ["free", "power_p25", "power_p50", "power_p75"] for v in by_workload.values())
+        assert result["summary"]["scenarios"] == len(result["scenarios"]) == 4 * len(by_workload)
+    assert [len(replays[path]["scenarios"]) for path in (H200, H100, SYNTHETIC)] == [16, 8, 16]
 
 
-@pytest.mark.parametrize("path", [H200, SYNTHETIC], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [H200, H100, SYNTHETIC], ids=lambda p: p.name)
 def test_oracle_regret_and_exhaustive_cost_follow_their_definitions(replays, path):
     expected = _independent_scoring(path)
     result = replays[path]
@@ -147,10 +149,10 @@ def test_oracle_regret_and_exhaustive_cost_follow_their_definitions(replays, pat
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "missed at seed 0 in 3 of 16 scenarios (resnet50 power_p25 85%, resnet50 power_p75 7.1%, vit_b_16 power_p50 "
-    "12%): in each the oracle's recorded runs straddle the envelope (its median is within "
-    "the limit, its upper bound is not, which the issue's own envelope rule rejects) or the chosen "
-    "configuration's runs overlap the oracle's, so the tie-break decides (see the next test)"))
+    "missed at seed 0 in 3 of 16 scenarios (resnet50 power_p75 7.1%, BertConfig power_p25 8.3%, BertConfig "
+    "power_p50 7.0%): in each the oracle's recorded runs straddle the envelope (its median is within the "
+    "limit, its upper bound is not, which the issue's own envelope rule rejects) or the chosen configuration's "
+    "runs overlap the oracle's, so the tie-break on lower power decides (see the next test)"))
 def test_h200_grids_meet_the_2pct_regret_target_in_every_scenario(replays):
     small = [s for s in replays[H200]["scenarios"] if 6 <= s["grid"] <= 10]
     assert small
@@ -179,6 +181,27 @@ def test_h200_misses_are_only_where_the_oracle_straddles_the_envelope_or_ties_wi
         chosen = [r["energy_j_per_inference"] for r in runs_by_label.get((s["workload"], s["chosen"]), [])]
         overlaps = bool(chosen) and min(chosen) <= max(r["energy_j_per_inference"] for r in oracle_runs)
         assert straddles or overlaps, s
+
+
+def test_h100_16_config_grids_meet_the_regret_target(replays):
+    """The regret half of the large-grid target on the committed H100 sweep (seed 0): regret <= 2% in at
+    least 90% of scenarios (all 8 of them here), never above 5%."""
+    scenarios = replays[H100]["scenarios"]
+    assert scenarios and all(s["grid"] >= replay_cli.LARGE_GRID for s in scenarios)
+    regrets = [_regret(s["regret"]) for s in scenarios]
+    assert sum(r <= 0.02 for r in regrets) >= 0.9 * len(regrets)
+    assert max(regrets) <= 0.05
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cost_fraction 0.51 at seed 0: the two baselines and three runs of the winner (two processes) alone cost "
+    "0.27 of exhaustive on these grids, and the search, given the recorded medians themselves as its forecast, "
+    "costs 0.38 over seeds 0-11 (ties, flagged runs and fp16's accuracy must be measured); the model fitted on "
+    "the other workloads misjudges what each precision saves on an unseen one, so each is measured once"))
+def test_h100_16_config_grids_meet_the_cost_target(replays):
+    scenarios = replays[H100]["scenarios"]
+    fraction = sum(s["cost_s"] for s in scenarios) / sum(s["exhaustive_cost_s"] for s in scenarios)
+    assert fraction <= replay_cli.TARGET_COST_FRACTION
 
 
 def test_synthetic_15_config_grids_meet_the_large_grid_regret_bar(replays):
