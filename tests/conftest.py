@@ -1,5 +1,6 @@
 """Shared fixtures: every test gets its own JOULEPILOT_HOME; GPU tests skip without a GPU; `fake_worker` runs the
-benchmark workers as tests/fake_worker.py where compiling is not what a test is about; `own_tmpdir` gives a test a
+benchmark workers as tests/fake_worker.py where compiling is not what a test is about, and `flow_worker` as
+tests/flow_worker.py (no torch, a stand-in model) where the model is not either; `own_tmpdir` gives a test a
 temporary directory of its own."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest  # noqa: E402
-from daemon_factories import use_fake_worker  # noqa: E402
+from daemon_factories import use_fake_worker, use_flow_worker  # noqa: E402
 
 
 def _has_gpu() -> bool:
@@ -130,6 +131,14 @@ def fake_worker(monkeypatch):
     """Every worker this test starts (in-process `bench`, or a daemon or CLI subprocess, which inherit the
     environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
     return use_fake_worker(monkeypatch)
+
+
+@pytest.fixture
+def flow_worker(monkeypatch):
+    """Every worker this test starts runs as tests/flow_worker.py: the worker's files, phases, zygote protocol,
+    meter and timing loops without torch, on a stand-in for the model, for tests about the daemon's and the
+    CLI's flow (it refuses, with the reason, a job that needs a model or a compiler)."""
+    return use_flow_worker(monkeypatch)
 
 
 @pytest.fixture

@@ -135,7 +135,7 @@ def test_restarted_sweep_skips_what_was_measured_ok_and_force_redoes_it(db, tmp_
     assert len(list_runs(db)) == 5
 
 
-def test_skipped_configuration_is_one_under_the_same_provenance(db, fake_worker):
+def test_skipped_configuration_is_one_under_the_same_provenance(db, flow_worker):
     """A run measured under other software (another provenance key) does not count as measured."""
     (run,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
     db.execute("UPDATE runs SET provenance_key = 'older-torch' WHERE id = ?", [run["run_id"]])

@@ -88,7 +88,7 @@ def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monke
     assert "[1/1]" not in result.stdout
 
 
-def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging, fake_worker):
+def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging, flow_worker):
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager",))

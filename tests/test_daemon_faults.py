@@ -67,7 +67,7 @@ def all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> bool:
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fake_worker, own_tmpdir):
+def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, flow_worker, own_tmpdir):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     # The restart must find the first job's run current: a workload whose calls a busy machine cannot get

@@ -3,8 +3,8 @@ compile threads split between them; a GPU with production work on it gets no job
 production returning on one GPU stops only that GPU's job.
 
 No GPU here: NVML is the fake (in this process, where the daemon runs, and through
-`fake_pynvml.subprocess_env` in its workers), and the workers are the fake worker (the model on the CPU, the
-energy from the fake GPU's counter). A production process is a live process of this test that the fake lists
+`fake_pynvml.subprocess_env` in its workers), and the workers are the flow worker (tests/flow_worker.py: the
+worker's protocols and timing loops on a stand-in for the model, the energy from the fake GPU's counter). A production process is a live process of this test that the fake lists
 on a GPU. The SIGKILL test for the parallel sweep is in test_multi_gpu_daemon_kill.py.
 """
 
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture
-def gpus(monkeypatch, fake_worker):
+def gpus(monkeypatch, flow_worker):
     two = [FakeGpu(uuid=uuid, power_w=watts) for uuid, watts in zip(UUIDS, WATTS, strict=True)]
     fake_pynvml.install_everywhere(monkeypatch, two)
     monkeypatch.delenv(device_pool.COMPILE_THREADS_ENV, raising=False)
