@@ -92,7 +92,8 @@ def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, r
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager",))
-    config = write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies, min_seconds=0.2)
+    # a 1 s window: the job measures for two heartbeats
+    config = write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies, min_seconds=1.0)
     result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
     assert result.exit_code == 0, (result.output, result.stderr)
     summary = json.loads(result.stdout)

@@ -75,7 +75,8 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, flo
     write_policy(policies, "mlp", workload=f"{TESTS_DIR / 'workload_factories.py'}:steady", modes=("eager",),
                  precisions=("fp32", "bf16"))
     (policies / "broken.toml").write_text('name = "broken"\nworkload = "mlp"\nbatch_size = 8\nobjectiv = 1\n')
-    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+    # 1.5 s windows: the second job spends that long in its worker, time enough to be caught running
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=1.5)
 
     daemon = start_daemon(config, tmp_path / "first.log")
     try:
@@ -126,7 +127,7 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, flo
     assert not any(os.path.exists(folder) for folder in scratch)  # the killed daemon's scratch removed
     assert f"removed {scratch[0]}" in proc.stderr
     extra = json.loads(next(r for r in runs if r["id"] == jobs[1]["run_id"])["extra"])
-    assert extra["budget"] == worker_budget(300, 0.5).to_dict()  # the config's budget_s, the one model
+    assert extra["budget"] == worker_budget(300, 1.5).to_dict()  # the config's budget_s, the one model
 
     status = status_json(db)
     assert [d["policy"] for d in status["decisions"]] == ["mlp"]

@@ -168,8 +168,8 @@ def test_a_gpu_waiting_for_its_quiet_period_has_its_zygote_started_meanwhile(tmp
 
 
 def test_production_returning_on_one_gpu_stops_only_its_job(tmp_path, gpus, production):
-    # 0.5 s windows: the job on cuda:0 is stopped within a poll (0.5 s) of its worker's start, which takes longer
-    daemon, db = two_gpu_daemon(tmp_path, min_seconds=0.5)
+    # 1.5 s windows: the job on cuda:0 is stopped within a poll (0.5 s) of its worker's start, well before its end
+    daemon, db = two_gpu_daemon(tmp_path, min_seconds=1.5)
     stopped: dict[str, int] = {}
 
     def production_starts_on_gpu0() -> None:

@@ -75,8 +75,8 @@ def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_dupli
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager", "default"), precisions=("fp32", "bf16"))  # four jobs
-    # 0.5 s windows: each job still spends seconds in its worker, time enough to be caught running
-    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.5)
+    # 1 s windows: each job spends over a second in its worker, time enough to be caught running
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=1.0)
     config.write_text('devices = "auto"\n' + config.read_text().replace("[idle]\n", "[idle]\nmin_idle_s = 0\n"))
 
     daemon = subprocess.Popen(daemon_cmd("--config", str(config)), stdout=subprocess.DEVNULL,
