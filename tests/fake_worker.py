@@ -62,7 +62,7 @@ FAKE_COMPILE_S_ENV = "JOULEPILOT_FAKE_COMPILE_S"
 FAKE_PRECOMPILE_FAILS_ENV = "JOULEPILOT_FAKE_PRECOMPILE_FAILS"
 FAKE_COMPILE_S = 0.3
 WARMUP_MAX_S = 0.3
-LATENCY_S = 0.1
+LATENCY_S = 0.05
 SAMPLE_HZ = 2.0
 NOTE = "tests.fake_worker: torch.compile replaced by eager calls; compile_s is a stand-in wait"
 
