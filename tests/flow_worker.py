@@ -23,8 +23,8 @@ its reference), no compile caches or timers, no artifacts (so no warm start foll
 (`extra.describe_error`), as the real worker's does when describing raises. Each result says in
 `extra.fake_worker` that it came from here, and in `extra.fake_worker_env` the scheduling variables it was
 started with. A job it cannot stand in for (a shape set, a regional configuration, a mode or options whose
-compile arguments come from torch, precompile, a warm start or doctor job) fails with the reason: such tests use the
-`fake_worker` fixture (tests/fake_worker.py: the real worker with eager calls in place of torch.compile).
+compile arguments come from torch, precompile, a warm start or doctor job) fails with the reason: such tests use
+the `fake_worker` fixture (tests/fake_worker.py: the real worker with eager calls in place of torch.compile).
 
 Its zygote preloads nothing but this module (a few tenths of a second of CPU against the real one's seconds) and
 forks every job's worker; the forked worker's own CPU is a small share of its windows.
