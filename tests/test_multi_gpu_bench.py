@@ -3,8 +3,8 @@
 No GPU here: NVML is the fake (in this process and, through `fake_pynvml.subprocess_env`, in the workers), the
 workers are the flow worker (tests/flow_worker.py: the worker's protocols and timing loops on a stand-in for the
 model, the energy from the fake GPU's counter; the fake worker, the model on the CPU, where a test needs the
-model's behaviour), and torch is told
-it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's device check.
+model's behaviour), and torch is told it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's
+device check.
 """
 
 from __future__ import annotations
