@@ -1,11 +1,13 @@
 """Shared fixtures: every test gets its own JOULEPILOT_HOME; GPU tests skip without a GPU; `fake_worker` runs the
-benchmark workers as tests/fake_worker.py where compiling is not what a test is about; `own_tmpdir` gives a test a
+benchmark workers as tests/fake_worker.py where compiling is not what a test is about, and `flow_worker` as
+tests/flow_worker.py (no torch, a stand-in model) where the model is not either; `own_tmpdir` gives a test a
 temporary directory of its own."""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 
 # One OpenMP thread, set before torch is imported here or in any process a test starts (they inherit it): a
@@ -17,9 +19,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # own). Told that the CPU's flags can be trusted, it picks the same instruction set without those builds; the
 # compiles the tests are about still run, C++ kernels included. Set it to 0 to have the checks back.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# The suite starts a few hundred Python processes (workers, zygotes, daemons, CLI runs) that import the same
+# modules. With PYTHONDONTWRITEBYTECODE set (as on some CI images) none of them caches its bytecode, so each
+# compiles joulepilot's modules from source again, and each pytest process rewrites every test module's asserts
+# again. Bytecode is written (into the __pycache__ folders that .gitignore leaves out) for this run and the
+# processes it starts; the first process to import a module compiles it for the others.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402
-from daemon_factories import use_fake_worker  # noqa: E402
+from daemon_factories import use_fake_worker, use_flow_worker  # noqa: E402
 
 
 def _has_gpu() -> bool:
@@ -37,13 +46,15 @@ def _whole_suite(config) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one per core
-    (at most 4); more would time-share the cores under the workers' energy windows, which then run slower than
-    their latency passes and get flagged "repeat this run", and a daemon test would see the repeat. One process
-    (0) for chosen tests, and for the GPU tests, whose energy windows must not share the machine."""
+    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one more than
+    the cores (at most 5). A quarter of the tests' time is waiting (for a signal to land, a budget to run out, a
+    daemon to start, a window's sleeps), which the extra process's tests fill. The daemon's and the CLI's flow
+    tests measure with the flow worker, whose calls mostly sleep, so sharing a core does not get their runs
+    flagged "repeat this run"; the tests with real workers allow for a flagged run. One process (0) for chosen
+    tests, and for the GPU tests, whose energy windows must not share the machine."""
     if not _whole_suite(config) or "gpu" in (config.option.markexpr or ""):
         return 0
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    return max(1, min(5, len(os.sched_getaffinity(0)) + 1))
 
 
 def pytest_configure(config):
@@ -130,6 +141,14 @@ def fake_worker(monkeypatch):
     """Every worker this test starts (in-process `bench`, or a daemon or CLI subprocess, which inherit the
     environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
     return use_fake_worker(monkeypatch)
+
+
+@pytest.fixture
+def flow_worker(monkeypatch):
+    """Every worker this test starts runs as tests/flow_worker.py: the worker's files, phases, zygote protocol,
+    meter and timing loops without torch, on a stand-in for the model, for tests about the daemon's and the
+    CLI's flow (it refuses, with the reason, a job that needs a model or a compiler)."""
+    return use_flow_worker(monkeypatch)
 
 
 @pytest.fixture

@@ -32,16 +32,27 @@ def deep_mlp(batch_size: int = 8):
 
 TESTS_DIR = Path(__file__).resolve().parent
 FAKE_WORKER_MODULE = "tests.fake_worker"
-WORKER_MODULES = ("joulepilot.compiler.worker", FAKE_WORKER_MODULE)
+FLOW_WORKER_MODULE = "tests.flow_worker"
+WORKER_MODULES = ("joulepilot.compiler.worker", FAKE_WORKER_MODULE, FLOW_WORKER_MODULE)
+
+
+def _use_worker(monkeypatch: Any, module: str) -> str:
+    monkeypatch.setenv("JOULEPILOT_WORKER_MODULE", module)
+    path = [str(TESTS_DIR.parent), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    return module
 
 
 def use_fake_worker(monkeypatch: Any) -> str:
     """From now on in this test, every worker (in-process `bench`, or a daemon or CLI subprocess, which inherit
     the environment) runs as tests/fake_worker.py: the real worker with eager calls in place of torch.compile."""
-    monkeypatch.setenv("JOULEPILOT_WORKER_MODULE", FAKE_WORKER_MODULE)
-    path = [str(TESTS_DIR.parent), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
-    return FAKE_WORKER_MODULE
+    return _use_worker(monkeypatch, FAKE_WORKER_MODULE)
+
+
+def use_flow_worker(monkeypatch: Any) -> str:
+    """From now on in this test, every worker runs as tests/flow_worker.py: the worker's protocols and measuring
+    loops without torch, on a stand-in for the model (for tests about the daemon's and the CLI's flow)."""
+    return _use_worker(monkeypatch, FLOW_WORKER_MODULE)
 
 
 def is_worker(cmdline: Sequence[str]) -> bool:

@@ -126,7 +126,7 @@ def test_every_stored_field(sweep):
     db.close()
 
 
-def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, fake_worker):
+def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, flow_worker):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JOULEPILOT_HOME", str(sweep["home"]))
         result = CliRunner().invoke(main, ["bench", "mlp", "--modes", "eager", "--device", "cpu", "--batch-size", "4",

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from click.testing import CliRunner
-from daemon_factories import wait_for
+from daemon_factories import is_worker, wait_for
 from joulepilot.compiler import CompileConfig, bench
 from joulepilot.store import list_runs
 
@@ -50,7 +50,7 @@ def _hanging_worker(bench_pid: int) -> tuple[list[psutil.Process], Path] | None:
 
 def _is_worker(proc: psutil.Process) -> bool:
     try:
-        return "joulepilot.compiler.worker" in proc.cmdline()
+        return is_worker(proc.cmdline())
     except psutil.Error:
         return False
 
@@ -66,7 +66,7 @@ def _gone(proc: psutil.Process, timeout_s: float) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
-def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig, own_tmpdir):
+def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig, own_tmpdir, fake_worker):
     cmd = [sys.executable, "-m", "joulepilot", "bench", "tests.workload_factories:hangs_on_first_call",
            "--device", "cpu", "--modes", "eager", "--min-seconds", "0.2", "--budget-s", "600",
            "--db", str(tmp_path / "b.db")]
@@ -135,7 +135,7 @@ def test_restarted_sweep_skips_what_was_measured_ok_and_force_redoes_it(db, tmp_
     assert len(list_runs(db)) == 5
 
 
-def test_skipped_configuration_is_one_under_the_same_provenance(db, fake_worker):
+def test_skipped_configuration_is_one_under_the_same_provenance(db, flow_worker):
     """A run measured under other software (another provenance key) does not count as measured."""
     (run,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
     db.execute("UPDATE runs SET provenance_key = 'older-torch' WHERE id = ?", [run["run_id"]])

@@ -88,11 +88,12 @@ def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monke
     assert "[1/1]" not in result.stdout
 
 
-def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging, fake_worker):
+def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, restore_logging, flow_worker):
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager",))
-    config = write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies, min_seconds=0.2)
+    # a 1 s window: the job measures for two heartbeats
+    config = write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies, min_seconds=1.0)
     result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
     assert result.exit_code == 0, (result.output, result.stderr)
     summary = json.loads(result.stdout)

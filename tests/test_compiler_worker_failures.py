@@ -1,6 +1,8 @@
 """A worker that crashes, hangs, runs out of memory or cannot build its model ends as a failed run with
 its reason, and the sweep goes on. These use eager configurations so no Inductor compile is needed:
-the misbehaving call is the configuration's first (the "compile" phase) either way."""
+the misbehaving call is the configuration's first (the "compile" phase) either way. So the workers are the fake
+worker (tests/fake_worker.py), which for an eager configuration runs the real worker's code, from a zygote that
+does not preload the compiler that none of them calls."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from joulepilot.store import list_runs
 
 
 @pytest.fixture(autouse=True)
-def _repo_on_path(monkeypatch, request):
+def _repo_on_path(monkeypatch, request, fake_worker):
     # the worker subprocess imports tests.workload_factories through the parent's import roots
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 

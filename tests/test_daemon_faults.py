@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from click.testing import CliRunner
 from daemon_factories import (
     TESTS_DIR,
     daemon_cmd,
@@ -27,6 +29,8 @@ from daemon_factories import (
     write_policy,
 )
 from joulepilot.compiler import worker_budget
+
+from joulepilot.cli import main
 
 
 def status_json(db: Path) -> dict:
@@ -67,7 +71,8 @@ def all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> bool:
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fake_worker, own_tmpdir):
+def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, flow_worker, own_tmpdir,
+                                                                   restore_logging):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     # The restart must find the first job's run current: a workload whose calls a busy machine cannot get
@@ -75,7 +80,8 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fak
     write_policy(policies, "mlp", workload=f"{TESTS_DIR / 'workload_factories.py'}:steady", modes=("eager",),
                  precisions=("fp32", "bf16"))
     (policies / "broken.toml").write_text('name = "broken"\nworkload = "mlp"\nbatch_size = 8\nobjectiv = 1\n')
-    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+    # 1 s windows: the second job spends over a second in its worker, time enough to be caught running
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=1.0)
 
     daemon = start_daemon(config, tmp_path / "first.log")
     try:
@@ -100,10 +106,12 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fak
     assert len(query(db, "SELECT id FROM runs")) == 1  # the killed job left nothing half-written
     assert "broken.toml" in (tmp_path / "first.log").read_text()
 
-    # Restart: the orphaned job goes back in the queue and runs; the finished one is not redone.
-    proc = subprocess.run(daemon_cmd("--config", str(config), "--once", "--json"), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 1, proc.stderr  # non-zero: a policy file was skipped
+    # Restart: the orphaned job goes back in the queue and runs; the finished one is not redone. The restart, about
+    # what the next daemon makes of what the killed one left, runs the same command in this process (through
+    # click), which saves a process start with its imports.
+    logging.getLogger("joulepilot").handlers.clear()  # the daemon logs to the stderr the runner gives it
+    proc = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert proc.exit_code == 1, (proc.output, proc.stderr)  # non-zero: a policy file was skipped
     assert re.search(r"job\(s\) 2 re-queued", proc.stderr)
     summary = json.loads(proc.stdout)
     # The re-queued job runs; a run that bench flagged "repeat this run" (a loaded machine) may add a repeat.
@@ -126,7 +134,7 @@ def test_sigkill_mid_sweep_then_restart_resumes_without_duplicates(tmp_path, fak
     assert not any(os.path.exists(folder) for folder in scratch)  # the killed daemon's scratch removed
     assert f"removed {scratch[0]}" in proc.stderr
     extra = json.loads(next(r for r in runs if r["id"] == jobs[1]["run_id"])["extra"])
-    assert extra["budget"] == worker_budget(300, 0.5).to_dict()  # the config's budget_s, the one model
+    assert extra["budget"] == worker_budget(300, 1.0).to_dict()  # the config's budget_s, the one model
 
     status = status_json(db)
     assert [d["policy"] for d in status["decisions"]] == ["mlp"]

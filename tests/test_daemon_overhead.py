@@ -27,7 +27,7 @@ def _repo_on_path(monkeypatch, request):
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 
 
-def test_a_pass_takes_each_devices_idle_baseline_once_and_forks_its_workers(tmp_path, fake_worker, monkeypatch,
+def test_a_pass_takes_each_devices_idle_baseline_once_and_forks_its_workers(tmp_path, flow_worker, monkeypatch,
                                                                             own_tmpdir, restore_logging, live_children):
     import joulepilot.compiler as compiler
 
@@ -80,9 +80,10 @@ def test_warm_starts_are_timed_for_the_decided_configuration_and_the_runner_up_o
                                                                                   ("runner-up", "f")]
 
 
-def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, own_tmpdir):
+def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, own_tmpdir, fake_worker):
     """A dead daemon's heartbeat may name a pid that now belongs to a worker of a live bench, forked from its
-    zygote (so its parent is the zygote, not bench): it must not be ended."""
+    zygote (so its parent is the zygote, not bench): it must not be ended. (The worker is the fake, whose
+    forward call hangs as the real one's would: nothing here compiles.)"""
     job = {"kind": "bench", "spec": "tests.workload_factories:hangs_on_first_call", "device": "cpu",
            "config": CompileConfig(mode="eager").to_row(), "min_seconds": 0.2, "idle_power_w": {}}
     pids: list[int] = []
@@ -108,7 +109,7 @@ def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, o
     assert results and results[0]["status"] == "cancelled"
 
 
-def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(tmp_path, fake_worker, own_tmpdir,
+def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(tmp_path, flow_worker, own_tmpdir,
                                                                                 restore_logging):
     """Only on a GPU (its idle check looks at the GPU, which the zygote never touches); on a CPU device the
     zygote's start would be the very load the wait is about."""

@@ -10,7 +10,7 @@ import logging
 import subprocess
 
 from click.testing import CliRunner
-from daemon_factories import TESTS_DIR, daemon_cmd, query, use_fake_worker, write_daemon_config, write_policy
+from daemon_factories import TESTS_DIR, daemon_cmd, query, use_flow_worker, write_daemon_config, write_policy
 from joulepilot.policies import read_lock, torch_minor
 from joulepilot.policies.resolve import REPEAT_LIMIT
 from joulepilot.store import open_db
@@ -94,8 +94,8 @@ def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, 
     assert st["decisions"][0]["policy"] == "mlp" and st["decisions"][0]["state"] == state
     assert st["queue"]["counts"]["done"] == 1
 
-    # The passes below are about what the daemon redoes, not about compiling: their workers are the fake.
-    use_fake_worker(monkeypatch)
+    # The passes below are about what the daemon redoes, not about compiling: their workers are the flow worker.
+    use_flow_worker(monkeypatch)
     # While the decision asks for a repeat of a flagged run, the next pass measures it again (bounded).
     for _ in range(REPEAT_LIMIT):
         if not json.loads(query(db, "SELECT details FROM decisions ORDER BY id DESC LIMIT 1")[0]["details"])["repeat"]:

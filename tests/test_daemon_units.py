@@ -318,8 +318,14 @@ def test_runner_cancel_kills_the_whole_tree(tmp_path, monkeypatch):
         time.sleep(120)
     """)
     runner = JobRunner()
-    timer = threading.Timer(3.0, runner.cancel, args=("test stop",))
-    timer.start()
+
+    def cancel_once_the_grandchild_runs() -> None:  # the worker has started it: the whole tree is there
+        deadline = time.monotonic() + 60
+        while not (marker.is_file() and marker.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner.cancel("test stop")
+
+    threading.Thread(target=cancel_once_the_grandchild_runs, daemon=True).start()
     t0 = time.monotonic()
     outcome = runner.run(lambda stop, started: run_worker_job({}, budget=worker_budget(60, 1), cancel=stop,
                                                                on_start=started))

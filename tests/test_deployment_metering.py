@@ -27,12 +27,15 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).eval()
 
 
-def _serve(dep, seconds: float, x: torch.Tensor) -> int:
+def _serve(dep, seconds: float, x: torch.Tensor, pause_s: float = 0.0) -> int:
+    """Calls for `seconds`: flat out, or `pause_s` apart where the windows are the point, not the load."""
     calls, t_end = 0, time.monotonic() + seconds
     with torch.no_grad():
         while time.monotonic() < t_end:
             dep(x)
             calls += 1
+            if pause_s:
+                time.sleep(pause_s)
     return calls
 
 
@@ -87,7 +90,7 @@ def test_hot_path_never_reads_the_meter(tmp_path):
     dep = attach(_model(), "hot", db=tmp_path / "jp.db", device="cpu", interval_s=0.2, meter=meter)
     caller = threading.current_thread().name
     meter.reader_threads.clear()  # attach itself reads the starting point once
-    _serve(dep, 1.0, torch.randn(8, 128))
+    _serve(dep, 1.0, torch.randn(8, 128), pause_s=0.002)
     dep.close()
     assert meter.reader_threads == {f"joulepilot-meter:{dep.name}"}
     assert caller not in meter.reader_threads
@@ -96,7 +99,7 @@ def test_hot_path_never_reads_the_meter(tmp_path):
 def test_batched_writes_and_flush_on_close(tmp_path):
     db_path = tmp_path / "jp.db"
     dep = attach(_model(), "batched", db=db_path, device="cpu", interval_s=0.2, flush_interval_s=3600)
-    _serve(dep, 1.2, torch.randn(8, 128))
+    _serve(dep, 1.2, torch.randn(8, 128), pause_s=0.002)
     db = open_db(db_path)
     dep_id = get_deployment(db, "batched")["id"]
     assert read_samples(db, dep_id) == []  # nothing written until a batch is due
@@ -112,7 +115,7 @@ def test_batched_writes_and_flush_on_close(tmp_path):
 def test_periodic_flush_while_serving(tmp_path):
     db_path = tmp_path / "jp.db"
     dep = attach(_model(), "periodic", db=db_path, device="cpu", interval_s=0.2, flush_interval_s=0.4)
-    _serve(dep, 1.5, torch.randn(8, 128))
+    _serve(dep, 1.5, torch.randn(8, 128), pause_s=0.002)
     db = open_db(db_path)
     assert len(read_samples(db, get_deployment(db, "periodic")["id"])) >= 2
     dep.close()

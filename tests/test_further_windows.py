@@ -122,7 +122,7 @@ def test_a_job_takes_the_windows_its_guided_search_asked_for():
     assert daemon._windows_for(SimpleNamespace(policy="exhaustive", config_id=config.id)) == 1
 
 
-def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, fake_worker, own_tmpdir,
+def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, flow_worker, own_tmpdir,
                                                                        restore_logging, monkeypatch):
     monkeypatch.setattr(Daemon, "_windows_for", lambda self, job: 3)  # as a repeat of three windows would
     db_path = tmp_path / "j.db"

@@ -349,7 +349,9 @@ def test_check_spec_executes_no_user_code(tmp_path, monkeypatch):
     assert not marker.exists() and "flatmodels" not in sys.modules and "zoo" not in sys.modules
 
 
-def test_bench_survives_a_workload_module_that_exits_at_import(tmp_path):
+def test_bench_survives_a_workload_module_that_exits_at_import(tmp_path, fake_worker):
+    # the fake worker (the real one with eager calls; nothing here compiles): its zygote and its fresh worker
+    # import the module as the real ones do
     (tmp_path / "hostile.py").write_text("import os\nos._exit(7)\n\ndef build(batch_size=1):\n    pass\n")
     proc = cli("bench", f"{tmp_path / 'hostile.py'}:build", "--modes", "eager", "--device", "cpu",
                "--min-seconds", "0.1", "--db", str(tmp_path / "j.db"), "--json", timeout_s=300)

@@ -1,13 +1,16 @@
 """`bench --devices 0,1` on two GPUs: configurations measured at once, one per GPU, each metered on its own GPU.
 
 No GPU here: NVML is the fake (in this process and, through `fake_pynvml.subprocess_env`, in the workers), the
-workers are the fake worker (the model on the CPU, the energy from the fake GPU's counter), and torch is told
-it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's device check.
+workers are the flow worker (tests/flow_worker.py: the worker's protocols and timing loops on a stand-in for the
+model, the energy from the fake GPU's counter; the fake worker, the model on the CPU, where a test needs the
+model's behaviour), and torch is told it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's
+device check.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import os
 import signal
@@ -33,7 +36,7 @@ CORES = 16  # the host's cores as the scheduler is told them (this machine has f
 
 
 @pytest.fixture
-def two_gpus(monkeypatch, fake_worker):
+def two_gpus(monkeypatch):
     import torch
 
     gpus = [FakeGpu(uuid=uuid, power_w=watts) for uuid, watts in zip(UUIDS, WATTS, strict=True)]
@@ -42,6 +45,8 @@ def two_gpus(monkeypatch, fake_worker):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
     monkeypatch.setattr(device_pool, "available_cores", lambda: CORES)
+    # each device's idle baseline 0.5 s, not a GPU's 2 s: these tests check where runs are metered, not idle power
+    monkeypatch.setattr(importlib.import_module("joulepilot.compiler.bench"), "default_idle_s", lambda device: 0.5)
     return gpus
 
 
@@ -54,7 +59,7 @@ def _overlap(a, b) -> float:
     return min(a["finished_at"], b["finished_at"]) - max(a["started_at"], b["started_at"])
 
 
-def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp_path, two_gpus):
+def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp_path, two_gpus, flow_worker):
     db = tmp_path / "j.db"
     result = _bench(db, "--devices", "0,1", "--json")
     assert result.exit_code == 0, result.output
@@ -86,7 +91,7 @@ def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp
     assert open_db(db)["runs"].count == 2
 
 
-def test_one_device_keeps_every_core_for_its_compile(tmp_path, two_gpus):
+def test_one_device_keeps_every_core_for_its_compile(tmp_path, two_gpus, flow_worker):
     result = _bench(tmp_path / "j.db", "--devices", "1", "--json", modes="eager")
     assert result.exit_code == 0, result.output
     (run,) = json.loads(result.stdout)
@@ -101,7 +106,7 @@ def test_one_device_keeps_every_core_for_its_compile(tmp_path, two_gpus):
     (["--devices", "0,1", "--device", "cuda:0"], "either --device or --devices"),
     (["--devices", ","], "--devices is empty"),
 ])
-def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, args, message):
+def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, flow_worker, args, message):
     result = _bench(tmp_path / "j.db", *args)
     assert result.exit_code == 1
     assert message in result.output and "Traceback" not in result.output
@@ -133,7 +138,8 @@ def _hanging_workers() -> tuple[list[str], list[psutil.Process]] | None:
     return devices, workers
 
 
-def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, own_tmpdir, monkeypatch):
+def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, fake_worker, own_tmpdir,
+                                                              monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS_DIR.parent))  # the workers import tests.workload_factories
     seen: dict[str, list[psutil.Process]] = {}
 

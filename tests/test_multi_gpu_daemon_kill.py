@@ -2,9 +2,9 @@
 duplicate, every job measured once.
 
 The daemon that is killed is a real process; NVML in it and in its workers is the fake with two GPUs
-(`fake_pynvml.subprocess_env`), and the workers are the fake worker (the model on the CPU, the energy from the
-fake GPU's counter). The restart, about what the next daemon makes of what the killed one left, runs the same
-command in this process (`joulepilot daemon --once` through click, NVML the same fake installed here), which
+(`fake_pynvml.subprocess_env`), and the workers are the flow worker (tests/flow_worker.py: the worker's
+protocols and timing loops on a stand-in for the model, the energy from the fake GPU's counter). The restart,
+about what the next daemon makes of what the killed one left, runs the same command in this process (`joulepilot daemon --once` through click, NVML the same fake installed here), which
 saves a process start with its imports.
 """
 
@@ -67,7 +67,7 @@ def job_workers_of(pid: int) -> list[psutil.Process]:
 
 
 def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_duplicate_run(
-        tmp_path, monkeypatch, fake_worker, own_tmpdir, restore_logging):
+        tmp_path, monkeypatch, flow_worker, own_tmpdir, restore_logging):
     gpus = [FakeGpu(uuid=UUIDS[0], power_w=100.0), FakeGpu(uuid=UUIDS[1], power_w=300.0)]
     for name, value in fake_pynvml.subprocess_env(gpus).items():
         monkeypatch.setenv(name, value)
@@ -75,8 +75,8 @@ def test_sigkill_mid_parallel_sweep_then_restart_leaves_no_half_written_or_dupli
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
     write_policy(policies, "mlp", modes=("eager", "default"), precisions=("fp32", "bf16"))  # four jobs
-    # 0.5 s windows: each job still spends seconds in its worker, time enough to be caught running
-    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.5)
+    # 1 s windows: each job spends over a second in its worker, time enough to be caught running
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=1.0)
     config.write_text('devices = "auto"\n' + config.read_text().replace("[idle]\n", "[idle]\nmin_idle_s = 0\n"))
 
     daemon = subprocess.Popen(daemon_cmd("--config", str(config)), stdout=subprocess.DEVNULL,

@@ -49,7 +49,7 @@ def _sample_run(status: str = "ok") -> dict:
             "energy_j_per_inference": 0.5, "energy_source": "estimate", "extra": {"note": "y" * 600}}
 
 
-def test_disk_full_commit_keeps_the_run_and_the_next_bench_imports_it(tmp_path, fake_worker):
+def test_disk_full_commit_keeps_the_run_and_the_next_bench_imports_it(tmp_path, flow_worker):
     path = tmp_path / "full.db"
     db = open_db(path)
     _make_full(db)
@@ -87,7 +87,7 @@ def pending_dir_of(db_path):
     return db_path.with_name(db_path.name + ".pending")
 
 
-def test_when_no_side_file_can_be_written_bench_says_what_was_lost(tmp_path, fake_worker):
+def test_when_no_side_file_can_be_written_bench_says_what_was_lost(tmp_path, flow_worker):
     path = tmp_path / "full.db"
     db = open_db(path)
     _make_full(db)

@@ -206,6 +206,7 @@ def test_report_of_a_real_cpu_deployment(tmp_path):
     with torch.no_grad():
         while time.monotonic() < t_end:
             dep(x)
+            time.sleep(0.002)  # a steady pace: the report of the windows is the point, not the load
     dep.close()
     db = open_db(db_path)
     report = build_report(db, "cpu-live")

@@ -42,7 +42,7 @@ def test_a_new_device_leaves_another_devices_workload_alone_where_it_can():
     assert assign_jobs([], jobs, {}) == ([], jobs) and assign_jobs(["cpu"], [], {}) == ([], [])
 
 
-def test_two_guided_searches_on_one_device_run_one_after_the_other(tmp_path, fake_worker, own_tmpdir,
+def test_two_guided_searches_on_one_device_run_one_after_the_other(tmp_path, flow_worker, own_tmpdir,
                                                                      restore_logging):
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"

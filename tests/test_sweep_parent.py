@@ -33,7 +33,7 @@ def test_provenance_is_taken_without_importing_torch():
     assert seen["key"] == here["provenance_key"]  # runs stored before this change still count as measured
 
 
-def test_a_cpu_sweep_never_imports_torch_in_its_parent(tmp_path, fake_worker):
+def test_a_cpu_sweep_never_imports_torch_in_its_parent(tmp_path, flow_worker):
     code = textwrap.dedent(f"""
         import sys
         from joulepilot.compiler import CompileConfig, bench

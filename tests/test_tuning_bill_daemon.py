@@ -1,6 +1,6 @@
 """The tuning bill of the daemon: each pass logs and returns the seconds and joules it spent measuring per
 policy, and `joulepilot status` shows them (text and JSON) beside every run the daemon ever made for it.
-The workers are the fake (tests/fake_worker.py): this is about the bookkeeping, not about compiling. The daemon
+The workers are the flow worker (tests/flow_worker.py): this is about the bookkeeping, not about compiling. The daemon
 passes and `status` run in this process (the CLI through click), which saves a process start with its imports each
 and checks the same summary, log and output."""
 
@@ -12,7 +12,7 @@ import logging
 import pytest
 from bill_factories import JOB_WALL_S, runs_of, store_run
 from click.testing import CliRunner
-from daemon_factories import use_fake_worker, write_daemon_config, write_policy
+from daemon_factories import use_flow_worker, write_daemon_config, write_policy
 from joulepilot.policies.bill import bill_of, calls_text, duration_text, energy_text
 from joulepilot.store import open_db
 from joulepilot.store.runs import daemon_runs
@@ -36,7 +36,7 @@ def status(db, *args):
 
 
 def test_each_pass_and_status_show_what_measuring_cost_per_policy(tmp_path, monkeypatch, restore_logging):
-    use_fake_worker(monkeypatch)
+    use_flow_worker(monkeypatch)
     monkeypatch.setenv("COLUMNS", "300")
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"

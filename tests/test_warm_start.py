@@ -1,15 +1,19 @@
 """Warm starts from saved artifacts, with real Inductor compiles on the CPU: the cold worker saves the cache
-entries and the kernel binaries (and Dynamo's precompiled frames where torch has them), and a fresh worker
-with an empty Inductor cache loads them, builds no kernel, and starts faster than the cold compile."""
+entries and the kernel binaries (and Dynamo's precompiled frames where torch has them), and a worker with an
+empty Inductor cache loads them, builds no kernel, and starts faster than the cold compile. Both workers are
+forked from the workload's zygote, as `bench` runs a configuration and its warm start (the zygote never
+compiles: each worker starts with fresh caches); the serving process that warm-starts through the hook is a
+process of its own."""
 
 from __future__ import annotations
 
 import pytest
-from joulepilot.compiler import CompileConfig
+from joulepilot.compiler import CompileConfig, ZygotePool
 from joulepilot.compiler.artifacts import kernels_path
 from joulepilot.compiler.budget import worker_budget
 from joulepilot.compiler.runner import run_worker_job
 from joulepilot.compiler.warmstart import precompile_available
+from joulepilot.compiler.zygote import FORKED
 
 pytestmark = pytest.mark.slow
 
@@ -22,16 +26,18 @@ def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_cac
     job = {"kind": "bench", "spec": "tests.block_models:breaking_stack", "device": "cpu", "config": config.to_row(),
            "min_seconds": 0.2, "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": False,
            "artifacts_path": str(tmp_path / "a.bin")}
-    cold = run_worker_job(job, budget=worker_budget(900, 0.2))
-    assert cold["status"] == "ok", cold.get("reason")
+    with ZygotePool() as zygotes:
+        cold = run_worker_job(job, budget=worker_budget(900, 0.2), zygotes=zygotes)
+        assert cold["status"] == "ok", cold.get("reason")
+        warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
+                              budget=worker_budget(900, 0.2), zygotes=zygotes)
+    assert cold["worker_process"] == warm["worker_process"] == FORKED
     frames = cold["extra"]["dynamo_frames_first_call"]
     assert cold["graph_breaks"] >= 1 and frames > 1
     entries = cold["extra"]["artifacts"]["entries"]
     assert "precompile" not in entries and entries["inductor"] > 1
     misses = cold["extra"]["compile_caches"]
     assert misses["fxgraph_cache_miss"] == entries["inductor"] and misses["autograd_cache_miss"] == entries["inductor"]
-    warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
-                          budget=worker_budget(900, 0.2))
     assert warm["status"] == "ok", warm.get("reason")
     assert warm["artifacts"]["entries"]["inductor"] == entries["inductor"]
     assert warm["caches"] == {"fxgraph_cache_hit": entries["inductor"], "autograd_cache_hit": entries["inductor"]}
@@ -80,15 +86,16 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
     artifacts = artifact_path_for(wid, config.id, device_name("cpu"))  # where the hook looks
     job = {"kind": "bench", "spec": SPEC, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
            "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": True, "artifacts_path": str(artifacts)}
-    cold = run_worker_job(job, budget=worker_budget(900, 0.2))
-    assert cold["status"] == "ok", cold.get("reason")
+    with ZygotePool() as zygotes:
+        cold = run_worker_job(job, budget=worker_budget(900, 0.2), zygotes=zygotes)
+        assert cold["status"] == "ok", cold.get("reason")
+        warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
+                              budget=worker_budget(900, 0.2), zygotes=zygotes)
+    assert cold["worker_process"] == warm["worker_process"] == FORKED
     saved = cold["extra"]["artifacts"]
     assert cold["extra"]["regional"]["instances"] == 4 and cold["extra"]["dynamo_frames_first_call"] == 1
     assert saved["entries"]["inductor"] == 1 and saved["entries"]["aot_autograd"] == 1
     assert saved["kernels"] > 0 and kernels_path(artifacts).is_file()
-
-    warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
-                          budget=worker_budget(900, 0.2))
     assert warm["status"] == "ok", warm.get("reason")
     assert warm["artifacts"]["kernels"] == saved["kernels"]
     assert warm["kernels_built"] == 0  # every C++ kernel came from the packed binaries
