@@ -22,9 +22,12 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # The suite starts a few hundred Python processes (workers, zygotes, daemons, CLI runs) that import the same
 # modules. With PYTHONDONTWRITEBYTECODE set (as on some CI images) none of them caches its bytecode, so each
 # compiles joulepilot's modules from source again, and each pytest process rewrites every test module's asserts
-# again. Bytecode is written (into the __pycache__ folders that .gitignore leaves out) for this run and the
-# processes it starts; the first process to import a module compiles it for the others.
+# again. Bytecode is then written for this run and the processes it starts, outside the source tree (a
+# PYTHONPYCACHEPREFIX folder in the temporary directory, so the tree stays as the variable asked); the first
+# process to import a module compiles it for the others.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = os.path.join(tempfile.gettempdir(),
+                                                                          "joulepilot-test-pycache")
     sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402

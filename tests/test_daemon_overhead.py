@@ -137,7 +137,7 @@ def test_on_a_gpu_the_zygote_starts_while_the_daemon_waits_for_the_quiet_period(
 
 
 def test_on_a_gpu_the_next_workloads_zygote_starts_while_the_current_workload_measures(
-        tmp_path, fake_worker, monkeypatch, own_tmpdir, restore_logging, live_children):
+        tmp_path, flow_worker, monkeypatch, own_tmpdir, restore_logging, live_children):
     """Two workloads on one GPU: while the first one's jobs run, the daemon starts the second one's zygote,
     whose first job is then forked from it without waiting for the imports and the model build."""
     import importlib
