@@ -256,16 +256,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
     meter = _open_meter(device, float(job.get("sample_hz", 10.0)))
     try:
-        idle = job.get("idle_power_w") or {}
-        if idle:
-            meter.set_idle_power_w(idle)
-        elif float(job.get("idle_s", 0)) > 0:
-            phases.enter("idle")
-            idle = dict(meter.measure_idle(seconds=float(job["idle_s"])))
-        extra["idle_power_by_device_w"] = idle
-        extra["metered_devices"] = [d.id for d in meter.devices]
-        # The device name is the same for every card of a kind; the UUID tells two runs' cards apart.
-        extra["device_uuids"] = {d.id: d.uuid for d in meter.devices if d.uuid}
+        idle = take_idle_baseline(meter, job, phases, extra)
 
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(device))
@@ -458,6 +449,23 @@ def _failure(exc: BaseException, phase: str) -> dict[str, Any]:
     else:
         reason = f"{type(exc).__name__} during {phase}: {exc}".strip()
     return {"status": "failed", "reason": reason[:2000], "traceback_tail": tail, "phase": phase}
+
+
+
+def take_idle_baseline(meter: Any, job: dict[str, Any], phases: Any, extra: dict[str, Any]) -> dict[str, float]:
+    """Give `meter` the job's idle power (the sweep's baseline), or measure it for `idle_s` seconds, record in
+    `extra` which devices are metered, and return the idle power by device."""
+    idle = job.get("idle_power_w") or {}
+    if idle:
+        meter.set_idle_power_w(idle)
+    elif float(job.get("idle_s", 0)) > 0:
+        phases.enter("idle")
+        idle = dict(meter.measure_idle(seconds=float(job["idle_s"])))
+    extra["idle_power_by_device_w"] = idle
+    extra["metered_devices"] = [d.id for d in meter.devices]
+    # The device name is the same for every card of a kind; the UUID tells two runs' cards apart.
+    extra["device_uuids"] = {d.id: d.uuid for d in meter.devices if d.uuid}
+    return idle
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -202,15 +202,30 @@ def _fresh_compile_state() -> None:
         clear_caches()
 
 
+def enter_child(command: dict[str, Any], protocol: TextIO) -> None:
+    """A forked child's first steps: a session of its own, off the zygote's pipe, its job's stdout and stderr
+    files, and its job's environment variables."""
+    os.setsid()
+    os.close(protocol.fileno())
+    _redirect(0, os.devnull, os.O_RDONLY)
+    _redirect(1, command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    _redirect(2, command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.environ.update({str(k): str(v) for k, v in (command.get("env") or {}).items()})
+
+
+def exit_child(code: int) -> NoReturn:
+    """End a forked child with `code`, its output flushed (os._exit: none of the zygote's exit handlers)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 def _child(command: dict[str, Any], threads: int, protocol: TextIO, run_child: RunChild) -> NoReturn:
     code = 1
     try:
-        os.setsid()
-        os.close(protocol.fileno())
-        _redirect(0, os.devnull, os.O_RDONLY)
-        _redirect(1, command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        _redirect(2, command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.environ.update({str(k): str(v) for k, v in (command.get("env") or {}).items()})
+        enter_child(command, protocol)
         _fresh_compile_state()
         import torch
 
@@ -219,11 +234,7 @@ def _child(command: dict[str, Any], threads: int, protocol: TextIO, run_child: R
     except BaseException:
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_child(code)
 
 
 def _job_compiles(command: dict[str, Any]) -> bool:

@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from joulepilot.compiler import worker
+from joulepilot.compiler import worker, zygote_server
 from joulepilot.compiler.compile_meter import compile_energy_fields, open_cpu_meter
 from joulepilot.compiler.config import CompileConfig
 from joulepilot.compiler.inductor import torch_compile_kwargs
@@ -147,15 +147,7 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
 
     meter = worker._open_meter(device, min(float(job.get("sample_hz") or SAMPLE_HZ), SAMPLE_HZ))
     try:
-        idle = job.get("idle_power_w") or {}
-        if idle:
-            meter.set_idle_power_w(idle)
-        elif float(job.get("idle_s", 0)) > 0:
-            phases.enter("idle")
-            idle = dict(meter.measure_idle(seconds=float(job["idle_s"])))
-        extra["idle_power_by_device_w"] = idle
-        extra["metered_devices"] = [d.id for d in meter.devices]
-        extra["device_uuids"] = {d.id: d.uuid for d in meter.devices if d.uuid}
+        idle = worker.take_idle_baseline(meter, job, phases, extra)
         call = FirstCallWaits(model, fake_compile_s() if config.compiles else 0.0)
         sync = _no_sync
 
@@ -272,30 +264,15 @@ def _send(protocol: Any, message: dict[str, Any]) -> None:
     protocol.flush()
 
 
-def _redirect(fd: int, path: str, flags: int) -> None:
-    target = os.open(path, flags, 0o644)
-    os.dup2(target, fd)
-    os.close(target)
-
-
 def _child(command: dict[str, Any], protocol: Any) -> None:
     code = 1
     try:
-        os.setsid()
-        os.close(protocol.fileno())
-        _redirect(0, os.devnull, os.O_RDONLY)
-        _redirect(1, command["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        _redirect(2, command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.environ.update({str(k): str(v) for k, v in (command.get("env") or {}).items()})
+        zygote_server.enter_child(command, protocol)
         code = main([command["job_path"]])
     except BaseException:
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        zygote_server.exit_child(code)
 
 
 def serve_zygote(setup_path: str) -> int:
