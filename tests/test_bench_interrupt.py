@@ -70,13 +70,20 @@ def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig
     cmd = [sys.executable, "-m", "joulepilot", "bench", "tests.workload_factories:hangs_on_first_call",
            "--device", "cpu", "--modes", "eager", "--min-seconds", "0.2", "--budget-s", "600",
            "--db", str(tmp_path / "b.db")]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr into a file, not a pipe nobody reads while bench runs (a full pipe would block it)
+    stderr_path = tmp_path / "bench.stderr"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         workers, scratch = wait_for(lambda: _hanging_worker(proc.pid), 120, "the worker to hang in its first call")
         assert scratch.is_dir()
         assert len(workers) == 2  # the workload's zygote and the job's worker forked from it
         os.kill(proc.pid, sig)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=60)  # seconds on an idle machine; a loaded CI machine gets room
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"bench did not exit within 60 s of {sig.name}; its stderr ends:\n"
+                        f"{stderr_path.read_text()[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
