@@ -67,9 +67,12 @@ def _gone(proc: psutil.Process, timeout_s: float) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
 def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig, own_tmpdir, fake_worker):
-    cmd = [sys.executable, "-m", "joulepilot", "bench", "tests.workload_factories:hangs_on_first_call",
-           "--device", "cpu", "--modes", "eager", "--min-seconds", "0.2", "--budget-s", "600",
-           "--db", str(tmp_path / "b.db")]
+    # bench as a user's terminal runs it, Ctrl-C raising KeyboardInterrupt: a process started in the background
+    # by a non-interactive shell (a CI job's `cmd &`) inherits SIGINT ignored, and Python then keeps it ignored
+    args = ["bench", "tests.workload_factories:hangs_on_first_call", "--device", "cpu", "--modes", "eager",
+            "--min-seconds", "0.2", "--budget-s", "600", "--db", str(tmp_path / "b.db")]
+    cmd = [sys.executable, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "sys.argv = ['joulepilot', *sys.argv[1:]]; runpy.run_module('joulepilot', run_name='__main__')", *args]
     # stderr into a file, not a pipe nobody reads while bench runs (a full pipe would block it)
     stderr_path = tmp_path / "bench.stderr"
     with open(stderr_path, "w") as stderr:
