@@ -20,18 +20,24 @@ pytestmark = pytest.mark.slow
 SPEC = "tests.block_models:block_stack"
 
 
-def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_caches(tmp_path):
-    """The default path (no precompile): every frame is traced again and compiled from the saved caches."""
-    config = CompileConfig("default")
-    job = {"kind": "bench", "spec": "tests.block_models:breaking_stack", "device": "cpu", "config": config.to_row(),
-           "min_seconds": 0.2, "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": False,
-           "artifacts_path": str(tmp_path / "a.bin")}
+
+def cold_then_warm(job: dict) -> tuple[dict, dict]:
+    """The job's cold compile, then a warm start from its artifacts, both forked from one zygote as bench runs them."""
     with ZygotePool() as zygotes:
         cold = run_worker_job(job, budget=worker_budget(900, 0.2), zygotes=zygotes)
         assert cold["status"] == "ok", cold.get("reason")
         warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
                               budget=worker_budget(900, 0.2), zygotes=zygotes)
     assert cold["worker_process"] == warm["worker_process"] == FORKED
+    return cold, warm
+
+def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_caches(tmp_path):
+    """The default path (no precompile): every frame is traced again and compiled from the saved caches."""
+    config = CompileConfig("default")
+    job = {"kind": "bench", "spec": "tests.block_models:breaking_stack", "device": "cpu", "config": config.to_row(),
+           "min_seconds": 0.2, "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": False,
+           "artifacts_path": str(tmp_path / "a.bin")}
+    cold, warm = cold_then_warm(job)
     frames = cold["extra"]["dynamo_frames_first_call"]
     assert cold["graph_breaks"] >= 1 and frames > 1
     entries = cold["extra"]["artifacts"]["entries"]
@@ -86,12 +92,7 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
     artifacts = artifact_path_for(wid, config.id, device_name("cpu"))  # where the hook looks
     job = {"kind": "bench", "spec": SPEC, "device": "cpu", "config": config.to_row(), "min_seconds": 0.2,
            "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": True, "artifacts_path": str(artifacts)}
-    with ZygotePool() as zygotes:
-        cold = run_worker_job(job, budget=worker_budget(900, 0.2), zygotes=zygotes)
-        assert cold["status"] == "ok", cold.get("reason")
-        warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
-                              budget=worker_budget(900, 0.2), zygotes=zygotes)
-    assert cold["worker_process"] == warm["worker_process"] == FORKED
+    cold, warm = cold_then_warm(job)
     saved = cold["extra"]["artifacts"]
     assert cold["extra"]["regional"]["instances"] == 4 and cold["extra"]["dynamo_frames_first_call"] == 1
     assert saved["entries"]["inductor"] == 1 and saved["entries"]["aot_autograd"] == 1
