@@ -785,8 +785,6 @@ class Daemon:
         CPU seconds only. One such zygote per GPU at a time, started before `started`'s job is handed over
         (whose thread then takes the device's zygote); not at the device's first job of the pass, which is
         waiting for its own."""
-        from joulepilot.compiler import CompileConfig
-
         if not device.startswith("cuda") or self._zygotes is None or not self._has_context(device):
             return
         for job in self._runnable_jobs(by_name, probe):
@@ -796,8 +794,7 @@ class Daemon:
         for name, state in self._guided.items():
             if not state.active and not state.stopped and name != started.policy:
                 policy = by_name[name]
-                self._start_zygote_early(policy, CompileConfig(mode="eager", batch_size=policy.batch_size),
-                                         device, env)
+                self._start_zygote_early(policy, _first_config(policy), device, env)
                 return
 
     def _has_context(self, device: str) -> bool:
@@ -858,7 +855,6 @@ class Daemon:
         """Decide the stale policies whose sweep is complete, then make sure every other policy's lock
         file holds its stored decision (a lock write that failed on an earlier pass is retried here).
         `violated_by_policy` was used to plan; `decide` reads the violated configurations itself."""
-        from joulepilot.compiler import CompileConfig
         from joulepilot.policies import LockWriteError, sync_lock
 
         ready = self._warm_zygote_first([n for n in stale if not self._has_open_jobs(n)], by_name, probe.device)
@@ -869,8 +865,7 @@ class Daemon:
             policy = by_name[name]
             if index + 1 < len(ready):  # its warm starts' zygote, started while this policy's are timed
                 following = by_name[ready[index + 1]]
-                self._start_zygote_early(following, CompileConfig(mode="eager", batch_size=following.batch_size),
-                                         probe.device, None)
+                self._start_zygote_early(following, _first_config(following), probe.device, None)
             search = None
             if name in self._guided:
                 plan = self._guided_plan(policy, probe, model)
@@ -910,7 +905,7 @@ class Daemon:
         """`names` with the policy whose workload's zygote is up on `device` (the last one measured) first: its
         warm starts are timed without starting that zygote again."""
         current = self._zygotes.zygote_on(device) if self._zygotes is not None else None
-        if current is None or current.key is None:
+        if current is None:
             return names
 
         def is_current(name: str) -> bool:
@@ -989,6 +984,14 @@ class Daemon:
     def _lock_failed(self, policy: Any, error: str, summary: dict[str, Any]) -> None:
         log.error("policy %s: %s; the decision is stored and the write is retried next pass", policy.name, error)
         summary["policy_errors"].append({"file": str(policy.path), "error": f"{error}; retried next pass"})
+
+
+def _first_config(policy: Any) -> Any:
+    """A configuration naming the workload a policy's search measures first (its eager baseline at the policy's
+    batch size): enough to start that workload's zygote ahead of its first job."""
+    from joulepilot.compiler import CompileConfig
+
+    return CompileConfig(mode="eager", batch_size=policy.batch_size)
 
 
 def bounded_pass(summary: dict[str, Any]) -> dict[str, Any]:
