@@ -1,9 +1,7 @@
-"""Small plain-torch models for the tests of what a run reports about its output and its progress, used
+"""Small plain-torch models for the tests of what a run reports about its output, used
 as workload specs `<path>/tests/output_models.py:<factory>` (in the test process or in a worker)."""
 
 from __future__ import annotations
-
-import time
 
 import torch
 from torch import nn
@@ -42,24 +40,3 @@ class ScalarOutput(nn.Module):
 
 def scalar_output(batch_size: int = 2):
     return ScalarOutput(), (torch.randn(batch_size, 8),)
-
-
-class SlowSecondCall(nn.Module):
-    """The second call (the configuration's first, timed "compile" call in the worker; the first is the
-    eager reference) sleeps, standing in for a long autotuning compile."""
-
-    def __init__(self, sleep_s: float) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 4)
-        self.sleep_s = sleep_s
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        if self.calls == 2:
-            time.sleep(self.sleep_s)
-        return self.linear(x)
-
-
-def slow_second_call(batch_size: int = 1):
-    return SlowSecondCall(sleep_s=2.5), (torch.randn(batch_size, 8),)

@@ -29,16 +29,16 @@ def _repo_on_path(monkeypatch, request):
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 
 
-def _hanging_worker(bench_pid: int) -> tuple[list[psutil.Process], Path] | None:
+def _compiling_worker(bench_pid: int) -> tuple[list[psutil.Process], Path] | None:
     """bench's worker processes (the workload's zygote and the job's worker forked from it) and the job's
-    scratch folder, once the job is inside the (hanging) first forward call."""
+    scratch folder, once the job is inside its (endless) compile."""
     pattern = os.path.join(tempfile.gettempdir(), f"joulepilot-run-{bench_pid}-*", "phases.tsv")
     for phases in glob.glob(pattern):
         try:
             lines = Path(phases).read_text().strip().splitlines()
         except OSError:
             continue
-        if lines and lines[-1].startswith("reference"):  # empty while the worker writes its first line
+        if lines and lines[-1].startswith("compile"):  # empty while the worker writes its first line
             try:
                 family = psutil.Process(bench_pid).children(recursive=True)
             except psutil.Error:
@@ -66,10 +66,12 @@ def _gone(proc: psutil.Process, timeout_s: float) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT], ids=lambda s: s.name)
-def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig, own_tmpdir, fake_worker):
+def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig, own_tmpdir, flow_worker,
+                                                                   monkeypatch):
+    monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "600")  # the job's compile outlasts the test
     # bench as a user's terminal runs it, Ctrl-C raising KeyboardInterrupt: a process started in the background
     # by a non-interactive shell (a CI job's `cmd &`) inherits SIGINT ignored, and Python then keeps it ignored
-    args = ["bench", "tests.workload_factories:hangs_on_first_call", "--device", "cpu", "--modes", "eager",
+    args = ["bench", "mlp", "--device", "cpu", "--modes", "default", "--no-warm-start",
             "--min-seconds", "0.2", "--budget-s", "600", "--db", str(tmp_path / "b.db")]
     cmd = [sys.executable, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
            "sys.argv = ['joulepilot', *sys.argv[1:]]; runpy.run_module('joulepilot', run_name='__main__')", *args]
@@ -78,7 +80,7 @@ def test_killed_bench_takes_its_worker_along_and_leaves_no_scratch(tmp_path, sig
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
-        workers, scratch = wait_for(lambda: _hanging_worker(proc.pid), 120, "the worker to hang in its first call")
+        workers, scratch = wait_for(lambda: _compiling_worker(proc.pid), 120, "the worker to start compiling")
         assert scratch.is_dir()
         assert len(workers) == 2  # the workload's zygote and the job's worker forked from it
         os.kill(proc.pid, sig)

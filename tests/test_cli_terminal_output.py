@@ -69,21 +69,22 @@ def test_tables_off_a_terminal_stay_within_120_columns(sweep_db):
                                        if line.startswith("id ")]
 
 
-def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monkeypatch, fake_worker):
-    # A worker (the fake: compiling is not the point), eager mode, on a model whose timed first call sleeps 2.5 s (a stand-in for a long
-    # compile); heartbeats every 0.5 s instead of 30 s.
+def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monkeypatch, flow_worker):
+    # A worker without a model (the CLI's output is the point), whose compile stands in as a 2.5 s wait;
+    # heartbeats every 0.5 s instead of 30 s.
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
+    monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "2.5")
     result = CliRunner(env={"COLUMNS": "80"}).invoke(main, [
-        "bench", f"{TESTS / 'output_models.py'}:slow_second_call", "--modes", "eager", "--device", "cpu",
-        "--min-seconds", "0.1", "--db", str(tmp_path / "b.db"), "--json"])
+        "bench", "mlp", "--modes", "default", "--device", "cpu", "--min-seconds", "0.1", "--no-warm-start",
+        "--db", str(tmp_path / "b.db"), "--json"])
     assert result.exit_code == 0, (result.output, result.stderr)
     runs = json.loads(result.stdout)  # stdout is the JSON and nothing else
-    assert [r["config_label"] for r in runs] == ["eager/fp32/b1"] and runs[0]["compile_s"] >= 2.5
+    assert [r["config_label"] for r in runs] == ["default/fp32/b1"] and runs[0]["compile_s"] >= 2.5
     err = result.stderr.splitlines()
-    assert err[0] == "[1/1] eager/fp32/b1: compiling and measuring ..."
-    still = [line for line in err if line.startswith("[1/1] eager/fp32/b1: still compiling, ")]
+    assert err[0] == "[1/1] default/fp32/b1: compiling and measuring ..."
+    still = [line for line in err if line.startswith("[1/1] default/fp32/b1: still compiling, ")]
     assert 2 <= len(still) <= 6, err  # at most one per heartbeat interval
-    assert any(line.startswith("[1/1] eager/fp32/b1: ok, compile ") for line in err)
+    assert any(line.startswith("[1/1] default/fp32/b1: ok, compile ") for line in err)
     assert err[-1].startswith("bench: done, 1/1 configuration in ")
     assert "[1/1]" not in result.stdout
 

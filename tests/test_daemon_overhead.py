@@ -80,12 +80,14 @@ def test_warm_starts_are_timed_for_the_decided_configuration_and_the_runner_up_o
                                                                                   ("runner-up", "f")]
 
 
-def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, own_tmpdir, fake_worker):
+def test_the_start_up_check_leaves_a_live_sweeps_forked_worker_alone(tmp_path, own_tmpdir, flow_worker,
+                                                                     monkeypatch):
     """A dead daemon's heartbeat may name a pid that now belongs to a worker of a live bench, forked from its
-    zygote (so its parent is the zygote, not bench): it must not be ended. (The worker is the fake, whose
-    forward call hangs as the real one's would: nothing here compiles.)"""
-    job = {"kind": "bench", "spec": "tests.workload_factories:hangs_on_first_call", "device": "cpu",
-           "config": CompileConfig(mode="eager").to_row(), "min_seconds": 0.2, "idle_power_w": {}}
+    zygote (so its parent is the zygote, not bench): it must not be ended. (The worker is the flow worker,
+    whose stand-in compile outlasts the test: nothing here compiles.)"""
+    monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "600")
+    job = {"kind": "bench", "spec": "mlp", "device": "cpu",
+           "config": CompileConfig(mode="default").to_row(), "min_seconds": 0.2, "idle_power_w": {}}
     pids: list[int] = []
     stop = threading.Event()
     results: list[dict] = []

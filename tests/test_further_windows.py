@@ -32,7 +32,7 @@ def _repo_on_path(monkeypatch, request):
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 
 
-def test_a_worker_takes_the_further_windows_in_its_process(fake_worker, own_tmpdir):
+def test_a_worker_takes_the_further_windows_in_its_process(flow_worker, own_tmpdir):
     job = {"kind": "bench", "spec": "mlp", "device": "cpu", "config": CompileConfig(mode="default").to_row(),
            "min_seconds": 0.2, "idle_power_w": {}, "windows": 3}
     result = run_worker_job(job, budget=worker_budget(120, 0.6))

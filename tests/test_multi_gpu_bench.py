@@ -2,8 +2,7 @@
 
 No GPU here: NVML is the fake (in this process and, through `fake_pynvml.subprocess_env`, in the workers), the
 workers are the flow worker (tests/flow_worker.py: the worker's protocols and timing loops on a stand-in for the
-model, the energy from the fake GPU's counter; the fake worker, the model on the CPU, where a test needs the
-model's behaviour), and torch is told it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's
+model, the energy from the fake GPU's counter), and torch is told it sees two CUDA devices so that `cuda:0` and `cuda:1` pass bench's
 device check.
 """
 
@@ -21,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from click.testing import CliRunner
-from daemon_factories import TESTS_DIR, is_worker, wait_for
+from daemon_factories import is_worker, wait_for
 from fakes import fake_pynvml
 from fakes.fake_pynvml import FakeGpu
 from joulepilot.compiler import device_pool
@@ -114,7 +113,7 @@ def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, flow_worker, args, me
 
 
 def _hanging_workers() -> tuple[list[str], list[psutil.Process]] | None:
-    """Once a job hangs in its first forward call on each GPU: the devices of those jobs (from their scratch
+    """Once a job is inside its (long) compile on each GPU: the devices of those jobs (from their scratch
     folders), and every benchmark worker process of this process (each GPU's zygote of the workload and the
     job's worker forked from it)."""
     devices = []
@@ -124,7 +123,7 @@ def _hanging_workers() -> tuple[list[str], list[psutil.Process]] | None:
             job = json.loads(Path(phases).with_name("job.json").read_text())
         except (OSError, ValueError):
             continue  # a file still being written
-        if lines and lines[-1].startswith("reference"):
+        if lines and lines[-1].startswith("compile"):
             devices.append(job["device"])
     if len(devices) != 2:
         return None
@@ -138,19 +137,19 @@ def _hanging_workers() -> tuple[list[str], list[psutil.Process]] | None:
     return devices, workers
 
 
-def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, fake_worker, own_tmpdir,
+def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus, flow_worker, own_tmpdir,
                                                               monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS_DIR.parent))  # the workers import tests.workload_factories
+    monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "600")  # each job's compile outlasts the test
     seen: dict[str, list[psutil.Process]] = {}
 
     def terminate_once_both_hang() -> None:
-        seen["devices"], seen["workers"] = wait_for(_hanging_workers, 120, "a hanging worker on each GPU")
+        seen["devices"], seen["workers"] = wait_for(_hanging_workers, 120, "a compiling worker on each GPU")
         os.kill(os.getpid(), signal.SIGTERM)  # bench's handler turns it into an exit in the main thread
 
     killer = threading.Thread(target=terminate_once_both_hang, daemon=True)
     killer.start()
-    result = CliRunner().invoke(main, ["bench", "tests.workload_factories:hangs_on_first_call", "--db",
-                                       str(tmp_path / "j.db"), "--devices", "0,1", "--modes", "eager",
+    result = CliRunner().invoke(main, ["bench", "mlp", "--db",
+                                       str(tmp_path / "j.db"), "--devices", "0,1", "--modes", "default",
                                        "--precision", "fp32,bf16,fp16", "--min-seconds", "0.2", "--no-warm-start"])
     killer.join(timeout=5)
     assert result.exit_code == 128 + signal.SIGTERM, result.output

@@ -64,7 +64,7 @@ def test_each_configuration_is_forked_from_one_zygote_per_workload(fake_worker, 
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
 
 
-def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fake_worker, own_tmpdir, live_children):
+def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(flow_worker, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     with ZygotePool() as pool:
         start_zygote_early(pool, worker_job_key("mlp", CompileConfig(mode="eager"), "cpu", None, None))
@@ -80,7 +80,7 @@ def test_a_zygote_started_early_serves_its_workload_and_is_closed_for_another(fa
     assert not live_children()
 
 
-def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(fake_worker, own_tmpdir):
+def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(flow_worker, own_tmpdir):
     """A sweep over several GPUs runs each job on a thread that ends with the job, and the kernel's
     PR_SET_PDEATHSIG follows the thread that started a process: the pool starts its zygotes on a thread of
     its own, so the device's next jobs are forked from the same zygote."""
@@ -102,7 +102,7 @@ def test_a_zygote_outlives_the_measuring_thread_that_first_asked_for_it(fake_wor
     assert parents == [zygote.pid] * 3
 
 
-def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, own_tmpdir, live_children):
+def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, flow_worker, own_tmpdir, live_children):
     runs = bench("mlp", [CompileConfig(mode="eager"), CompileConfig(mode="eager", precision="bf16")], device="cpu",
                  min_seconds=0.2, db=db, idle_s=0)
     assert [r["status"] for r in runs] == ["ok", "ok"]
@@ -114,7 +114,7 @@ def test_a_bench_sweep_forks_its_workers_and_leaves_no_zygote(db, fake_worker, o
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
 
 
-def test_fork_workers_off_runs_fresh_processes(db, fake_worker, monkeypatch):
+def test_fork_workers_off_runs_fresh_processes(db, flow_worker, monkeypatch):
     monkeypatch.setenv(FORK_WORKERS_ENV, "0")
     (run,) = bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db, idle_s=0)
     assert run["status"] == "ok"
@@ -293,7 +293,7 @@ def test_a_module_that_exits_at_import_fails_each_run_as_a_fresh_worker_would(db
 
 
 def test_the_next_workloads_zygote_starts_while_the_current_one_measures_and_serves_its_first_job(
-        fake_worker, own_tmpdir, live_children):
+        flow_worker, own_tmpdir, live_children):
     budget = worker_budget(120, 0.2)
     with ZygotePool() as pool:
         first = run_worker_job(_job("mlp", CompileConfig(mode="eager")), budget=budget, zygotes=pool)
