@@ -65,8 +65,9 @@ def decisions(path: Path, envelopes: list[float | None], max_rel_error: float | 
                 if max_rel_error is not None:
                     limits["max_rel_error"] = max_rel_error
                 decision = resolve(_policy(model, runs, limits, expected), db, device, torch_version=torch_version)
-                applied = decision.config_id if decision.state in ("verified", "infeasible") else None
-                chosen = next((c for c in decision.candidates if c.config_id == applied), None)
+                # A measured configuration the resolver chose (verified, provisional on too few runs, or
+                # infeasible), not the fallback a provisional or fallback decision may apply instead.
+                chosen = next((c for c in decision.candidates if c.status == "chosen"), None)
                 figures = chosen.figures if chosen is not None else {}
                 energy = figures.get("energy_j_per_inference")
                 rows.append({

@@ -73,6 +73,9 @@ class GuidedPlan:
     max_measurements: int | None = None
     excluded_violated: list[str] = field(default_factory=list)  # labels
     objective_unit: str = ""
+    # The engine's decision on the runs so far (verified | provisional | infeasible | failed), which the
+    # resolver reaches on the same runs (`policies.noise.confirmation`).
+    state: str | None = None
 
     @property
     def done(self) -> bool:
@@ -93,7 +96,8 @@ def search_settings(policy: Policy) -> SearchSettings:
     return SearchSettings(strategy="guided", objective=policy.objective.minimize,
                           expected_inferences=policy.objective.expected_inferences,
                           budget_s=policy.search.budget_s, max_measurements=policy.search.max_measurements,
-                          margin_pct=float(margin), baseline_batch_size=policy.batch_size)
+                          margin_pct=float(margin), min_repeats=policy.search.min_repeats,
+                          baseline_batch_size=policy.batch_size)
 
 
 def search_limits(policy: Policy) -> Limits:
@@ -116,7 +120,9 @@ def counted_runs(db: sqlite_utils.Database, workload_id: str | Collection[str], 
 
 
 def _observation(run: RunRow) -> Observation:
-    return Observation.from_run(asdict(run), fresh_process=True)
+    """A stored run as the engine counts it: a further window of a worker process is not a fresh process
+    (`extra.window_in_process`), as the resolver counts it, so both reach the same state on the same runs."""
+    return Observation.from_run(asdict(run))
 
 
 def _never_measure(config: Mapping[str, Any], fresh_process: bool) -> Observation:
@@ -189,6 +195,7 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
                       "ok_runs": sum(1 for r in m.runs if r.ok), "status": m.status,
                       "objective": m.objective.median if m.objective else None} for m in result.measured]
     plan.spent_s, plan.measurements, plan.objective_unit = spent_s, made, result.objective_unit
+    plan.state = result.state
     return plan
 
 

@@ -50,7 +50,8 @@ median; a figure a limit needs that no run measured fails it), the lowest median
 every configuration whose interval overlaps it ties; a tie goes to lower average power, then the
 cheaper compile, then the simpler mode, each only where it differs by more than its own noise
 (`policies.noise.break_tie`). The state is `verified` when the choice rests on at least `min_repeats`
-counted runs, two of them in fresh processes, else `provisional`. When nothing fits, the lowest-power
+counted runs, two of them in fresh processes, else `provisional` (`policies.noise.confirmation`, the
+rule the resolver applies too). When nothing fits, the lowest-power
 configuration that meets the other limits is chosen with state `infeasible` and the shortfall; `failed`
 when nothing was measured successfully. With several batch sizes in the grid the objective is per
 sample (J / batch size); latency limits apply per call.
@@ -63,11 +64,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from joulepilot.policies.noise import (
-    MIN_FRESH_PROCESSES,
     TIE,
     assumed_spread_rel,
     break_tie,
     compare,
+    confirmation,
     median,
     median_interval,
     mode_rank,
@@ -263,7 +264,8 @@ class GuidedSearch:
         ties = [m for m in feasible if m is best or m.objective.overlaps(best.objective)]
         winner, criterion = break_tie([m.tie_entry() for m in ties])
         chosen = next(m for m in ties if m.config_id == winner.key)
-        state = "verified" if self._confirmed(chosen) else "provisional"
+        status = confirmation([r.mark() for r in self.arms[chosen.config_id].runs], self.settings.min_repeats)
+        state = "verified" if status.confirmed else "provisional"
         if chosen is best:
             reason = (f"{chosen.label} has the lowest median {self._objective_text()} "
                       f"({fmt(chosen.objective.median, self.unit)}) within every limit")
@@ -272,14 +274,8 @@ class GuidedSearch:
                       f" and wins the tie-break on {self._tie_text(criterion, chosen, best)}")
         reason += f"; {len(feasible)} of {len(ok)} measured configurations within every limit"
         if state == "provisional":
-            reason += (f"; it has {len(self.arms[chosen.config_id].counted_runs())} of the "
-                       f"{self.settings.min_repeats} runs a verified decision needs")
+            reason += "; " + status.shortfall()
         return state, chosen, reason, self._confidence(chosen, feasible), ties
-
-    def _confirmed(self, summary: MeasuredConfig) -> bool:
-        runs = self.arms[summary.config_id].counted_runs()
-        fresh = sum(1 for r in runs if r.fresh_process)
-        return len(runs) >= self.settings.min_repeats and fresh >= min(MIN_FRESH_PROCESSES, self.settings.min_repeats)
 
     def _objective_text(self) -> str:
         return {"energy": "amortised energy", "latency": "p95 latency", "edp": "energy-delay product"}[

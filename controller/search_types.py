@@ -18,6 +18,7 @@ from joulepilot.policies.noise import (
     Interval,
     RunMark,
     TieEntry,
+    fresh_process_of,
 )
 from joulepilot.policies.schema import OBJECTIVES
 from joulepilot.store.jsonvalues import json_column
@@ -72,8 +73,7 @@ class Observation:
 
         energy = num("energy_j_per_inference")
         if fresh_process is None:
-            index = extra.get("window_in_process", 1) if isinstance(extra, dict) else 1
-            fresh_process = not (isinstance(index, int) and index > 1)
+            fresh_process = fresh_process_of(extra if isinstance(extra, dict) else None)
         return cls(ok=run.get("status") == "ok" and energy is not None, wall_s=max(0.0, wall_s),
                    energy_j_per_inference=energy, avg_power_w=num("avg_power_w"), peak_power_w=num("peak_power_w"),
                    latency_ms_p95=num("latency_ms_p95"), compile_s=num("compile_s"),

@@ -28,13 +28,19 @@ still needed in it, which costs one compile instead of one per window); a close 
 still overlaps a rival's, or straddles a limit) gets another process of two windows, up to `MAX_REPEATS`.
 A run flagged with a window warning counts only once the configuration has a clean run (`counted`).
 
+Verified (`confirmation`): a decision is `verified` only when the chosen configuration rests on at least
+`min_repeats` counted runs (MIN_REPEATS unless the policy's `[search] min_repeats` says otherwise), at
+least min(MIN_FRESH_PROCESSES, min_repeats) of them in a fresh worker process (`fresh_process_of`: a
+further window of a process that was already measuring is not); with fewer it is `provisional`. The
+guided search and the resolver both ask this one rule.
+
 Pure Python: no SQL, no torch, no numpy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -244,12 +250,61 @@ class RunMark:
     fresh_process: bool = True
 
 
+def fresh_process_of(extra: Mapping[str, object] | None) -> bool:
+    """Whether a run started its worker process, from the run's `extra`: every run does but a further
+    window of a process that was already measuring (`extra.window_in_process` above 1)."""
+    index = extra.get("window_in_process", 1) if isinstance(extra, Mapping) else 1
+    return not (isinstance(index, int) and not isinstance(index, bool) and index > 1)
+
+
 def counted(runs: Sequence[RunMark]) -> list[int]:
     """Indexes of the runs that count: ok runs, flagged ones only once there is a clean ok run."""
     ok = [i for i, r in enumerate(runs) if r.ok]
     if any(not runs[i].flagged for i in ok):
         return ok
     return []
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """How far one configuration's runs go towards a verified decision: `runs` counted runs (`counted`),
+    `fresh` of them in a fresh worker process, against `min_repeats`."""
+
+    runs: int
+    fresh: int
+    min_repeats: int = MIN_REPEATS
+
+    @property
+    def fresh_needed(self) -> int:
+        return min(MIN_FRESH_PROCESSES, self.min_repeats)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.runs >= self.min_repeats and self.fresh >= self.fresh_needed
+
+    def shortfall(self) -> str:
+        """What a decision on these runs lacks to be verified, as the decision's reason says it ('' when
+        nothing): 'it has 1 of the 3 runs a verified decision needs'."""
+        if self.runs < self.min_repeats:
+            return f"it has {self.runs} of the {self.min_repeats} runs a verified decision needs"
+        if self.fresh < self.fresh_needed:
+            return (f"it has {self.runs} of the {self.min_repeats} runs a verified decision needs, but only "
+                    f"{self.fresh} of them started its own worker process, and it needs {self.fresh_needed}")
+        return ""
+
+
+def confirmation(runs: Sequence[RunMark], min_repeats: int = MIN_REPEATS) -> Confirmation:
+    """Where a configuration's runs (every run of it, failed and flagged ones included) stand against the
+    verified rule (see the module's rules)."""
+    if min_repeats < 1:
+        raise ValueError(f"min_repeats must be at least 1, got {min_repeats!r}")
+    kept = [runs[i] for i in counted(runs)]
+    return Confirmation(len(kept), sum(1 for r in kept if r.fresh_process), min_repeats)
+
+
+def confirmed(runs: Sequence[RunMark], min_repeats: int = MIN_REPEATS) -> bool:
+    """Whether a decision that chose the configuration of these runs is `verified` (else `provisional`)."""
+    return confirmation(runs, min_repeats).confirmed
 
 
 @dataclass(frozen=True)
@@ -279,13 +334,13 @@ def repeat_advice(runs: Sequence[RunMark], *, close_call: bool, min_repeats: int
     if not clean and any(r.ok for r in runs):
         return RepeatAdvice(min(room, max(1, min_repeats - 1)), True,
                             "its runs were flagged with a window warning; they count after a clean repeat")
-    n_counted = len(counted(runs))
-    fresh = sum(1 for r in runs if r.ok and r.fresh_process)
-    if n_counted < min_repeats:
-        return RepeatAdvice(min(min_repeats - n_counted, room), True,
-                            f"contender with {n_counted} of {min_repeats} runs")
-    if fresh < min(MIN_FRESH_PROCESSES, min_repeats):
+    status = confirmation(runs, min_repeats)
+    if status.runs < min_repeats:
+        return RepeatAdvice(min(min_repeats - status.runs, room), True,
+                            f"contender with {status.runs} of {min_repeats} runs")
+    if status.fresh < status.fresh_needed:
         return RepeatAdvice(1, True, "no repeat in a fresh process yet")
     if close_call:
         return RepeatAdvice(min(2, room), True, f"close call, {total} of at most {max_repeats} runs")
     return RepeatAdvice(0, False, "enough runs")
+

@@ -14,15 +14,22 @@ Rules (the README's "How a decision is made" says the same for users):
   a hard limit is never granted on a guess.
 * A candidate with no measurement may still be scored by the trade-off model's prediction. It can be
   *proposed* (to be measured next), never applied:
-    - best measured feasible candidate exists  -> state `verified`, that config applied; a predicted
-      candidate that looks better is named in `proposed`;
+    - best measured feasible candidate exists -> that config is applied; a predicted candidate that
+      looks better is named in `proposed`. The state is `verified` when its runs confirm it
+      (`policies.noise.confirmation`, the rule the guided search applies too: at least the policy's
+      `[search] min_repeats` counted runs, default MIN_REPEATS = 3, at least two of them in a fresh
+      worker process), else `provisional`, and the reason says how many of the runs it needs it has
+      ("it has 1 of the 3 runs a verified decision needs");
     - none, but a predicted candidate looks feasible -> state `provisional`: the fallback is applied
       and the predicted candidate is `proposed`, until a measurement confirms or refutes it;
     - nothing feasible at all -> state `fallback`, the fallback applied, the reason says why.
+  So `provisional` names either configuration: the chosen measured one (too few runs yet) or the
+  fallback (nothing measured fits yet); the reason says which.
 * A run that `bench` flagged "repeat this run" (`extra.window_warning`: its energy window ran much
-  slower than its latency pass) never makes a decision `verified`: such a candidate is `flagged`, and
-  the daemon repeats it (at most REPEAT_LIMIT flagged runs per configuration). Until a clean run
-  exists the decision is verified on another candidate, or `provisional` with the fallback applied.
+  slower than its latency pass) counts only once its configuration has a clean run: until then such a
+  candidate is `flagged`, never chosen, and the daemon repeats it (at most REPEAT_LIMIT flagged runs per
+  configuration). Meanwhile the decision rests on another candidate, or is `provisional` with the
+  fallback applied.
 * No predictions for a device kind with no ok run at all (the trade-off model knows nothing of it).
   When nothing is measured for this device kind and torch version but the workload has runs on
   other pairs, the decision names them (`measured_elsewhere`).
@@ -71,7 +78,9 @@ from .noise import (
     assumed_spread_rel,
     break_tie,
     compare,
+    confirmation,
     counted,
+    fresh_process_of,
     median,
     median_interval,
     typical_rel_std,
@@ -297,10 +306,15 @@ def _repeats(policy: Policy, ok_runs: list[RunRow], samples_per_call: int = 1) -
     return _Repeats(runs, clean, objective, amortised, power)
 
 
+def run_mark(run: RunRow) -> RunMark:
+    """What the repeat rules need of a stored run: ok, flagged "repeat this run", started its process."""
+    return RunMark(ok=run.ok, flagged=run_flag(run) is not None, fresh_process=fresh_process_of(run.extra))
+
+
 def counted_runs(ok_runs: Sequence[RunRow]) -> tuple[list[RunRow], bool]:
     """(the runs of one configuration that count, whether any is clean): every ok run once a clean one
     exists (`noise.counted`), else all of them, every one flagged "repeat this run"."""
-    kept = counted([RunMark(ok=run.ok, flagged=run_flag(run) is not None) for run in ok_runs])
+    kept = counted([run_mark(run) for run in ok_runs])
     return ([ok_runs[i] for i in kept], True) if kept else ([r for r in ok_runs if r.ok], False)
 
 
@@ -658,7 +672,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                                          if (p["device_kind"], p["torch_version"]) != (device_name, torch_version)]
     if chosen is not None:
         chosen.status = "chosen"
-        state, applied = "verified", chosen.config
+        # The best measured configuration is applied either way: on too few runs it is still a better bet
+        # than the fallback, but the decision says it is not confirmed yet.
+        status = confirmation([run_mark(run) for run in ok_by_config[chosen.config_id]], policy.search.min_repeats)
+        state, applied = ("verified" if status.confirmed else "provisional"), chosen.config
         reason = (f"{chosen.label} is the measured configuration with the lowest median "
                   f"{objective_text} ({chosen.score:.4g}, {chosen.repeats} "
                   f"run{'s' if chosen.repeats != 1 else ''}) within every limit")
@@ -667,6 +684,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                       f"{feasible[0].score:.4g}) within noise and wins the tie-break on "
                       f"{_tie_text(criterion, chosen, feasible[0])}")
         reason += f"; {len(feasible)} of {len(candidates)} candidates measured within limits"
+        if not status.confirmed:
+            reason += "; " + status.shortfall()
     elif worth_repeating:
         state, applied = "provisional", fallback.to_row()
         labels = ", ".join(c.label for c in worth_repeating)

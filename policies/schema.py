@@ -17,6 +17,8 @@ from typing import Any
 
 from joulepilot.store.safeio import shorten
 
+from .noise import MAX_REPEATS, MIN_REPEATS
+
 OBJECTIVES = ("energy", "latency", "edp")
 SEARCH_STRATEGIES = ("guided", "exhaustive")
 GUARD_ACTIONS = ("warn", "fallback")
@@ -107,6 +109,9 @@ class Search:
     strategy: str = "guided"
     budget_s: float | None = None  # seconds of measuring per policy and device kind
     max_measurements: int | None = None  # runs the search may make per policy and device kind
+    # Counted runs (from MIN_FRESH_PROCESSES worker processes) the chosen configuration needs for a
+    # `verified` decision (policies.noise.confirmation); fewer make it `provisional`.
+    min_repeats: int = MIN_REPEATS
     # The batch-size lever: batch sizes the grid covers besides `batch_size`, compared in J per sample
     # (policies.batches); None: the policy's batch_size only.
     batch_sizes: tuple[int, ...] | None = None
@@ -192,6 +197,13 @@ def _positive_number(value: Any):
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
         return float(value), None
     return None, ("a positive number", _found(value), "")
+
+
+def _min_repeats(value: Any):
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPEATS:
+        return value, None
+    return None, (f"an integer from 1 to {MAX_REPEATS} (runs a verified decision needs)", _found(value),
+                  f"e.g. min_repeats = {MIN_REPEATS}")
 
 
 def _choice(choices: tuple[str, ...]) -> Check:
@@ -301,6 +313,7 @@ def schema() -> dict[str, Any]:
             "strategy": _choice(SEARCH_STRATEGIES),
             "budget_s": _positive_number,
             "max_measurements": _positive_int,
+            "min_repeats": _min_repeats,
             "batch_sizes": _positive_ints,
             "regional": _bools,
             "regional_block": _class_name,

@@ -235,7 +235,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
                        f"{'; '.join(found.notes)}; applying {applied.config.get('label', applied.config_id)} "
                        f"from the {applied.source}")
         if applied.state != "verified":
-            # A decided fallback/provisional still wants measurements: ask the daemon (quietly, once).
+            # A decision that is not verified (the fallback, or a measured choice on fewer runs than a
+            # verified decision needs) still wants measurements: ask the daemon (quietly, once).
             key = ("request", pol.path or pol.name, kind, torch_version)
             if key not in _warned:
                 _warned.add(key)

@@ -1,7 +1,8 @@
 """Runs written straight into a real store, and processes that cannot override file permissions.
 
 `seed_runs` stores ok runs of the built-in MLP (batch 8) on this host's CPU under the installed torch,
-with the figures a test chooses, so the resolver decides without compiling anything.
+with the figures a test chooses, so the resolver decides without compiling anything; `seed_rounds` as many
+of them as a verified decision needs.
 `restricted_cmd` runs a command the way a serving process of another user would meet the daemon's
 files: without the power to override permissions (as root, through setpriv dropping
 CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH), so a file it does not own obeys its mode bits.
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 from joulepilot.compiler import CompileConfig, workload_id
 from joulepilot.policies import torch_minor
+from joulepilot.policies.noise import MIN_REPEATS
 from joulepilot.store import insert_run, upsert_config, upsert_host, upsert_workload
 
 OTHER_UID = 65534  # 'nobody': the owner of files "another user" wrote
@@ -79,6 +81,16 @@ def seed_runs(db: Any, figures: dict[tuple[str, str], dict[str, Any]], *, device
         if "extra" in fig:
             run["extra"] = fig["extra"]
         ids[(mode, precision)] = insert_run(db, run)
+    return ids
+
+
+def seed_rounds(db: Any, figures: dict[tuple[str, str], dict[str, Any]], rounds: int = MIN_REPEATS,
+                **where: Any) -> dict[tuple[str, str], int]:
+    """`seed_runs` `rounds` times: by default as many runs, each in a fresh process, as a verified decision
+    needs (`policies.noise.confirmation`). Returns the newest round's run ids."""
+    ids: dict[tuple[str, str], int] = {}
+    for _ in range(rounds):
+        ids = seed_runs(db, figures, **where)
     return ids
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -180,7 +181,9 @@ def test_a_read_only_database_is_still_readable(work, export_file):
         listed = runner.invoke(main, ["runs", "--db", str(path), "--limit", "0", "--json"]).stdout
         assert len(json.loads(listed)) == len(read_export(SWEEP))  # every run
         explained = runner.invoke(main, ["policy", "explain", policy, *H200, "--db", str(path)]).stdout
-        assert "[verified]" in explained
+        # a measured configuration is decided on (its sweep has fewer runs than a verified decision needs)
+        assert re.search(r"^decision +\S+ +\[(verified|provisional)\]$", explained, re.M), explained
+        assert "the fallback" not in explained
         # commands that write say so in one line, naming the file
         for command in (["runs", "import", str(export_file)], ["policy", "lock", policy, *H200],
                         ["policy", "explain", "--record", policy, *H200]):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from decision_factories import config, db_file, hook_in_new_process, seed_runs, write_policy
+from decision_factories import config, db_file, hook_in_new_process, seed_rounds, seed_runs, write_policy
 from joulepilot.controller import fit
 from joulepilot.controller.device_probe import probe_device
 from joulepilot.controller.planner import fresh_ok_config_ids, stale_reason
@@ -63,12 +63,12 @@ def test_after_a_guard_trip_a_new_process_applies_the_earlier_decision(tmp_path,
     the newest earlier decision whose configuration did not break the envelope, with one warning."""
     policy_path = write_policy(tmp_path / "policies")
     policy = load_policy(policy_path)
-    seed_runs(db, {k: v for k, v in FIGURES.items() if k != ("eager", "bf16")})
+    seed_rounds(db, {k: v for k, v in FIGURES.items() if k != ("eager", "bf16")})
     earlier = resolve(policy, db, "cpu")
     earlier.decided_at -= 60
     record_decision(db, earlier)
     assert earlier.config_id == config("eager", "fp32").id
-    seed_runs(db, {("eager", "bf16"): FIGURES[("eager", "bf16")]})
+    seed_rounds(db, {("eager", "bf16"): FIGURES[("eager", "bf16")]})
     newer = resolve(policy, db, "cpu")
     record_decision(db, newer)
     write_lock(policy_path, newer)
@@ -87,7 +87,7 @@ def test_after_a_guard_trip_a_new_process_applies_the_earlier_decision(tmp_path,
 
 def test_after_a_guard_trip_with_nothing_earlier_the_hook_applies_the_fallback(tmp_path, db):
     policy_path = write_policy(tmp_path / "policies")
-    seed_runs(db, FIGURES)
+    seed_rounds(db, FIGURES)
     record_decision(db, resolve(load_policy(policy_path), db, "cpu"))
     _trip_through_the_hook(policy_path, db)
 
@@ -104,7 +104,7 @@ def test_every_way_to_decide_leaves_out_what_broke_the_envelope(tmp_path, db):
     """Item 3: `policy lock`, `policy explain --record` and the daemon decide through one function: none
     re-selects a configuration a deployment broke, and each records who decided and under what."""
     policy_path = write_policy(tmp_path / "policies")
-    seed_runs(db, FIGURES)
+    seed_rounds(db, FIGURES)
     first = resolve(load_policy(policy_path), db, "cpu")
     record_decision(db, first)
     _trip_through_the_hook(policy_path, db)
@@ -150,7 +150,8 @@ def test_a_flagged_run_never_makes_a_decision_verified(tmp_path, db):
     run, explain shows the flag, and the daemon queues a repeat (at most REPEAT_LIMIT flagged runs)."""
     policy_path = write_policy(tmp_path / "policies")
     flagged = {**FIGURES[("eager", "bf16")], "extra": {"window_warning": WARNING}}
-    seed_runs(db, {**FIGURES, ("eager", "bf16"): flagged})
+    seed_rounds(db, {k: v for k, v in FIGURES.items() if k != ("eager", "bf16")})  # enough runs to verify
+    seed_runs(db, {("eager", "bf16"): flagged})
     policy = load_policy(policy_path)
     decision = resolve(policy, db, "cpu")
     assert decision.state == "verified" and decision.config_id == config("eager", "fp32").id
@@ -176,9 +177,10 @@ def test_a_flagged_run_never_makes_a_decision_verified(tmp_path, db):
     assert config("eager", "bf16").id in fresh_ok_config_ids(db, decision.workload_id, "pk", 0.0)
     again = resolve(policy, db, "cpu")
     assert again.config_id == config("eager", "fp32").id and again.repeat == []
-    # A clean repeat is what verifies it.
+    # A clean repeat is what verifies it: then its flagged runs count too, three runs from three processes.
     seed_runs(db, {("eager", "bf16"): FIGURES[("eager", "bf16")]})
-    assert resolve(policy, db, "cpu").config_id == config("eager", "bf16").id
+    verified = resolve(policy, db, "cpu")
+    assert verified.config_id == config("eager", "bf16").id and verified.state == "verified"
 
 
 def test_only_flagged_runs_within_limits_leave_the_decision_provisional(tmp_path, db):

@@ -30,7 +30,9 @@ def test_lock_round_trip_and_merge(tmp_path, db):
     written = write_lock(path, decision)
     assert written == lock_path(path) == tmp_path / "resnet50.lock.json"
     entry = read_lock(path, "NVIDIA H200", "2.11")
-    assert entry["config"] == decision.config and entry["state"] == "verified"
+    # The sweep has one run of each configuration: the best within the envelope is applied, provisional.
+    assert entry["config"] == decision.config and entry["state"] == decision.state == "provisional"
+    assert entry["config_id"] == next(c.config_id for c in decision.candidates if c.status == "chosen")
     assert entry["policy_hash"] == policy.hash and entry["decided_at"] == decision.decided_at
     assert entry["measured"]["avg_power_w"] <= 450
     # another device kind is added beside it, not over it
@@ -66,9 +68,11 @@ def test_cli_explain_and_lock(tmp_path, db):
     args = ["--db", db_path, "--device-name", "NVIDIA H200", "--torch-version", "2.11"]
     out = runner.invoke(main, ["policy", "explain", str(path), *args])
     assert out.exit_code == 0, out.output
-    assert "[verified]" in out.output and "max_avg_power_w: measured" in out.output
+    assert "[provisional]" in out.output and "max_avg_power_w: measured" in out.output
+    assert "it has 1 of the 3 runs a verified decision needs" in out.output
     data = json.loads(runner.invoke(main, ["policy", "explain", str(path), *args, "--json"]).output)
-    assert data["state"] == "verified" and len(data["candidates"]) == 14
+    assert data["state"] == "provisional" and len(data["candidates"]) == 14
+    assert data["config"]["id"] == next(c["config"]["id"] for c in data["candidates"] if c["status"] == "chosen")
     out = runner.invoke(main, ["policy", "lock", str(path), *args])
     assert out.exit_code == 0, out.output
     assert read_lock(path, "NVIDIA H200", "2.11")["config_id"] == data["config"]["id"]

@@ -91,6 +91,14 @@ def _measured(decision, figure):
     return chosen.figures[figure]
 
 
+def _applies_measured(decision) -> bool:
+    """The decision applies the measured configuration it chose: `verified` when its repeats confirm it,
+    `provisional` on fewer runs (most configurations of a recorded sweep were measured once or twice)."""
+    chosen = next((c for c in decision.candidates if c.status == "chosen"), None)
+    return (decision.state in ("verified", "provisional") and chosen is not None
+            and chosen.source == "measured" and chosen.config_id == decision.config_id)
+
+
 def test_power_envelope_below_the_fastest_config(sweep):
     checked = 0
     for row, kind, tv, runs in _cases(sweep):
@@ -99,7 +107,7 @@ def test_power_envelope_below_the_fastest_config(sweep):
         if not any(r["avg_power_w"] <= envelope for r in runs):
             continue
         decision = resolve(_policy(row, runs, limits={"max_avg_power_w": envelope}), sweep, kind, torch_version=tv)
-        assert decision.state == "verified", decision.reason
+        assert _applies_measured(decision), decision.reason
         assert _measured(decision, "avg_power_w") <= envelope
         assert decision.config_id != fastest["config_id"]
         rejected = [c for c in decision.candidates if c.status == "rejected" and c.source == "measured"
@@ -123,7 +131,7 @@ def test_tight_tolerance_refuses_bf16_over_the_error(sweep):
             if cand.source == "measured" and err is not None and err > tolerance:
                 assert cand.status == "rejected"
                 assert any(r.startswith("max_rel_error: measured") for r in cand.reasons)
-        if decision.state == "verified":
+        if _applies_measured(decision):
             assert _measured(decision, "max_rel_error") <= tolerance
         checked += 1
     assert checked
@@ -136,7 +144,7 @@ def test_few_expected_inferences_prefer_cheap_compiles(sweep):
             continue
         few = resolve(_policy(row, runs, objective={"expected_inferences": 100}), sweep, kind, torch_version=tv)
         many = resolve(_policy(row, runs, objective={"expected_inferences": 10**10}), sweep, kind, torch_version=tv)
-        assert few.state == many.state == "verified"
+        assert _applies_measured(few) and _applies_measured(many)
         assert few.config["mode"] == "eager"
         assert (_measured(few, "compile_energy_j") or 0) <= min(r["compile_energy_j"] or 0 for r in runs
                                                                  if r["mode"] != "eager")
@@ -178,7 +186,7 @@ def test_prediction_only_candidate_is_provisional_never_verified(sweep):
 
     # with measured feasible candidates too, a predicted one is never the applied (chosen) config
     full = resolve(_policy(row, runs), sweep, kind, model, torch_version=tv)
-    assert full.state == "verified"
+    assert _applies_measured(full)
     assert all(c.source == "measured" for c in full.candidates if c.status == "chosen")
     assert full.config_id != target["config_id"]
 
@@ -202,7 +210,7 @@ def test_configs_that_broke_a_deployment_envelope_are_excluded(sweep):
     for row, kind, tv, runs in _cases(sweep):
         policy = _policy(row, runs)
         first = resolve(policy, sweep, kind, torch_version=tv)
-        if first.state != "verified":
+        if not _applies_measured(first):
             continue
         second = resolve(policy, sweep, kind, torch_version=tv, exclude={first.config_id})
         assert second.config_id != first.config_id
