@@ -11,8 +11,10 @@ and compares the command's wall time with the sum of its runs' `compile_s + warm
 `daemon` writes one policy per model with six configurations (eager, default and reduce-overhead, each in
 fp32 and bf16; `--modes`, `--precisions`), runs `joulepilot daemon --once` on them (`--device cuda:N`, or
 `cpu`), and compares each job's wall time (the daemon's `extra.job_wall_s`) with the run's irreducible
-work; the pass's wall time is compared with the sum over its runs. Warm starts the pass times (for each
-policy's decided configuration and runner-up) are listed with their run.
+work; the pass's wall time is compared with the sum over its runs, also from its first job's start (the
+daemon first waits out `idle.min_idle_s` of quiet, `--min-idle-s`, default the daemon's 60 s; on a GPU the
+first workload's zygote starts during that wait). Warm starts the pass times (for each policy's decided
+configuration and runner-up) are listed with their run.
 
 For every configuration both print and save (OUT/<kind>-<date>.json and .md): the job's wall time, the
 irreducible parts (cold compile, warm-up, latency pass, energy window), their sum and the ratio; the load
@@ -23,9 +25,11 @@ version. A ratio of 1.25 means 25 % of the job was overhead.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -138,9 +142,10 @@ def daemon_sweep(args: argparse.Namespace) -> dict[str, Any]:
     config.write_text(
         f'db = "{work / "daemon.db"}"\npolicies = ["{policies}"]\ninterval_s = 3600\nlog_level = "INFO"\n'
         f'devices = {devices}\n[bench]\nmin_seconds = {args.min_seconds}\nbudget_s = {args.budget_s}\n'
-        "[idle]\nmin_idle_s = 1\npoll_s = 0.5\n[exporter]\nenabled = false\n")
+        f"[idle]\nmin_idle_s = {args.min_idle_s}\npoll_s = 0.5\n[exporter]\nenabled = false\n")
     env = dict(os.environ, JOULEPILOT_HOME=str(work))
     load_before = _loadavg()
+    launched_epoch = time.time()
     started = time.perf_counter()
     proc = subprocess.run([*_joulepilot(), "daemon", "--config", str(config), "--once", "--json"],
                           capture_output=True, text=True, env=env)
@@ -158,11 +163,29 @@ def daemon_sweep(args: argparse.Namespace) -> dict[str, Any]:
     irreducible = sum(c["irreducible_s"] for c in configs)
     log(f"daemon pass: exit {proc.returncode}, wall {wall:.1f} s for {len(configs)} runs, irreducible "
         f"{irreducible:.1f} s; log in {work / 'daemon.log'}")
+    before_first = before_first_job_s(proc.stderr, launched_epoch)
+    after_idle = wall - before_first if before_first is not None else None
     return {"kind": "daemon", "exit_code": proc.returncode, "wall_s": wall, "irreducible_s": irreducible,
             "ratio": wall / irreducible if irreducible else None, "target_per_config": GPU_TARGET,
+            "min_idle_s": args.min_idle_s, "before_first_job_s": before_first,
+            "ratio_from_first_job": after_idle / irreducible if after_idle and irreducible else None,
             "load_before": load_before, "load_after": load_after, "configs": configs,
             "device_name": runs[0].get("device_name") if runs else None,
             "torch_version": runs[0].get("torch_version") if runs else None}
+
+
+JOB_START = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ INFO job \d+: .* on \S+$")
+
+
+def before_first_job_s(daemon_log: str, launched_epoch: float) -> float | None:
+    """Seconds from the daemon's launch to its first job's start (its log line; local time, this host): the
+    start-up and the quiet period the daemon waits out (`idle.min_idle_s`) before it measures anything."""
+    for line in daemon_log.splitlines():
+        match = JOB_START.match(line)
+        if match:
+            stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            return stamp + int(match.group(2)) / 1000.0 - launched_epoch
+    return None
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -175,6 +198,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"{platform.python_version()}; {os.cpu_count()} CPUs", ""]
     for item in report["results"]:
         head = f"wall {_f(item['wall_s'], 1)} s, ratio {_f(item['ratio'])}"
+        if item.get("before_first_job_s") is not None:
+            head += (f"; first job after {_f(item['before_first_job_s'], 1)} s (idle.min_idle_s = "
+                     f"{_f(item['min_idle_s'], 0)}), ratio from there {_f(item['ratio_from_first_job'])}")
         if "compile_warmup_window_s" in item:
             head += f" (wall / compile+warmup+window {_f(item['compile_warmup_window_s'], 1)} s; target {CPU_TARGET})"
         lines += [f"## {'repeat ' + str(item['repeat']) if 'repeat' in item else 'pass'}: {head}",
@@ -201,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default="fp32,bf16", help="daemon: the policies' precisions")
     parser.add_argument("--min-seconds", type=float, default=5.0, help="daemon: energy window per run")
     parser.add_argument("--budget-s", type=float, default=600.0, help="daemon: compile budget per run")
+    parser.add_argument("--min-idle-s", type=float, default=60.0,
+                        help="daemon: quiet seconds before the pass measures (the daemon's default, 60; the "
+                             "first workload's zygote starts during them)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sweep_overhead")
     parser.add_argument("--label", default="", help="added to the output file names (e.g. 'before')")
     args = parser.parse_args(argv)
