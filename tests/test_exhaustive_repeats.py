@@ -60,8 +60,10 @@ def _decision(db):
         database.close()
 
 
-def _policy(tmp_path, extra: str = "", **kwargs):
-    path = write_policy(tmp_path / "policies", "mlp", **kwargs)
+def _policy(tmp_path, extra: str = "", min_repeats: int = 3, **kwargs):
+    """The exhaustive policy `mlp` (three runs for a verified decision unless `min_repeats` says otherwise),
+    `extra` appended."""
+    path = write_policy(tmp_path / "policies", "mlp", min_repeats=min_repeats, **kwargs)
     path.write_text(path.read_text() + extra)
     return path
 
@@ -103,7 +105,7 @@ def test_a_pass_repeats_the_contenders_until_the_decision_is_verified(tmp_path, 
 
 
 def test_min_repeats_one_is_verified_after_one_pass_without_a_repeat(tmp_path, flow_worker, own_tmpdir):
-    _policy(tmp_path, "min_repeats = 1\n", modes=("eager", "default"))
+    _policy(tmp_path, min_repeats=1, modes=("eager", "default"))
     summary = _pass(_config(tmp_path))
     db = tmp_path / "j.db"
     assert summary["repeats"] == [] and summary["enqueued"] == 2
@@ -115,12 +117,12 @@ def test_min_repeats_one_is_verified_after_one_pass_without_a_repeat(tmp_path, f
 def test_a_contender_whose_repeats_keep_failing_stops_and_the_decision_stays_provisional(
         tmp_path, flow_worker, own_tmpdir, monkeypatch, max_attempts):
     # One run each, verified under min_repeats = 1; then the policy asks for three, and every worker fails.
-    policy_file = _policy(tmp_path, "min_repeats = 1\n", modes=("eager", "default"))
+    policy_file = _policy(tmp_path, min_repeats=1, modes=("eager", "default"))
     cfg = _config(tmp_path, max_attempts=max_attempts)
     _pass(cfg)
     db = tmp_path / "j.db"
     chosen = _decision(db).details["config"]["label"]
-    policy_file.write_text(policy_file.read_text().replace("min_repeats = 1\n", ""))
+    policy_file.write_text(policy_file.read_text().replace("min_repeats = 1\n", "min_repeats = 3\n"))
     monkeypatch.setenv("JOULEPILOT_WORKER_MODULE", "tests.no_such_worker")  # every worker dies as it starts
 
     summary = _pass(cfg)
@@ -153,10 +155,10 @@ def test_a_contender_whose_repeats_keep_failing_stops_and_the_decision_stays_pro
 def test_a_stored_decision_with_contenders_to_confirm_is_stale_and_the_daemon_confirms_them(
         tmp_path, flow_worker, own_tmpdir):
     # The runs exist (a pass under min_repeats = 1); `policy lock` then decides under min_repeats = 3.
-    policy_file = _policy(tmp_path, "min_repeats = 1\n", modes=("eager", "default"))
+    policy_file = _policy(tmp_path, min_repeats=1, modes=("eager", "default"))
     cfg = _config(tmp_path)
     first = _pass(cfg)
-    policy_file.write_text(policy_file.read_text().replace("min_repeats = 1\n", ""))
+    policy_file.write_text(policy_file.read_text().replace("min_repeats = 1\n", "min_repeats = 3\n"))
     policy = load_policy(policy_file)
     database = open_db(tmp_path / "j.db")
     try:
