@@ -71,6 +71,7 @@ from joulepilot.store.daemon_state import (
     write_heartbeat,
 )
 from joulepilot.store.decisions import latest_decision
+from joulepilot.store.runs import further_window_run_ids
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, allowed_devices, probe_device
@@ -797,7 +798,8 @@ class Daemon:
             with self._jobs_lock:
                 self._jobs_view.pop(job.id, None)
             if outcome is not None:
-                self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s)
+                further = further_window_run_ids(self.db, run_id) if run_id is not None else []
+                self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s, further)
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device)
         return outcome

@@ -97,6 +97,9 @@ def test_a_pass_repeats_the_contenders_until_the_decision_is_verified(tmp_path, 
     # One job per configuration, then one per repeat; a job's further windows are runs of it.
     assert summary["enqueued"] == summary["runs_ok"] == len(runs) + len(summary["repeats"])
     assert sum(len(r) for r in runs.values()) == summary["runs_ok"] + sum(r["windows"] - 1 for r in summary["repeats"])
+    # What the pass spent prices every run it stored, a repeat's further windows included.
+    (spent,) = summary["measuring"]
+    assert spent["runs"] == sum(len(r) for r in runs.values())
 
     # The next pass finds the decision current: nothing is measured again.
     again = _pass(cfg)
