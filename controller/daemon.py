@@ -7,7 +7,9 @@ Each pass:
     configurations a deployment found over the envelope) and queues them durably in `jobs`;
  4. runs queued jobs in killable workers, one per idle device at once (`devices`: several GPUs measure
     side by side, see gpu_scheduler.py), re-queueing a job when production load returns on its device
-    or the daemon is stopped;
+    or the daemon is stopped; once an exhaustive policy's sweep is done, queues a repeat of each contender
+    not yet confirmed (`planner.plan_repeats`: a fresh worker process taking the windows it still needs),
+    again after every job, until each is confirmed, at the cap of runs, or its job failed out;
  5. refits the trade-off model, re-resolves each policy whose sweep is complete, writes its decision
     and lock file, and marks its requests handled;
  6. writes a heartbeat with the pass summary.
