@@ -7,7 +7,9 @@ Each pass:
     configurations a deployment found over the envelope) and queues them durably in `jobs`;
  4. runs queued jobs in killable workers, one per idle device at once (`devices`: several GPUs measure
     side by side, see gpu_scheduler.py), re-queueing a job when production load returns on its device
-    or the daemon is stopped;
+    or the daemon is stopped; once an exhaustive policy's sweep is done, queues a repeat of each contender
+    not yet confirmed (`planner.plan_repeats`: a fresh worker process taking the windows it still needs),
+    again after every job, until each is confirmed, at the cap of runs, or its job failed out;
  5. refits the trade-off model, re-resolves each policy whose sweep is complete, writes its decision
     and lock file, and marks its requests handled;
  6. writes a heartbeat with the pass summary.
@@ -71,6 +73,7 @@ from joulepilot.store.daemon_state import (
     write_heartbeat,
 )
 from joulepilot.store.decisions import latest_decision
+from joulepilot.store.runs import further_window_run_ids
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, allowed_devices, probe_device
@@ -80,7 +83,7 @@ from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome
 from .pass_bill import PassBill
-from .planner import measured_config, plan_policy, stale_reason
+from .planner import measured_config, plan_policy, plan_repeats, repeat_blocked, stale_reason
 from .redecide import (
     decide_policy,
     fit_or_none,
@@ -150,6 +153,10 @@ class Daemon:
         self._logged_policy_errors: dict[str, str] = {}
         self._logged_refusals: set[Any] = set()
         self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
+        # This pass's exhaustive policies (name -> the configurations that broke their envelope), whose
+        # contenders are measured again once their sweep is done, and the windows each such job takes.
+        self._exhaustive: dict[str, set[str]] = {}
+        self._repeat_windows: dict[int, int] = {}
         self._pass_model: Any = None
         self._pass_model_fitted = False
         self._pass_bill = PassBill()  # what this pass's jobs cost, per policy
@@ -387,7 +394,7 @@ class Daemon:
                                    "requests": 0, "stale": [], "enqueued": 0, "runs_ok": 0, "runs_failed": 0,
                                    "requeued": 0, "paused": False, "stopped": False, "decided": [],
                                    "lock_files": [], "unknown_requests": [], "refused_requests": [],
-                                   "measuring": [], "warm_starts": []}
+                                   "measuring": [], "warm_starts": [], "repeats": []}
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
         self._import_pending()
@@ -442,6 +449,7 @@ class Daemon:
 
         violated_by_policy: dict[str, set[str]] = {}
         self._guided = {}
+        self._exhaustive, self._repeat_windows = {}, {}
         for name, reason in stale.items():
             policy = by_name[name]
             violated = violated_config_ids(self.db, name, probe.device_kind)
@@ -452,6 +460,7 @@ class Daemon:
                 self._guided[name] = GuidedState(violated)
                 drop_queued_jobs(self.db, name)
                 continue
+            self._exhaustive[name] = violated  # its contenders are measured again once the sweep is done
             plan = plan_policy(self.db, policy, reason=reason, provenance_key=probe.provenance_key,
                                max_age_s=self.cfg.max_decision_age_s, violated=violated)
             keep = []
@@ -547,7 +556,9 @@ class Daemon:
                     runnable = self._runnable_jobs(by_name, probe)
                     if not runnable and plan_guided:
                         plan_guided = False
-                        if self._advance_guided(by_name, probe, summary, slots=len(devices)):
+                        guided = self._advance_guided(by_name, probe, summary, slots=len(devices))
+                        repeats = self._advance_repeats(by_name, probe, summary)
+                        if guided or repeats:
                             runnable = self._runnable_jobs(by_name, probe)
                             self._notify("jobs_planned", total=len(runnable), devices=len(devices))
                     if runnable:
@@ -666,6 +677,41 @@ class Daemon:
             log.info("policy %s: guided search measures %s (%s): %s", name, step.config.label, step.kind, step.why)
         return queued
 
+    def _advance_repeats(self, by_name: dict[str, Any], probe: DeviceProbe, summary: dict[str, Any]) -> bool:
+        """Queue the repeats of the exhaustive policies whose sweep is done (no job open): one job per contender
+        still to confirm (`controller.planner.plan_repeats`), each a fresh worker process taking the windows
+        the contender still needs. True when one was queued. Called again after every job's end, so repeats
+        go on until every contender is confirmed, reached the cap of runs, or its job failed `max_attempts`
+        times (no longer queued); the policy is decided after that."""
+        from joulepilot.store import upsert_config
+
+        queued = False
+        for name, violated in self._exhaustive.items():
+            if self._has_open_jobs(name):
+                continue
+            policy = by_name[name]
+            plan = plan_repeats(self.db, policy, probe.device_kind, provenance_key=probe.provenance_key,
+                                max_attempts=self.cfg.bench.max_attempts, violated=violated)
+            started = []
+            with transaction(self.db):
+                for repeat in plan.repeats:
+                    upsert_config(self.db, repeat.config.to_row())
+                    job_id, created = enqueue_job(self.db, policy=name,
+                                                  workload_id=config_workload_id(policy, repeat.config),
+                                                  config_id=repeat.config.id, provenance_key=probe.provenance_key,
+                                                  max_attempts=self.cfg.bench.max_attempts)
+                    if created:
+                        self._repeat_windows[job_id] = repeat.windows
+                        started.append(repeat)
+            if not started:
+                continue
+            queued = True
+            summary["enqueued"] += len(started)
+            summary["repeats"] += [{"policy": name, **r.to_dict()} for r in started]
+            log.info("policy %s: %s; %d to measure again: %s", name, plan.reason, len(started), ", ".join(f"{r.config.label} ({r.why}; {r.windows} window"
+                                             f"{'s' if r.windows != 1 else ''} in a fresh process)" for r in started))
+        return queued
+
     def _start_job(self, scheduler: GpuScheduler, job: JobRow, policy: Any, device: str,
                    env: dict[str, str]) -> None:
         """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
@@ -711,7 +757,10 @@ class Daemon:
 
     def _windows_for(self, job: JobRow) -> int:
         """How many energy windows the job's worker takes: what its guided search asked for this measurement
-        (a repeat takes the windows it still needs in one process, `controller.search.Step.windows`), else 1."""
+        (a repeat takes the windows it still needs in one process, `controller.search.Step.windows`), or what
+        an exhaustive policy's repeat still needs (`_advance_repeats`), else 1."""
+        if job.id in self._repeat_windows:
+            return max(1, self._repeat_windows[job.id])
         state = self._guided.get(job.policy)
         step = state.plan.next[0] if state is not None and state.plan is not None and state.plan.next else None
         return max(1, int(step.windows)) if step is not None and step.config.id == job.config_id else 1
@@ -751,7 +800,8 @@ class Daemon:
             with self._jobs_lock:
                 self._jobs_view.pop(job.id, None)
             if outcome is not None:
-                self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s)
+                further = further_window_run_ids(self.db, run_id) if run_id is not None else []
+                self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s, further)
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
                              run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device)
         return outcome
@@ -872,9 +922,12 @@ class Daemon:
                 if not plan.done:  # stopped or paused between measurements: the next pass goes on
                     continue
                 search = plan.summary()
+            # An exhaustive policy's contender whose repeat job failed as often as it may is not measured again.
+            no_repeat = repeat_blocked(self.db, policy, probe.provenance_key, self.cfg.bench.max_attempts) \
+                if name in self._exhaustive else None
             try:
                 decided = decide_policy(self.db, policy, probe, model, reason=stale[name], lock_dir=self.cfg.lock_dir,
-                                        search=search)
+                                        search=search, no_repeat=no_repeat)
             except Exception as exc:
                 log.exception("policy %s: deciding failed", name)
                 summary["policy_errors"].append({"file": str(policy.path), "error": f"deciding failed: {exc}"})

@@ -9,6 +9,7 @@ set aside after a failed commit) is not priced: its seconds are counted apart, a
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import sqlite_utils
@@ -24,7 +25,9 @@ class PassBill:
         self._run_ids: dict[str, list[int]] = {}
         self._unstored_s: dict[str, float] = {}
 
-    def job_ended(self, policy: str, run_id: int | None, wall_s: float) -> None:
+    def job_ended(self, policy: str, run_id: int | None, wall_s: float, further_run_ids: Iterable[int] = ()) -> None:
+        """A job of `policy` ended: `run_id` the run it stored (None: none), `further_run_ids` the runs of its
+        worker's further windows (each priced as a run of its own, as `status` prices them)."""
         if run_id is None and wall_s <= 0:  # nothing ran (the device could not be metered, ...)
             return
         with self._lock:
@@ -33,7 +36,7 @@ class PassBill:
             if run_id is None:
                 self._unstored_s[policy] += max(0.0, wall_s)
             else:
-                self._run_ids[policy].append(run_id)
+                self._run_ids[policy] += [run_id, *further_run_ids]
 
     def per_policy(self, db: sqlite_utils.Database) -> list[dict[str, Any]]:
         """One entry per policy that ran a job this pass, by policy name: `{policy, runs, failed_runs,

@@ -2,10 +2,17 @@
 
 A decision is stale when there is none for this device kind, the policy file changed, the software
 under it changed (torch / triton / driver / joulepilot: the runs' provenance key), the deployment
-guard marked it violated, a hook asked for it, it is older than the configured age, or a run it could
-rest on was flagged "repeat this run". Planning lists the policy's allowed configurations cheapest
-compile first, and leaves out those measured ok under the same provenance within the age limit (a
-flagged run does not count until it was repeated) and those a deployment found over the envelope.
+guard marked it violated, a hook asked for it, it is older than the configured age, a run it could
+rest on was flagged "repeat this run", or (an exhaustive policy's) contenders are still to be measured
+again (`Decision.confirm`). Planning lists the policy's allowed configurations cheapest compile first,
+and leaves out those measured ok under the same provenance within the age limit (a flagged run does not
+count until it was repeated) and those a deployment found over the envelope.
+
+Once an exhaustive policy's sweep is done, `plan_repeats` names the contenders to measure again: the
+chosen configuration and those that tie with it, each until it is confirmed (`policies.resolve`'s
+`confirm`), one job each, a fresh worker process that takes the windows it still needs. A contender
+whose job failed `max_attempts` times is not queued again (`repeat_blocked`), so a repeat that keeps
+failing ends with the decision `provisional`, saying why, rather than in a loop.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
+from joulepilot.store.daemon_state import failed_out_jobs
 from joulepilot.store.decisions import DecisionRow
 from joulepilot.store.runs import recent_ok_runs
 
@@ -69,6 +77,8 @@ def stale_reason(
         return f"the decision is older than {max_age_s / 86400:g} days"
     if decision.details.get("repeat"):
         return "runs it could rest on were flagged \"repeat this run\""
+    if decision.details.get("confirm"):
+        return str(decision.details.get("confirm_reason") or "its contenders are still to be measured again")
     return None
 
 
@@ -139,4 +149,49 @@ def plan_policy(
             plan.already_measured.append(cfg.label)
         else:
             plan.to_measure.append(cfg)
+    return plan
+
+
+@dataclass
+class Repeat:
+    """A contender to measure again: one job, in a worker process of its own that takes `windows` energy
+    windows (the runs it still needs; each is stored as a run)."""
+
+    config: Any  # CompileConfig
+    windows: int
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.label, "config_id": self.config.id, "windows": self.windows, "why": self.why}
+
+
+@dataclass
+class RepeatPlan:
+    policy: str
+    reason: str  # why the contenders are measured again ('' when none is)
+    repeats: list[Repeat] = field(default_factory=list)
+
+
+def repeat_blocked(db: sqlite_utils.Database, policy: Any, provenance_key: str, max_attempts: int) -> dict[str, str]:
+    """config_id -> why it is not measured again: its job (of any batch size of the grid, under this
+    provenance) failed `max_attempts` times, so the queue takes it no more."""
+    from joulepilot.policies.batches import grid_workload_ids
+
+    failed = failed_out_jobs(db, grid_workload_ids(policy).values(), provenance_key, max_attempts)
+    return {config_id: f"its job failed {attempts} times" for config_id, attempts in failed.items()}
+
+
+def plan_repeats(db: sqlite_utils.Database, policy: Any, device_kind: str, *, provenance_key: str,
+                 max_attempts: int, violated: Iterable[str] = ()) -> RepeatPlan:
+    """The contenders of an exhaustive policy to measure again, as the decision made now would list them
+    (`Decision.confirm`; the trade-off model plays no part in which measured configuration is chosen)."""
+    from joulepilot.policies.resolve import resolve
+
+    decision = resolve(policy, db, device_kind, None, exclude=set(violated),
+                       no_repeat=repeat_blocked(db, policy, provenance_key, max_attempts))
+    by_id = {c.config_id: c for c in decision.candidates}
+    plan = RepeatPlan(policy=policy.name, reason=decision.confirm_reason)
+    for item in decision.confirm:
+        plan.repeats.append(Repeat(measured_config(by_id[item["config_id"]].config, policy), int(item["runs"]),
+                                   str(item["why"])))
     return plan

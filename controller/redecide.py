@@ -70,15 +70,17 @@ def fit_or_none(db: Any) -> Any:
 
 
 def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, reason: str = "",
-                  lock_dir: Path | None = None, search: dict[str, Any] | None = None) -> Any:
+                  lock_dir: Path | None = None, search: dict[str, Any] | None = None,
+                  no_repeat: dict[str, str] | None = None) -> Any:
     """Decide through `policies.decide` (the one way every command decides): leaves out what broke the
     envelope, stores the decision with this host's provenance, writes the lock file (beside the policy,
-    else in `lock_dir`), with the guided `search` summary in its details. Returns the `Decided`; a lock
-    file that could not be written is in `lock_error`."""
+    else in `lock_dir`), with the guided `search` summary in its details. `no_repeat`: contenders the
+    daemon cannot measure again, and why (`controller.planner.repeat_blocked`). Returns the `Decided`; a
+    lock file that could not be written is in `lock_error`."""
     from joulepilot.policies import decide
 
     return decide(db, policy, probe.device_kind, model, provenance_key=probe.provenance_key, decided_by="daemon",
-                  reason=reason, lock_dir=lock_dir, search=search)
+                  reason=reason, lock_dir=lock_dir, search=search, no_repeat=no_repeat)
 
 
 def warm_start_candidates(decision: Any) -> list[tuple[str, Any]]:

@@ -58,6 +58,7 @@ def decide(
     lock: bool = True,
     exclude: Collection[str] = (),
     search: Mapping[str, Any] | None = None,
+    no_repeat: Mapping[str, str] | None = None,
 ) -> Decided:
     """Resolve `policy` for `device_kind` and torch major.minor (default: the installed torch), leaving out
     every configuration that broke its envelope; store it (`record`) and write its lock file (`lock`).
@@ -67,11 +68,13 @@ def decide(
     why it was (re)decided. A lock file that cannot be written anywhere does not raise: `lock_error`
     says why, and the stored decision stands (the daemon writes the file again on its next pass).
     `search`: the guided search's summary (controller.guided), kept in the decision's details as `search`.
+    `no_repeat`: config id -> why the daemon cannot measure it again (`resolve`'s `no_repeat`).
     Every decision carries its tuning bill (`policies.bill`): what measuring its workload cost, and its payback.
     """
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     violated = violated_configs(db, policy.name, device_kind) | set(exclude)
-    decision = resolve(policy, db, device_kind, model, torch_version=torch_version, exclude=violated)
+    decision = resolve(policy, db, device_kind, model, torch_version=torch_version, exclude=violated,
+                       no_repeat=no_repeat)
     decision.bill = tuning_bill(db, decision)
     outcome = Decided(decision)
     if record and search is None:

@@ -25,6 +25,15 @@ Rules (the README's "How a decision is made" says the same for users):
     - nothing feasible at all -> state `fallback`, the fallback applied, the reason says why.
   So `provisional` names either configuration: the chosen measured one (too few runs yet) or the
   fallback (nothing measured fits yet); the reason says which.
+* Contenders (`Decision.contenders`): the lowest median within every limit and every candidate whose
+  interval overlaps it, the chosen one among them. For a policy with `[search] strategy = "exhaustive"`
+  the decision also lists those the daemon measures again (`Decision.confirm`, with `confirm_reason`),
+  by the guided search's rule (`policies.noise.repeat_advice`): each until it is confirmed, a close call
+  (the tie-break chose another than the lowest median) a little more, at most MAX_REPEATS runs of one
+  configuration (failed and flagged runs included); nothing with `min_repeats = 1`. One that reached that cap, or whose repeat the daemon
+  could not run again (`no_repeat`: its job failed as often as it may), is not listed, and when it is the
+  chosen one the reason says so ("it is not measured again: cap of 5 runs reached"). A stored decision
+  with contenders to confirm is stale for the daemon (`controller.planner.stale_reason`).
 * A run that `bench` flagged "repeat this run" (`extra.window_warning`: its energy window ran much
   slower than its latency pass) counts only once its configuration has a clean run: until then such a
   candidate is `flagged`, never chosen, and the daemon repeats it (at most REPEAT_LIMIT flagged runs per
@@ -72,6 +81,7 @@ from .batches import (
 )
 from .noise import (
     TIE,
+    Confirmation,
     Interval,
     RunMark,
     TieEntry,
@@ -83,6 +93,7 @@ from .noise import (
     fresh_process_of,
     median,
     median_interval,
+    repeat_advice,
     typical_rel_std,
 )
 from .schema import Policy
@@ -168,6 +179,12 @@ class Decision:
     decided_at: float = field(default_factory=time.time)
     id: int | None = None
     repeat: list[str] = field(default_factory=list)  # config ids whose flagged runs should be measured again
+    # The chosen configuration and every one whose objective interval overlaps the lowest median's (the
+    # ties), config ids; and, for an exhaustive policy, those of them the daemon measures again (config_id,
+    # label, `runs` still needed, `why`) with the reason it does (`confirm_reason`), see `_to_confirm`.
+    contenders: list[str] = field(default_factory=list)
+    confirm: list[dict[str, Any]] = field(default_factory=list)
+    confirm_reason: str = ""
     # (device kind, torch) pairs with ok runs of this workload, when none is measured for this pair
     measured_elsewhere: list[dict[str, Any]] = field(default_factory=list)
     excluded_violated: list[str] = field(default_factory=list)  # config ids left out: they broke the envelope
@@ -254,23 +271,33 @@ def needs_repeat(flagged_runs: int) -> bool:
     return 0 < flagged_runs < REPEAT_LIMIT
 
 
-def _scan_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str, torch_version: str
-               ) -> tuple[dict[str, list[RunRow]], dict[str, RunRow], dict[str, int], set[str]]:
-    """(config_id -> every ok run, newest first; config_id -> latest ok run, else latest failed run;
-    config_id -> how many ok runs were flagged; configurations whose newest run failed), over the runs of
-    the policy's workload at each batch size of its grid."""
+@dataclass
+class _Scan:
+    """What the runs of a policy's grid on one device kind and torch say, per configuration."""
+
+    ok_by_config: dict[str, list[RunRow]]  # every ok run, newest first
+    latest: dict[str, RunRow]  # the latest ok run, else the latest failed run
+    flagged_counts: dict[str, int]  # how many ok runs were flagged "repeat this run"
+    newest_failed: set[str]  # configurations whose newest run failed
+    all_by_config: dict[str, list[RunRow]]  # every run, ok or failed, newest first (the repeat cap counts them all)
+
+
+def _scan_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str, torch_version: str) -> _Scan:
+    """The runs of the policy's workload at each batch size of its grid, sorted per configuration."""
     runs = grid_runs(db, policy, device_kind, torch_version)  # newest first
     flagged: dict[str, int] = {}
     newest: dict[str, RunRow] = {}
     ok_by_config: dict[str, list[RunRow]] = {}
+    all_by_config: dict[str, list[RunRow]] = {}
     for run in runs:
         newest.setdefault(run.config_id, run)
+        all_by_config.setdefault(run.config_id, []).append(run)
         if run.ok:
             ok_by_config.setdefault(run.config_id, []).append(run)
             if run_flag(run):
                 flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
     newest_failed = {config_id for config_id, run in newest.items() if not run.ok}
-    return ok_by_config, latest_per_config(runs, failed_if_no_ok=True), flagged, newest_failed
+    return _Scan(ok_by_config, latest_per_config(runs, failed_if_no_ok=True), flagged, newest_failed, all_by_config)
 
 
 @dataclass
@@ -481,9 +508,12 @@ def _tie_text(criterion: str, chosen: Candidate, other: Candidate) -> str:
     return "lower median (average power, compile and mode within the noise)"
 
 
-def _rank(feasible: list[Candidate], repeats: Mapping[str, _Repeats]) -> tuple[Candidate, str, str]:
+def _rank(feasible: list[Candidate], repeats: Mapping[str, _Repeats]
+          ) -> tuple[Candidate, str, str, list[Candidate]]:
     """(the chosen candidate, the tie-break criterion or '' when it is the lowest median outright, the
-    confidence sentence comparing it with the runner-up). `feasible` is sorted by median objective."""
+    confidence sentence comparing it with the runner-up, the contenders: the lowest median and every
+    candidate whose interval overlaps it, the chosen one among them). `feasible` is sorted by median
+    objective."""
     best = feasible[0]
     best_ci = repeats[best.config_id].objective_ci
     ties = [c for c in feasible if c is best or repeats[c.config_id].objective_ci.overlaps(best_ci)]
@@ -494,7 +524,7 @@ def _rank(feasible: list[Candidate], repeats: Mapping[str, _Repeats]) -> tuple[C
         chosen = next(c for c in ties if c.config_id == winner.key)
     rivals = [c for c in feasible if c is not chosen]
     if not rivals:
-        return chosen, criterion, f"{chosen.label} is the only measured configuration within every limit"
+        return chosen, criterion, f"{chosen.label} is the only measured configuration within every limit", ties
     rival = rivals[0]
     chosen_ci, rival_ci = repeats[chosen.config_id].objective_ci, repeats[rival.config_id].objective_ci
     comparison = compare(chosen_ci, rival_ci)
@@ -505,7 +535,53 @@ def _rank(feasible: list[Candidate], repeats: Mapping[str, _Repeats]) -> tuple[C
                 f"{comparison.plus_minus_rel:.0%}); chosen for {_tie_text(pair_criterion, chosen, rival)}")
     else:
         text = comparison.text(chosen.label, rival.label)
-    return chosen, criterion, f"{text} (median of {chosen_ci.n} vs {rival_ci.n} runs)"
+    return chosen, criterion, f"{text} (median of {chosen_ci.n} vs {rival_ci.n} runs)", ties
+
+
+def _to_confirm(policy: Policy, ties: Sequence[Candidate], chosen: Candidate, best: Candidate,
+                all_by_config: Mapping[str, Sequence[RunRow]], no_repeat: Mapping[str, str] | None
+                ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(the contenders to measure again, the chosen one first, then lowest median first: each one's config
+    id, label, the runs it still needs and why; config id -> why a contender that is not confirmed is not
+    measured again).
+
+    The rule is the guided search's (`policies.noise.repeat_advice`): every contender until it rests on
+    `[search] min_repeats` counted runs from two processes; a tie that more runs may still decide otherwise
+    (the tie-break chose another than the lowest median) is a close call and gets more, and no
+    configuration gets more than MAX_REPEATS runs, failed and flagged ones included. A policy that asks for
+    one run (`min_repeats = 1`) has said one is enough: nothing is repeated, close calls included."""
+    if policy.search.min_repeats <= 1:
+        return [], {}
+    close = {c.config_id for c in ties} if len(ties) > 1 and chosen is not best else set()
+    wanted: list[dict[str, Any]] = []
+    not_again: dict[str, str] = {}
+    for cand in sorted(ties, key=lambda c: c is not chosen):  # stable: the others stay lowest median first
+        marks = [run_mark(run) for run in all_by_config.get(cand.config_id, ())]
+        advice = repeat_advice(marks, close_call=cand.config_id in close, min_repeats=policy.search.min_repeats)
+        if advice.more <= 0:
+            if not confirmation(marks, policy.search.min_repeats).confirmed:
+                not_again[cand.config_id] = advice.why
+            continue
+        if no_repeat and cand.config_id in no_repeat:
+            not_again[cand.config_id] = no_repeat[cand.config_id]
+            continue
+        wanted.append({"config_id": cand.config_id, "label": cand.label, "runs": advice.more, "why": advice.why})
+    return wanted, not_again
+
+
+def _confirm_reason(chosen: Candidate, status: Confirmation, confirm: Sequence[Mapping[str, Any]]) -> str:
+    """Why a decision's contenders are measured again, as the daemon says it ('' when none is): 'its choice
+    rests on 1 of the 3 runs a verified decision needs'."""
+    if not confirm:
+        return ""
+    if status.runs < status.min_repeats:
+        return f"its choice rests on {status.runs} of the {status.min_repeats} runs a verified decision needs"
+    if status.fresh < status.fresh_needed:
+        return (f"its choice rests on {status.fresh} of the {status.fresh_needed} worker processes a verified "
+                f"decision needs")
+    if any(item["config_id"] == chosen.config_id for item in confirm):
+        return "its choice is a close call that more runs may still decide otherwise"
+    return "configurations that tie with its choice rest on fewer runs than a verified decision needs"
 
 
 POWER_LIMITS = ("max_avg_power_w", "max_peak_power_w")
@@ -549,15 +625,20 @@ def _shortfall(cand: Candidate, policy: Policy) -> str:
 
 
 def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: Any = None, *,
-            torch_version: str | None = None, exclude: Collection[str] = ()) -> Decision:
+            torch_version: str | None = None, exclude: Collection[str] = (),
+            no_repeat: Mapping[str, str] | None = None) -> Decision:
     """The decision for `policy` on device kind `device_name` ('cpu' or the GPU's name) and torch
     major.minor `torch_version` (default: the installed torch). `model` is a fitted TradeoffModel or None.
     `exclude`: config ids that broke the power envelope in a live deployment; they are rejected.
+    `no_repeat`: config id -> why it cannot be measured again (the daemon's job for it failed as often as
+    it may); such a contender is left out of `confirm`.
     This only computes; `policies.decide` is what records a decision and writes its lock file."""
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
     workload_row = stored_workload(db, workload_id)
-    ok_by_config, runs, flagged_counts, newest_failed = _scan_runs(db, policy, device_name, torch_version)
+    scan = _scan_runs(db, policy, device_name, torch_version)
+    ok_by_config, runs, flagged_counts, newest_failed = scan.ok_by_config, scan.latest, scan.flagged_counts, \
+        scan.newest_failed
     coverage = run_coverage(db, workload_id)
     fallback = fallback_config(policy)
     configs = candidate_configs(policy)
@@ -655,7 +736,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     feasible = sorted((c for c in candidates if c.status == "kept"), key=order)
     hopeful = sorted((c for c in candidates if c.status == "unverified" and c.score is not None
                       and math.isfinite(c.score)), key=order)
-    chosen, criterion, confidence = _rank(feasible, repeats) if feasible else (None, "", "")
+    chosen, criterion, confidence, ties = _rank(feasible, repeats) if feasible else (None, "", "", [])
     proposed = hopeful[0] if hopeful and (chosen is None or order(hopeful[0]) < order(chosen)) else None
     # Flagged runs within every limit that would beat the chosen one: measure them again.
     worth_repeating = sorted((c for c in candidates if c.status == "flagged"
@@ -665,6 +746,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
               and c.config_id not in newest_failed]
     lowest_power = None if chosen is not None or worth_repeating else _infeasible_pick(candidates, exclude)
 
+    confirm: list[dict[str, Any]] = []
+    confirm_reason = ""
     objective = policy.objective.minimize
     objective_text = _objective_text(objective, by_sample)
     measured_any = any(c.source == "measured" for c in candidates)
@@ -686,6 +769,11 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         reason += f"; {len(feasible)} of {len(candidates)} candidates measured within limits"
         if not status.confirmed:
             reason += "; " + status.shortfall()
+        if policy.search.strategy == "exhaustive":  # the guided search repeats its contenders itself
+            confirm, not_again = _to_confirm(policy, ties, chosen, feasible[0], scan.all_by_config, no_repeat)
+            confirm_reason = _confirm_reason(chosen, status, confirm)
+            if not status.confirmed and chosen.config_id in not_again:
+                reason += f"; it is not measured again: {not_again[chosen.config_id]}"
     elif worth_repeating:
         state, applied = "provisional", fallback.to_row()
         labels = ", ".join(c.label for c in worth_repeating)
@@ -736,7 +824,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         measured=_key_figures(applied_cand),
         break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
         eager_energy_j_per_inference=eager_j,
-        repeat=[c.config_id for c in repeat], measured_elsewhere=elsewhere,
+        repeat=[c.config_id for c in repeat], contenders=[c.config_id for c in ties], confirm=confirm,
+        confirm_reason=confirm_reason, measured_elsewhere=elsewhere,
         excluded_violated=sorted(set(exclude)), confidence=confidence,
         batch_sizes=list(grid_batch_sizes(policy)), workload_ids=workload_ids,
         objective_unit=_objective_unit(objective, by_sample),

@@ -97,6 +97,21 @@ def drop_queued_jobs(db: sqlite_utils.Database, policy: str, keep_ids: Iterable[
         return db.execute(sql, [policy, *keep]).rowcount
 
 
+def failed_out_jobs(db: sqlite_utils.Database, workload_ids: Iterable[str], provenance_key: str,
+                    max_attempts: int) -> dict[str, int]:
+    """config_id -> attempts, for the jobs of these workloads under this provenance that failed `max_attempts`
+    times or more: `enqueue_job` queues them no more."""
+    ids = list(workload_ids)
+    if not ids:
+        return {}
+    rows = db.execute(
+        f"SELECT config_id, attempts FROM jobs WHERE workload_id IN ({', '.join('?' for _ in ids)}) "
+        "AND provenance_key = ? AND state = 'failed' AND attempts >= ?",
+        [*ids, provenance_key, max_attempts],
+    ).fetchall()
+    return {config_id: int(attempts) for config_id, attempts in rows}
+
+
 def get_job(db: sqlite_utils.Database, job_id: int) -> JobRow | None:
     rows = _jobs(db, "SELECT * FROM jobs WHERE id = ?", [job_id])
     return rows[0] if rows else None

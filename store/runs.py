@@ -177,6 +177,14 @@ def daemon_runs(db: sqlite_utils.Database, policy: str | None = None) -> list[Ru
     return _runs(db, f"{made_for} = ?", [policy])
 
 
+def further_window_run_ids(db: sqlite_utils.Database, first_run_id: int) -> list[int]:
+    """The runs stored as further windows of the worker process whose first run is `first_run_id`
+    (`extra.first_run_id`), oldest first."""
+    rows = db.execute("SELECT id FROM runs WHERE json_valid(extra) AND json_extract(extra, '$.first_run_id') = ? "
+                      "ORDER BY id", [int(first_run_id)]).fetchall()
+    return [int(row[0]) for row in rows]
+
+
 def runs_by_id(db: sqlite_utils.Database, run_ids: Iterable[int]) -> list[RunRow]:
     """The stored runs among `run_ids`, newest first (ids not stored are left out)."""
     ids = sorted({int(i) for i in run_ids})

@@ -61,15 +61,21 @@ def is_worker(cmdline: Sequence[str]) -> bool:
 
 
 def write_policy(folder: Path, name: str, *, workload: str = "mlp", modes: Sequence[str] = ("eager",),
-                 precisions: Sequence[str] = ("fp32",), extra: str = "", strategy: str = "exhaustive") -> Path:
-    """A policy file; `exhaustive` by default, so the daemon's tests measure each configuration once
-    (the guided search's repeats are tested in test_guided_planner.py)."""
+                 precisions: Sequence[str] = ("fp32",), extra: str = "", strategy: str = "exhaustive",
+                 min_repeats: int | None = None) -> Path:
+    """A policy file; `exhaustive` with `min_repeats = 1` by default, so the daemon's tests measure each
+    configuration once (the guided search's repeats are tested in test_guided_planner.py, the exhaustive
+    strategy's in test_exhaustive_repeats.py). `min_repeats`: written when given; None leaves a guided
+    policy at the policy's default and gives an exhaustive one 1."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.toml"
+    if min_repeats is None and strategy == "exhaustive":
+        min_repeats = 1
     path.write_text(
         f'name = "{name}"\nworkload = "{workload}"\nbatch_size = 8\n{extra}\n'
         f"[search]\nmodes = {list(modes)!r}\nprecisions = {list(precisions)!r}\n"
         f"strategy = {strategy!r}\n".replace("'", '"')
+        + (f"min_repeats = {min_repeats}\n" if min_repeats is not None else "")
     )
     return path
 

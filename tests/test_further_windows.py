@@ -107,19 +107,23 @@ def test_further_windows_are_committed_with_the_first_run_or_set_aside_with_it(t
     assert {json_object(r["extra"]).get("first_run_id") for r in stored} == {None, item.run_id}
 
 
-def test_a_job_takes_the_windows_its_guided_search_asked_for():
+def test_a_job_takes_the_windows_its_guided_search_or_its_exhaustive_repeat_asked_for():
     from joulepilot.controller.daemon import GuidedState
     from joulepilot.controller.guided import GuidedPlan, NextMeasurement
 
-    daemon = Daemon.__new__(Daemon)  # only the pass's guided state is read
+    daemon = Daemon.__new__(Daemon)  # only the pass's guided state and exhaustive repeats are read
     config = CompileConfig(mode="default")
     plan = GuidedPlan(policy="p", workload_id="w", device_kind="cpu",
                       next=[NextMeasurement(config, "repeat", True, "repeat: a tie", 1, windows=2)])
     daemon._guided = {"p": GuidedState(set(), plan=plan)}
-    job = SimpleNamespace(policy="p", config_id=config.id)
+    daemon._repeat_windows = {}
+    job = SimpleNamespace(id=1, policy="p", config_id=config.id)
     assert daemon._windows_for(job) == 2
-    assert daemon._windows_for(SimpleNamespace(policy="p", config_id="another")) == 1  # not the planned one
-    assert daemon._windows_for(SimpleNamespace(policy="exhaustive", config_id=config.id)) == 1
+    assert daemon._windows_for(SimpleNamespace(id=2, policy="p", config_id="another")) == 1  # not the planned one
+    assert daemon._windows_for(SimpleNamespace(id=3, policy="exhaustive", config_id=config.id)) == 1
+    # An exhaustive policy's repeat (controller.planner.plan_repeats) takes the windows its contender still needs.
+    daemon._repeat_windows = {3: 2}
+    assert daemon._windows_for(SimpleNamespace(id=3, policy="exhaustive", config_id=config.id)) == 2
 
 
 def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, flow_worker, own_tmpdir,

@@ -118,8 +118,9 @@ def test_the_daemon_measures_the_policys_shape_set(tmp_path, monkeypatch, restor
     use_fake_worker(monkeypatch)  # compiling is not the point here: which sizes and configurations are measured
     db, policies = tmp_path / "j.db", tmp_path / "policies"
     policies.mkdir()
+    # one run each (`min_repeats = 1`): the contenders' repeats are test_exhaustive_repeats.py's
     write(policies, BASE + "[shapes]\nseq_len = [5, 9]\nweights = [3, 1]\n"
-                    '[search]\nmodes = ["default"]\ndynamic = [false]\nstrategy = "exhaustive"\n')
+                    '[search]\nmodes = ["default"]\ndynamic = [false]\nstrategy = "exhaustive"\nmin_repeats = 1\n')
     config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies, min_seconds=0.2)
     # the pass in this process (the CLI through click): a daemon process would only add its start and imports
     result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])

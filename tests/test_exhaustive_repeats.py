@@ -1,0 +1,242 @@
+"""The daemon's exhaustive strategy repeats its contenders: once every allowed configuration is measured, the
+chosen one and those that tie with it are measured again (a job each, a fresh worker process taking the windows
+still needed) until each rests on `[search] min_repeats` runs from two processes, so the pass ends `verified`. A
+contender whose repeats keep failing stops at the job's `max_attempts` or at the cap of runs per configuration,
+and the decision stays `provisional` saying why, with no job after it. The passes run in this process
+(`Daemon.run(once=True)`) with the flow worker: the daemon's flow is real, the model a stand-in."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from daemon_factories import query, write_daemon_config, write_policy
+from joulepilot.controller.daemon import Daemon
+from joulepilot.controller.daemon_config import load_daemon_config
+from joulepilot.controller.planner import stale_reason
+from joulepilot.policies import decide, load_policy
+from joulepilot.policies.noise import MAX_REPEATS, fresh_process_of
+from joulepilot.store import open_db
+from joulepilot.store.decisions import latest_decision
+from joulepilot.store.jsonvalues import json_object
+
+
+@pytest.fixture(autouse=True)
+def _repo_on_path(monkeypatch, request):
+    monkeypatch.syspath_prepend(str(request.config.rootpath))
+
+
+def _pass(cfg) -> dict:
+    logging.getLogger("joulepilot").handlers.clear()  # each pass sets the daemon's log handler up again
+    result = Daemon(cfg).run(once=True)
+    assert result.exit_code == 0, result.summary
+    return result.summary
+
+
+def _config(tmp_path, *, max_attempts: int | None = None):
+    path = write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=tmp_path / "policies",
+                               min_seconds=0.2)
+    if max_attempts is not None:
+        path.write_text(path.read_text().replace("[bench]\n", f"[bench]\nmax_attempts = {max_attempts}\n"))
+    return load_daemon_config(path)
+
+
+def _runs(db) -> dict[str, list[dict]]:
+    """config label -> its runs, oldest first, each with `fresh` (it started its worker process)."""
+    rows = query(db, "SELECT runs.*, configs.label FROM runs JOIN configs ON configs.id = runs.config_id "
+                     "ORDER BY runs.id")
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        row["fresh"] = fresh_process_of(json_object(row["extra"]))
+        out.setdefault(row["label"], []).append(row)
+    return out
+
+
+def _decision(db):
+    database = open_db(db)
+    try:
+        return latest_decision(database, "mlp", "cpu")
+    finally:
+        database.close()
+
+
+def _policy(tmp_path, extra: str = "", min_repeats: int = 3, **kwargs):
+    """The exhaustive policy `mlp` (three runs for a verified decision unless `min_repeats` says otherwise),
+    `extra` appended."""
+    path = write_policy(tmp_path / "policies", "mlp", min_repeats=min_repeats, **kwargs)
+    path.write_text(path.read_text() + extra)
+    return path
+
+
+def test_a_pass_repeats_the_contenders_until_the_decision_is_verified(tmp_path, flow_worker, own_tmpdir):
+    # The compiled configurations break the compile-time limit (the stand-in's compile waits 0.1 s): they are
+    # never contenders, whatever the estimate meter's noise makes of the two eager ones.
+    _policy(tmp_path, "[limits]\nmax_compile_s = 0.05\n", modes=("eager", "default"), precisions=("fp32", "bf16"))
+    cfg = _config(tmp_path)
+    summary = _pass(cfg)
+
+    db = tmp_path / "j.db"
+    decision = _decision(db)
+    assert decision.state == "verified", decision.reason
+    runs = _runs(db)
+    chosen = runs[decision.details["config"]["label"]]
+    assert len(chosen) >= 3 and all(r["status"] == "ok" for r in chosen)
+    assert sum(r["fresh"] for r in chosen) >= 2
+    # Each repeat was a job of its own: a fresh worker process taking the windows the contender still needed.
+    repeated = {r["config"] for r in summary["repeats"]}
+    assert decision.details["config"]["label"] in repeated
+    assert all(r["why"] and r["windows"] >= 1 for r in summary["repeats"])
+    for label, its_runs in runs.items():
+        if label in repeated:  # a contender: confirmed now
+            assert len(its_runs) >= 3 and sum(r["fresh"] for r in its_runs) >= 2, label
+        else:  # never a contender: measured once
+            assert len(its_runs) == 1, label
+    assert len(runs["default/fp32/b8"]) == len(runs["default/bf16/b8"]) == 1
+    assert set(decision.details["contenders"]) <= {r["config_id"] for r in summary["repeats"]}
+    assert decision.details["confirm"] == [] and not decision.details["confirm_reason"]
+    # One job per configuration, then one per repeat; a job's further windows are runs of it.
+    assert summary["enqueued"] == summary["runs_ok"] == len(runs) + len(summary["repeats"])
+    assert sum(len(r) for r in runs.values()) == summary["runs_ok"] + sum(r["windows"] - 1 for r in summary["repeats"])
+    # What the pass spent prices every run it stored, a repeat's further windows included.
+    (spent,) = summary["measuring"]
+    assert spent["runs"] == sum(len(r) for r in runs.values())
+
+    # The next pass finds the decision current: nothing is measured again.
+    again = _pass(cfg)
+    assert again["stale"] == [] and again["enqueued"] == 0 and again["repeats"] == []
+    assert sum(len(r) for r in _runs(db).values()) == sum(len(r) for r in runs.values())
+
+
+def test_min_repeats_one_is_verified_after_one_pass_without_a_repeat(tmp_path, flow_worker, own_tmpdir):
+    _policy(tmp_path, min_repeats=1, modes=("eager", "default"))
+    summary = _pass(_config(tmp_path))
+    db = tmp_path / "j.db"
+    assert summary["repeats"] == [] and summary["enqueued"] == 2
+    assert _decision(db).state == "verified"
+    assert {label: len(r) for label, r in _runs(db).items()} == {"eager/fp32/b8": 1, "default/fp32/b8": 1}
+
+
+@pytest.mark.parametrize("max_attempts", [3, MAX_REPEATS * 2])
+def test_a_contender_whose_repeats_keep_failing_stops_and_the_decision_stays_provisional(
+        tmp_path, flow_worker, own_tmpdir, monkeypatch, max_attempts):
+    # One run each, verified under min_repeats = 1; then the policy asks for three, and every worker fails.
+    policy_file = _policy(tmp_path, min_repeats=1, modes=("eager", "default"))
+    cfg = _config(tmp_path, max_attempts=max_attempts)
+    _pass(cfg)
+    db = tmp_path / "j.db"
+    chosen = _decision(db).details["config"]["label"]
+    policy_file.write_text(policy_file.read_text().replace("min_repeats = 1\n", "min_repeats = 3\n"))
+    monkeypatch.setenv("JOULEPILOT_WORKER_MODULE", "tests.no_such_worker")  # every worker dies as it starts
+
+    summary = _pass(cfg)
+    runs = _runs(db)
+    # Each contender's repeat (the chosen one's, and that of one tying with it) is retried as its job allows
+    # (max_attempts), never past the cap of runs per configuration.
+    stop_after = min(max_attempts, MAX_REPEATS - 1)
+    repeated = [r["config"] for r in summary["repeats"]]
+    assert chosen in repeated
+    for label, its_runs in runs.items():
+        failed = [r for r in its_runs if r["status"] != "ok"]
+        assert len(failed) == repeated.count(label) == (stop_after if label in repeated else 0), label
+        assert len(its_runs) == 1 + len(failed)
+    decision = _decision(db)
+    assert decision.state == "provisional" and decision.details["config"]["label"] == chosen
+    why = f"its job failed {max_attempts} times" if max_attempts < MAX_REPEATS else \
+        f"cap of {MAX_REPEATS} runs reached"
+    assert decision.reason.endswith(f"it has 1 of the 3 runs a verified decision needs; it is not measured "
+                                    f"again: {why}")
+    assert decision.details["confirm"] == []
+
+    # No loop: the next pass finds nothing to do, and neither does the one after it.
+    for _ in range(2):
+        later = _pass(cfg)
+        assert later["stale"] == [] and later["enqueued"] == 0 and later["decided"] == []
+    assert sum(len(r) for r in _runs(db).values()) == sum(len(r) for r in runs.values())
+    assert query(db, "SELECT COUNT(*) AS n FROM jobs WHERE state IN ('queued', 'running')")[0]["n"] == 0
+
+
+def test_a_stored_decision_with_contenders_to_confirm_is_stale_and_the_daemon_confirms_them(
+        tmp_path, flow_worker, own_tmpdir):
+    # The runs exist (a pass under min_repeats = 1); `policy lock` then decides under min_repeats = 3.
+    policy_file = _policy(tmp_path, min_repeats=1, modes=("eager", "default"))
+    cfg = _config(tmp_path)
+    first = _pass(cfg)
+    policy_file.write_text(policy_file.read_text().replace("min_repeats = 1\n", "min_repeats = 3\n"))
+    policy = load_policy(policy_file)
+    database = open_db(tmp_path / "j.db")
+    try:
+        decided = decide(database, policy, "cpu", provenance_key=first["provenance_key"], decided_by="policy lock")
+        row = latest_decision(database, "mlp", "cpu")
+    finally:
+        database.close()
+    assert decided.decision.state == "provisional"
+    # The chosen configuration first (with one that ties with it, when the estimate's noise makes one).
+    item = decided.decision.confirm[0]
+    assert item["config_id"] == decided.decision.config_id and item["runs"] == 2
+    assert set(decided.decision.contenders) == {c["config_id"] for c in decided.decision.confirm}
+    reason = "its choice rests on 1 of the 3 runs a verified decision needs"
+    assert stale_reason(row, policy_hash=policy.hash, provenance_key=first["provenance_key"], max_age_s=1e9) == reason
+
+    summary = _pass(cfg)
+    assert summary["stale"] == [{"policy": "mlp", "reason": reason}]
+    assert summary["repeats"][0]["config_id"] == decided.decision.config_id and summary["enqueued"] >= 1
+    assert _decision(tmp_path / "j.db").state == "verified"
+
+
+# --- the resolver's side: which contenders an exhaustive decision lists to confirm (seeded runs, no worker) ----
+
+EAGER32, EAGER16 = ("eager", "fp32"), ("eager", "bf16")
+BEST = {"energy_j_per_inference": 0.50, "avg_power_w": 20.0}
+OTHER = {"energy_j_per_inference": 1.00, "avg_power_w": 20.0}
+FAILED = {"status": "failed", "energy_j_per_inference": None, "avg_power_w": 20.0}
+
+
+def _seeded_policy(tmp_path, strategy: str):
+    from decision_factories import write_policy as write_seeded_policy
+
+    path = write_seeded_policy(tmp_path / "seeded", limit_w=1000.0)
+    path.write_text(path.read_text().replace("[search]\n", f'[search]\nstrategy = "{strategy}"\n'))
+    return load_policy(path)
+
+
+def test_an_exhaustive_decision_lists_its_unconfirmed_contenders_and_a_guided_one_leaves_them_to_its_search(
+        tmp_path, db):
+    from decision_factories import config, seed_runs
+    from joulepilot.policies import resolve
+
+    seed_runs(db, {EAGER16: BEST, EAGER32: OTHER})  # eager bf16 clearly best: the only contender
+    best = config(*EAGER16).id
+    guided = resolve(_seeded_policy(tmp_path, "guided"), db, "cpu")
+    assert guided.contenders == [best] and guided.confirm == [] and guided.confirm_reason == ""
+    exhaustive = resolve(_seeded_policy(tmp_path, "exhaustive"), db, "cpu")
+    assert exhaustive.state == "provisional" and exhaustive.contenders == [best]
+    assert exhaustive.confirm == [{"config_id": best, "label": "eager/bf16/b8", "runs": 2,
+                                   "why": "contender with 1 of 3 runs"}]
+    assert exhaustive.confirm_reason == "its choice rests on 1 of the 3 runs a verified decision needs"
+
+    # A tie (within the assumed +-5% of one run): both contend, the chosen one first.
+    seed_runs(db, {EAGER16: BEST, EAGER32: {**BEST, "energy_j_per_inference": 0.51}})
+    tie = resolve(_seeded_policy(tmp_path, "exhaustive"), db, "cpu")
+    assert set(tie.contenders) == {best, config(*EAGER32).id}
+    assert [c["config_id"] for c in tie.confirm][0] == tie.config_id and len(tie.confirm) == 2
+
+
+def test_a_contender_at_the_cap_or_whose_job_failed_out_is_not_listed_and_the_reason_says_why(tmp_path, db):
+    from decision_factories import config, seed_runs
+    from joulepilot.policies import resolve
+
+    policy = _seeded_policy(tmp_path, "exhaustive")
+    seed_runs(db, {EAGER16: BEST, EAGER32: OTHER})
+    best = config(*EAGER16).id
+    blocked = resolve(policy, db, "cpu", no_repeat={best: "its job failed 3 times"})
+    assert blocked.confirm == [] and blocked.state == "provisional"
+    assert blocked.reason.endswith("it has 1 of the 3 runs a verified decision needs; it is not measured again: "
+                                   "its job failed 3 times")
+    for _ in range(MAX_REPEATS - 2):
+        seed_runs(db, {EAGER16: FAILED})
+    below_cap = resolve(policy, db, "cpu")  # one ok and three failed runs: one more may still be tried
+    assert [c["config_id"] for c in below_cap.confirm] == [best]
+    seed_runs(db, {EAGER16: FAILED})  # five runs in all: the cap
+    capped = resolve(policy, db, "cpu")
+    assert capped.confirm == [] and capped.state == "provisional"
+    assert capped.reason.endswith(f"it is not measured again: cap of {MAX_REPEATS} runs reached")
