@@ -22,7 +22,8 @@ from joulepilot.store.jsonvalues import json_object
 
 
 @pytest.fixture(autouse=True)
-def _repo_on_path(monkeypatch, request):
+def _repo_on_path(monkeypatch, request, restore_logging):
+    # and the `joulepilot` logger as it was: the daemon passes run here set up its handler and level
     monkeypatch.syspath_prepend(str(request.config.rootpath))
 
 
