@@ -9,7 +9,7 @@ with a fresh JOULEPILOT_HOME and database (so it is the workload's first sweep, 
 and compares the command's wall time with the sum of its runs' `compile_s + warmup_s + window_s`.
 
 `daemon` writes one policy per model with six configurations (eager, default and reduce-overhead, each in
-fp32 and bf16; `--modes`, `--precisions`), runs `joulepilot daemon --once` on them (`--device cuda:N`, or
+fp32 and bf16; `--modes`, `--precisions`; `min_repeats = 1`, so each is one job and one run), runs `joulepilot daemon --once` on them (`--device cuda:N`, or
 `cpu`), and compares each job's wall time (the daemon's `extra.job_wall_s`) with the run's irreducible
 work; the pass's wall time is compared with the sum over its runs, also from its first job's start (the
 daemon first waits out `idle.min_idle_s` of quiet, `--min-idle-s`, default the daemon's 60 s; on a GPU the
@@ -136,7 +136,7 @@ def daemon_sweep(args: argparse.Namespace) -> dict[str, Any]:
         (policies / f"model{i}.toml").write_text(
             f'name = "model{i}"\nworkload = "{spec}"\nbatch_size = {BATCH_SIZES.get(spec, 8)}\n'
             f"[search]\nmodes = {json.dumps(args.modes.split(','))}\n"
-            f"precisions = {json.dumps(args.precisions.split(','))}\nstrategy = \"exhaustive\"\n")
+            f"precisions = {json.dumps(args.precisions.split(','))}\nstrategy = \"exhaustive\"\nmin_repeats = 1\n")
     config = work / "daemon.toml"
     devices = '"cpu"' if args.device == "cpu" else f"[{args.device.partition(':')[2] or '0'}]"
     config.write_text(
