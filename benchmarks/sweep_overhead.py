@@ -9,8 +9,8 @@ with a fresh JOULEPILOT_HOME and database (so it is the workload's first sweep, 
 and compares the command's wall time with the sum of its runs' `compile_s + warmup_s + window_s`.
 
 `daemon` writes one policy per model with six configurations (eager, default and reduce-overhead, each in
-fp32 and bf16; `--modes`, `--precisions`; `min_repeats = 1`, so each is one job and one run), runs `joulepilot daemon --once` on them (`--device cuda:N`, or
-`cpu`), and compares each job's wall time (the daemon's `extra.job_wall_s`) with the run's irreducible
+fp32 and bf16; `--modes`, `--precisions`; `min_repeats = 1`, so each is one job and one run), runs
+`joulepilot daemon --once` on them (`--device cuda:N`, or `cpu`), and compares each job's wall time (the daemon's `extra.job_wall_s`) with the run's irreducible
 work; the pass's wall time is compared with the sum over its runs, also from its first job's start (the
 daemon first waits out `idle.min_idle_s` of quiet, `--min-idle-s`, default the daemon's 60 s; on a GPU the
 first workload's zygote starts during that wait). Warm starts the pass times (for each policy's decided
