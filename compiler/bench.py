@@ -197,22 +197,29 @@ class SweepContext:
     devices: list[dict[str, Any]]
     idle_power_w: dict[str, float]
     idle_s: float
+    idle_from: str = "measured"  # or "quiet period": the GPU's power over the daemon's wait for an idle device
 
     @property
     def provenance_key(self) -> str:
         return self.origin["provenance_key"]
 
 
-def sweep_context(device: str, idle_s: float) -> SweepContext:
+def sweep_context(device: str, idle_s: float, *, quiet_power_w: float | None = None) -> SweepContext:
     """Provenance, metered devices and the idle baseline, taken once per sweep in this process.
 
-    On a GPU only NVML is touched here (no CUDA context in the parent)."""
+    On a GPU only NVML is touched here (no CUDA context in the parent). `quiet_power_w`: the GPU's average
+    power over a quiet period just observed (`idle_s` seconds of it, the daemon's wait for an idle device),
+    used as the baseline instead of measuring one now."""
     from joulepilot.telemetry import EnergyMeter
 
     meter = EnergyMeter(device=device)
     try:
         devices = [d.to_dict() for d in meter.devices]
-        idle = meter.measure_idle(seconds=idle_s) if idle_s > 0 else {}
+        from_quiet = quiet_power_w is not None and len(devices) == 1 and devices[0].get("kind") == "gpu"
+        if from_quiet:
+            idle = {devices[0]["id"]: float(quiet_power_w)}
+        else:
+            idle = meter.measure_idle(seconds=idle_s) if idle_s > 0 else {}
     finally:
         meter.close()
     gpu = next((d for d in devices if d.get("kind") == "gpu"), None)
@@ -220,7 +227,8 @@ def sweep_context(device: str, idle_s: float) -> SweepContext:
         origin = provenance(device, name=gpu.get("name") or None, driver=gpu.get("driver") or None)
     else:
         origin = provenance(device, name=cpu_name())
-    return SweepContext(device, origin, devices, dict(idle), float(idle_s))
+    return SweepContext(device, origin, devices, dict(idle), float(idle_s),
+                        "quiet period" if from_quiet else "measured")
 
 
 @dataclass
@@ -459,6 +467,7 @@ def measure_config(
     further = result.pop("further_windows", None) or []
     row, samples = _run_row(result, wid=wid, config=config, device=device, origin=origin, columns=columns)
     row["extra"]["idle_s"] = context.idle_s
+    row["extra"]["idle_from"] = context.idle_from
     row["extra"]["budget"] = budget.to_dict()
     row["extra"]["worker_env"] = env
     row["extra"]["job_wall_s"] = time.monotonic() - job_started

@@ -164,6 +164,7 @@ class Daemon:
         # thread, under the device's lock), and the zygotes of the workloads being measured (one per device;
         # their workers are forked from them).
         self._contexts: dict[str, Any] = {}
+        self._quiet_baselines: dict[str, tuple[float, float] | None] = {}  # device -> (W, s) of its quiet period
         self._context_locks: dict[str, threading.Lock] = {}
         self._contexts_lock = threading.Lock()
         self._zygotes: Any = None
@@ -380,7 +381,7 @@ class Daemon:
         from joulepilot.compiler import ZygotePool
 
         with self._contexts_lock:
-            self._contexts, self._context_locks = {}, {}
+            self._contexts, self._context_locks, self._quiet_baselines = {}, {}, {}
         self._zygotes = ZygotePool()
         try:
             return self._run_pass()
@@ -716,7 +717,7 @@ class Daemon:
                    env: dict[str, str]) -> None:
         """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
         from joulepilot.compiler import measure_config, start_zygote_early, worker_job_key
-        from joulepilot.compiler.bench import describes_now
+        from joulepilot.compiler.bench import default_idle_s, describes_now
 
         if not claim_job(self.db, job.id):
             return
@@ -739,6 +740,12 @@ class Daemon:
         bench_cfg = self.cfg.bench
         zygotes = self._zygotes
         windows = self._windows_for(job)
+        if device.startswith("cuda") and not self._has_context(device):
+            # the quiet period that just made the device ready, as its idle baseline (read here, before the
+            # job's checks for production load start a new period)
+            quiet = self._tracker(device).quiet_power_w(default_idle_s(device))
+            with self._contexts_lock:
+                self._quiet_baselines[device] = quiet
         if device.startswith("cuda") and not self._has_context(device) and zygotes is not None:
             # the zygote's CPU work does not disturb the GPU's idle power, taken first on the job's thread
             start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
@@ -852,9 +859,11 @@ class Daemon:
             return device in self._contexts
 
     def _pass_context(self, device: str) -> Any:
-        """Provenance, metered devices and idle baseline of `device`, measured at its first job of the pass
-        (the device was found idle just before) and shared by the pass's other jobs on it. Called on the
-        jobs' threads: each device's is taken under a lock of its own, so devices take theirs side by side."""
+        """Provenance, metered devices and idle baseline of `device`, taken at its first job of the pass
+        (the device was found idle just before) and shared by the pass's other jobs on it. On a GPU whose
+        quiet period (the wait for an idle device) spanned at least the baseline's seconds, the baseline is
+        the GPU's average power over that period; else it is measured now. Called on the jobs' threads: each
+        device's is taken under a lock of its own, so devices take theirs side by side."""
         from joulepilot.compiler import sweep_context
         from joulepilot.compiler.bench import default_idle_s
 
@@ -864,7 +873,15 @@ class Daemon:
             with self._contexts_lock:
                 context = self._contexts.get(device)
             if context is None:
-                context = sweep_context(device, default_idle_s(device))
+                idle_s = default_idle_s(device)
+                with self._contexts_lock:
+                    quiet = self._quiet_baselines.pop(device, None)
+                if quiet is not None:
+                    log.info("%s: idle baseline %.1f W from the %.0f s quiet period just observed", device,
+                             quiet[0], quiet[1])
+                    context = sweep_context(device, quiet[1], quiet_power_w=quiet[0])
+                else:
+                    context = sweep_context(device, idle_s)
                 with self._contexts_lock:
                     self._contexts[device] = context
             return context

@@ -4,6 +4,10 @@ A GPU is idle when its utilisation stays under a threshold for a configured time
 process computes on it; the daemon's own worker processes do not count. A CPU device is idle unless
 a load threshold is configured, in which case the CPU use of everything but the daemon's own
 process tree must stay under it.
+
+The quiet period a GPU waits out is also its idle baseline: the tracker reads the GPU's energy counter
+with each quiet reading, and `quiet_power_w` is the average power from the period's first reading to
+its last (nothing of the daemon's runs on the GPU meanwhile; a zygote that starts then works on the CPU).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class LoadReading:
     reason: str
     utilization_pct: float | None = None
     other_pids: tuple[int, ...] = ()
+    energy_j: float | None = None  # the GPU's energy counter at this reading, where it has one
 
 
 def own_process_tree(root_pid: int | None = None) -> set[int]:
@@ -92,7 +97,8 @@ class LoadProbe:
         if util >= self.cfg.max_utilization_pct:
             return LoadReading(True, f"GPU {index} utilisation {util:.0f}% >= {self.cfg.max_utilization_pct:g}%",
                                util, tuple(others))
-        return LoadReading(False, f"GPU {index} utilisation {util:.0f}%", util, tuple(others))
+        return LoadReading(False, f"GPU {index} utilisation {util:.0f}%", util, tuple(others),
+                           getattr(act, "energy_j", None))
 
     def _read_cpu(self, own: set[int]) -> LoadReading:
         if self.cfg.cpu_max_load_pct >= 100:
@@ -123,6 +129,8 @@ class IdleTracker:
         self.clock = clock
         self.quiet_since: float | None = None
         self.last: LoadReading | None = None
+        # (time, energy counter) at the first and the latest quiet reading of the current quiet period
+        self._quiet_energy: list[tuple[float, float]] = []
 
     @property
     def needs_quiet_period(self) -> bool:
@@ -135,16 +143,45 @@ class IdleTracker:
         if reading.busy:
             if self.quiet_since is not None:
                 log.info("device %s became busy: %s", self.probe.device, reading.reason)
-            self.quiet_since = None
+            self._end_quiet()
             return False
         if self.quiet_since is None:
             self.quiet_since = now
+        self._note_energy(now, reading.energy_j)
         return not self.needs_quiet_period or now - self.quiet_since >= self.probe.cfg.min_idle_s
+
+    def _end_quiet(self) -> None:
+        self.quiet_since = None
+        self._quiet_energy = []
+
+    def _note_energy(self, now: float, energy_j: float | None) -> None:
+        if energy_j is None:
+            self._quiet_energy = []  # a gap in the counter's readings: the period's energy is unknown
+        elif not self._quiet_energy:
+            self._quiet_energy = [(now, energy_j)]
+        else:
+            self._quiet_energy = [self._quiet_energy[0], (now, energy_j)]
+
+    def quiet_power_w(self, min_span_s: float) -> tuple[float, float] | None:
+        """(average power in W, seconds it spans) of the GPU over the current quiet period, from its first
+        quiet reading to its latest, when that spans at least `min_span_s` and the latest was just taken (at
+        most two polls ago); None otherwise (no counter, a shorter period, busy since, an old period, or a
+        counter that went backwards: a driver reload)."""
+        readings = self._quiet_energy  # replaced, never changed in place: a job's thread may read it
+        if len(readings) < 2:
+            return None
+        (t0, e0), (t1, e1) = readings
+        span_s = t1 - t0
+        fresh = self.clock() - t1 <= 2 * self.probe.cfg.poll_s + 1.0
+        if not fresh or span_s < min_span_s or span_s <= 0 or e1 < e0:
+            return None
+        return (e1 - e0) / span_s, span_s
 
     def busy_now(self, own_pids: Iterable[int] | None = None) -> bool:
         """During a job: has production load come back? (No quiet period needed to say yes.)"""
         reading = self.probe.read(own_pids, during_job=True)
         self.last = reading
+        self._quiet_energy = []  # our own job computes there: not idle power
         if reading.busy:
             self.quiet_since = None
         return reading.busy

@@ -1,4 +1,5 @@
-"""What a GPU is doing right now: utilisation and the processes on it (for idle checks and attribution)."""
+"""What a GPU is doing right now: utilisation, the processes on it and its energy counter (for idle checks,
+attribution, and an idle baseline taken over a quiet period)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class GpuActivity:
     available: bool = True
     reason: str = ""
     memory_utilization_pct: float | None = None
+    energy_j: float | None = None  # NVML's energy counter (since the driver loaded), None where unsupported
 
     @classmethod
     def unavailable(cls, reason: str) -> GpuActivity:
@@ -58,6 +60,7 @@ def gpu_activity(index: int = 0, *, nvml: ModuleType | None = None, window_s: fl
             compute_pids=pids,
             process_utilization=_process_utilization(nvml, handle, device, window_s),
             memory_utilization_pct=float(rates.memory),
+            energy_j=_energy_j(nvml, handle, device),
         )
     except TelemetryError as exc:
         return GpuActivity.unavailable(str(exc))
@@ -66,6 +69,17 @@ def gpu_activity(index: int = 0, *, nvml: ModuleType | None = None, window_s: fl
             nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - shutting down a failed session must not mask the result
             pass
+
+
+def _energy_j(nvml: ModuleType, handle, device: str) -> float | None:
+    """The GPU's energy counter in joules (NVML counts millijoules), None where the GPU has none."""
+    if not hasattr(nvml, "nvmlDeviceGetTotalEnergyConsumption"):
+        return None
+    try:
+        with nvml_errors("nvmlDeviceGetTotalEnergyConsumption", device):
+            return float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
+    except TelemetryError:
+        return None
 
 
 def _process_utilization(nvml: ModuleType, handle, device: str, window_s: float) -> dict[int, float] | None:

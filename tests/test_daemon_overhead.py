@@ -174,6 +174,7 @@ def test_on_a_gpu_the_next_workloads_zygote_starts_while_the_current_workload_me
     extras = [json_object(r["extra"]) for r in runs]
     assert all(e["worker_process"] == FORKED for e in extras)
     assert extras[2]["zygote_early"]  # the second workload's first job used the zygote started ahead of it
+    assert {e["idle_from"] for e in extras} == {"measured"}  # no quiet period to take the baseline from
     started_ahead = [t for t, spec, ok in early if ok and spec == second]
     assert started_ahead and runs[0]["started_at"] <= min(started_ahead) <= runs[2]["started_at"], (early, runs)
     assert not live_children()

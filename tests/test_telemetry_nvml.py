@@ -233,6 +233,11 @@ def test_gpu_activity(monkeypatch):
     missing = gpu_activity(3)
     assert not missing.available and "cuda:3" in missing.reason
     assert fake.refcount == 0
+    # the energy counter, in joules, where the GPU has one (an idle baseline over a quiet period reads it)
+    first, second = gpu_activity(0).energy_j, (time.sleep(0.25), gpu_activity(0).energy_j)[1]
+    assert first is not None and second > first >= fake.gpus[0].counter_origin_mj / 1000.0
+    fake.gpus[0].energy_counter = False
+    assert gpu_activity(0).energy_j is None  # a pre-Volta GPU: NOT_SUPPORTED is no error here
 
     fake_pynvml.install(monkeypatch, [FakeGpu()], init_error=fake_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     none = gpu_activity(0)
