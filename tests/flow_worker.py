@@ -52,6 +52,9 @@ NOTE = ("tests.flow_worker: no torch; the model is a stand-in call that spins th
 FAKE_COMPILE_S_ENV = "JOULEPILOT_FAKE_COMPILE_S"
 FAKE_COMPILE_S = 0.1
 STAND_IN_CALL_S = 0.002  # an eager fp32 call
+# A longer call for tests that must not see a run flagged "repeat this run": on a loaded machine a few ms of
+# waiting for a core slow a 2-ms call's window far more than its latency pass's median.
+CALL_S_ENV = "JOULEPILOT_FLOW_CALL_S"
 BUSY_SHARE = 0.25  # of each call, spent spinning this thread's CPU (the estimate meter's energy)
 COMPILED_FACTOR = 0.75
 LOW_PRECISION_FACTOR = 0.8
@@ -72,7 +75,8 @@ def fake_compile_s() -> float:
 
 def call_seconds(config: CompileConfig) -> float:
     """The stand-in's time per call under `config`."""
-    seconds = STAND_IN_CALL_S * (COMPILED_FACTOR if config.compiles else 1.0)
+    base = float(os.environ.get(CALL_S_ENV) or STAND_IN_CALL_S)
+    seconds = base * (COMPILED_FACTOR if config.compiles else 1.0)
     return seconds * (LOW_PRECISION_FACTOR if config.precision in ("bf16", "fp16") else 1.0)
 
 
