@@ -13,8 +13,9 @@ with its parent); the phases in the real worker's order; the energy, from the re
 latency pass, energy windows, further windows) and the worker's own helpers that turn them into a result.
 
 What is a stand-in: the model. The workload is never loaded (its spec is only named) and nothing is compiled: each
-"forward call" spins this thread's CPU for part of a fixed time and sleeps the rest (STAND_IN_CALL_S and
-BUSY_SHARE, shorter for a compiled configuration and for a lower precision), so a configuration's latency and
+"forward call" spins this thread's CPU for part of a fixed time and sleeps the rest (STAND_IN_CALL_S, or
+`JOULEPILOT_FLOW_CALL_S` seconds, and BUSY_SHARE, shorter for a compiled configuration and for a lower
+precision), so a configuration's latency and
 its estimated energy per call are steady on a busy machine and differ between configurations; the first call of
 a compiled configuration first waits `JOULEPILOT_FAKE_COMPILE_S` seconds (default FAKE_COMPILE_S) in place of a
 compile. The result has the real worker's fields; those that only a model or a compiler can give are the
