@@ -49,15 +49,17 @@ def _whole_suite(config) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite one more than
-    the cores (at most 5). A quarter of the tests' time is waiting (for a signal to land, a budget to run out, a
-    daemon to start, a window's sleeps), which the extra process's tests fill. The daemon's and the CLI's flow
-    tests measure with the flow worker, whose calls mostly sleep, so sharing a core does not get their runs
-    flagged "repeat this run"; the tests with real workers allow for a flagged run. One process (0) for chosen
-    tests, and for the GPU tests, whose energy windows must not share the machine."""
+    """How many processes `-n auto` (in pyproject's addopts) runs tests on: for the whole CPU suite two more than
+    the cores (at most 6). A quarter of the tests' time is waiting (for a signal to land, a budget to run out, a
+    daemon to start, a window's sleeps), which the extra processes' tests fill: on the 2-core VM the suite took
+    183-191 s with four processes against 191-211 s with three. The daemon's and the CLI's flow tests measure
+    with the flow worker, whose calls mostly sleep, so sharing a core does not get their runs flagged "repeat
+    this run" (those that count runs make its calls longer); the tests with real workers allow for a flagged
+    run. One process (0) for chosen tests, and for the GPU tests, whose energy windows must not share the
+    machine."""
     if not _whole_suite(config) or "gpu" in (config.option.markexpr or ""):
         return 0
-    return max(1, min(5, len(os.sched_getaffinity(0)) + 1))
+    return max(1, min(6, len(os.sched_getaffinity(0)) + 2))
 
 
 def pytest_configure(config):
