@@ -709,8 +709,9 @@ class Daemon:
             queued = True
             summary["enqueued"] += len(started)
             summary["repeats"] += [{"policy": name, **r.to_dict()} for r in started]
-            log.info("policy %s: %s; %d to measure again: %s", name, plan.reason, len(started), ", ".join(f"{r.config.label} ({r.why}; {r.windows} window"
-                                             f"{'s' if r.windows != 1 else ''} in a fresh process)" for r in started))
+            what = ", ".join(f"{r.config.label} ({r.why}; {r.windows} window{'s' if r.windows != 1 else ''} in a "
+                             f"fresh process)" for r in started)
+            log.info("policy %s: %s; %d to measure again: %s", name, plan.reason, len(started), what)
         return queued
 
     def _start_job(self, scheduler: GpuScheduler, job: JobRow, policy: Any, device: str,
@@ -746,10 +747,10 @@ class Daemon:
             quiet = self._tracker(device).quiet_power_w(default_idle_s(device))
             with self._contexts_lock:
                 self._quiet_baselines[device] = quiet
-        if device.startswith("cuda") and not self._has_context(device) and zygotes is not None:
-            # the zygote's CPU work does not disturb the GPU's idle power, taken first on the job's thread
-            start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
-                                                       shape.get("image_size"), policy.shapes), env)
+            if zygotes is not None:
+                # the zygote's CPU work does not disturb the GPU's idle power, taken first on the job's thread
+                start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
+                                                           shape.get("image_size"), policy.shapes), env)
 
         def measure(stop_check: Any, on_start: Any) -> Any:  # on the job's thread: no store here
             context = self._pass_context(device)
