@@ -302,11 +302,6 @@ def confirmation(runs: Sequence[RunMark], min_repeats: int = MIN_REPEATS) -> Con
     return Confirmation(len(kept), sum(1 for r in kept if r.fresh_process), min_repeats)
 
 
-def confirmed(runs: Sequence[RunMark], min_repeats: int = MIN_REPEATS) -> bool:
-    """Whether a decision that chose the configuration of these runs is `verified` (else `provisional`)."""
-    return confirmation(runs, min_repeats).confirmed
-
-
 @dataclass(frozen=True)
 class RepeatAdvice:
     """Whether to measure a contender again: `more` is how many runs it still needs at least (0: none),

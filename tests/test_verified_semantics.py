@@ -18,7 +18,7 @@ import pytest
 from decision_factories import config, seed_runs, write_policy
 from joulepilot.controller.guided import plan_guided, search_settings
 from joulepilot.policies import PolicyError, decide, load_policy, resolve, torch_minor
-from joulepilot.policies.noise import MIN_REPEATS, RunMark, confirmation, confirmed
+from joulepilot.policies.noise import MIN_REPEATS, RunMark, confirmation
 from joulepilot.runtime.lookup import find_decision
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,8 +116,8 @@ def test_the_guided_search_and_the_resolver_agree(tmp_path, db, windows, min_rep
     plan = _engine(db, policy)
     assert plan.state == decision.state
     assert _chosen(plan) == decision.config_id == config(*EAGER16).id
-    expected = confirmed([RunMark(ok=True, fresh_process=w is None) for w in windows],
-                         policy.search.min_repeats)
+    expected = confirmation([RunMark(ok=True, fresh_process=w is None) for w in windows],
+                            policy.search.min_repeats).confirmed
     assert decision.state == ("verified" if expected else "provisional")
 
 
