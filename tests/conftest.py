@@ -90,7 +90,18 @@ def _weight(item, module_text: dict) -> int:
     return 2 if any(marker in module_text[path] for marker in _STARTS_PROCESSES) else 3
 
 
+def _uses_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return any(d.scope == "module" for defs in (info.name2fixturedefs.values() if info else ()) for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
+    # A module-scoped fixture is built once per process: the tests of a module that share one (a doctor run, a
+    # replay of the committed sweeps) stay on one process, or each process they land on builds it again.
+    for item in items:
+        if not any(item.iter_markers("xdist_group")) and _uses_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(f"module:{getattr(item, 'path', item).name}"))
     # pytest-xdist hands out tests in this order: files with long tests first, so that no process is left with
     # a long test at the end while the other idles.
     if _whole_suite(config):  # whole files move, so tests that share a module's fixture keep their order
