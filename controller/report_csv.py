@@ -21,7 +21,8 @@ SAMPLE_METRICS = (("energy_j", "J"), ("inferences", "calls"), ("j_per_inference"
 SUMMARY_COLUMNS = ("name", "policy", "device_kind", "config", "decision_state", "start", "end", "samples",
                    "energy_j", "energy_kwh", "inferences", "j_per_inference", "avg_power_w", "peak_power_w",
                    "max_avg_power_w", "violations", "saving_vs_eager_fp32", "saving_vs_compile_default_fp32",
-                   "co2_g", "energy_source", "shared_windows", "serves_baseline", "payback", "paid_back_after_s")
+                   "co2_g", "energy_source", "shared_windows", "serves_baseline", "payback", "paid_back_after_s",
+                   "per_sample")
 
 
 def cell(value: Any) -> Any:
@@ -65,11 +66,18 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
         ("configuration", "decision_reason", c.decision_reason, "", None),
     ]
     for key, b in report.baselines.items():
+        # Compared per sample when the deployment serves another batch size than the baseline's (the note says so).
+        fraction_unit = "fraction per sample" if b.per_sample else "fraction"
+        saved_unit = f"J (over calls x {b.served_batch_size} samples)" if b.per_sample else "J"
         rows += [
             (f"baseline.{key}", "j_per_inference", b.j_per_inference, "J/call", b.energy_source),
+            (f"baseline.{key}", "batch_size", b.batch_size, "samples/call", None),
+            (f"baseline.{key}", "served_batch_size", b.served_batch_size, "samples/call", None),
+            (f"baseline.{key}", "j_per_sample", b.j_per_sample, "J/sample", b.energy_source),
+            (f"baseline.{key}", "deployment_j_per_sample", b.deployment_j_per_sample, "J/sample", src),
             (f"baseline.{key}", "served_is_baseline", b.served_is_baseline, "", None),
-            (f"baseline.{key}", "saving_fraction", b.saving_fraction, "fraction", src),
-            (f"baseline.{key}", "saving_j", b.saving_j, "J", src),
+            (f"baseline.{key}", "saving_fraction", b.saving_fraction, fraction_unit, src),
+            (f"baseline.{key}", "saving_j", b.saving_j, saved_unit, src),
             (f"baseline.{key}", "note", b.note, "", None),
         ]
     pb = report.payback
@@ -121,6 +129,7 @@ def report_csv(report: DeploymentReport) -> str:
 def summary_csv(summary: Summary) -> str:
     rows: list[list[Any]] = [list(SUMMARY_COLUMNS)]
     for row in summary.deployments:
-        values = {**row.to_dict(), "serves_baseline": "+".join(row.serves_baseline)}
+        values = {**row.to_dict(), "serves_baseline": "+".join(row.serves_baseline),
+                  "per_sample": "+".join(row.per_sample)}
         rows.append([values[column] for column in SUMMARY_COLUMNS])
     return _write(rows)

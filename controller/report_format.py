@@ -147,11 +147,40 @@ def versus(saving_fraction: Any, *, is_baseline: bool = False, itself: str = BAS
     return f"{saving_fraction:.1%} less" if saving_fraction >= 0 else f"{-saving_fraction:.1%} more"
 
 
+def per_sample(baseline: Mapping[str, Any]) -> bool:
+    """Whether a report's baseline is compared per sample (the deployment serves another batch size)."""
+    return baseline.get("unit") == "J/sample"
+
+
 def versus_baseline(baseline: Mapping[str, Any]) -> str:
-    """The headline against one baseline of a report."""
+    """The headline against one baseline of a report ('21.4% less', '60.0% more per sample')."""
     if not baseline["measured"]:
         return "no baseline"
-    return versus(baseline["saving_fraction"], is_baseline=baseline["served_is_baseline"])
+    text = versus(baseline["saving_fraction"], is_baseline=baseline["served_is_baseline"])
+    return f"{text} per sample" if per_sample(baseline) and _finite(baseline["saving_fraction"]) else text
+
+
+def summary_versus(row: Mapping[str, Any], key: str) -> str:
+    """A summary row's saving against the baseline `key`, as `versus_baseline` words it."""
+    saving = row[f"saving_vs_{key}"]
+    text = versus(saving, is_baseline=key in row["serves_baseline"], itself="is the baseline")
+    return f"{text} per sample" if key in (row.get("per_sample") or ()) and _finite(saving) else text
+
+
+def baseline_energy(baseline: Mapping[str, Any]) -> str:
+    """A baseline's benchmarked energy in the unit it is compared in: '35.3 mJ' per call, or
+    '1.1 mJ/sample (35.3 mJ/call at batch 32)' when compared per sample."""
+    if not per_sample(baseline):
+        return energy(baseline["j_per_inference"])
+    return (f"{energy(baseline['j_per_sample'])}/sample ({energy(baseline['j_per_inference'])}/call at batch "
+            f"{baseline['batch_size']})")
+
+
+def deployment_energy(baseline: Mapping[str, Any]) -> str:
+    """The deployment's side of a per-sample comparison: '1.6 mJ/sample at batch 8'; '' when per call."""
+    if not per_sample(baseline):
+        return ""
+    return f"{energy(baseline['deployment_j_per_sample'])}/sample at batch {baseline['served_batch_size']}"
 
 
 def energy_saved(baseline: Mapping[str, Any]) -> str:

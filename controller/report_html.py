@@ -10,7 +10,7 @@ import jinja2
 from joulepilot.policies.bill import calls_text
 
 from . import report_format as f
-from .report_model import DeploymentReport, Summary, SummaryRow, iso
+from .report_model import DeploymentReport, Summary, iso
 
 TEMPLATE = "report_template.html"
 
@@ -26,12 +26,9 @@ def environment() -> jinja2.Environment:
     env.filters.update(
         energy=f.energy, kwh=f.kwh, kwh_if_readable=f.kwh_if_readable, fmt=f.fmt, number=f.number, si=f.si,
         percent=f.percent, human_time=f.human_time, iso=iso, versus=f.versus_baseline, saved=f.energy_saved,
-        payback_headline=f.payback_headline, search_cost=f.search_cost, calls=calls_text)
+        payback_headline=f.payback_headline, search_cost=f.search_cost, calls=calls_text,
+        baseline_energy=f.baseline_energy, deployment_energy=f.deployment_energy)
     return env
-
-
-def _summary_versus(row: SummaryRow, key: str) -> str:
-    return f.versus(row[f"saving_vs_{key}"], is_baseline=key in row.serves_baseline, itself="is the baseline")
 
 
 def render_html(report: DeploymentReport | Summary) -> str:
@@ -41,7 +38,7 @@ def render_html(report: DeploymentReport | Summary) -> str:
     template = environment().get_template(TEMPLATE)
     if isinstance(report, Summary):
         return template.render(
-            summary=report, title="joulepilot: energy of every deployment", summary_versus=_summary_versus,
+            summary=report, title="joulepilot: energy of every deployment", summary_versus=f.summary_versus,
             any_estimate=any("estimate" in (r.energy_source or "") for r in report.deployments), **common)
     from .report_plots import report_plots
 

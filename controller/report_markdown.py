@@ -70,8 +70,9 @@ def report_md(r: DeploymentReport) -> str:
               "|---|---|---|---|---|---|"]
     for b in r.baselines.values():
         if b.measured:
-            lines.append(f"| {md(b.label)} | {f.energy(b.j_per_inference)} | {md(b.energy_source)} | "
-                         f"{f.versus_baseline(b)} | {f.energy_saved(b)} | {md(b.note) if b.note else ''} |")
+            versus = f.versus_baseline(b) + (f" ({f.deployment_energy(b)})" if b.per_sample else "")
+            lines.append(f"| {md(b.label)} | {md(f.baseline_energy(b))} | {md(b.energy_source)} | "
+                         f"{md(versus)} | {f.energy_saved(b)} | {md(b.note) if b.note else ''} |")
         else:
             lines.append(f"| {md(b.label)} | – | – | – | – | {md(b.note)} |")
     lines += ["", "## Envelope", "",
@@ -120,10 +121,6 @@ def _payback_md(r: DeploymentReport) -> list[str]:
     return lines
 
 
-def _versus(saving: float | None, key: str, serves_baseline: list[str]) -> str:
-    return f.versus(saving, is_baseline=key in serves_baseline, itself="is the baseline")
-
-
 def summary_md(summary: Summary) -> str:
     lines = ["# Energy of every deployment", ""]
     if summary.since:
@@ -136,8 +133,7 @@ def summary_md(summary: Summary) -> str:
             f"| {md(r.name)} | {md(r.policy)} | {md(r.device_kind)} | {md(r.config)} | "
             f"{f.energy_with_kwh(r.energy_j)} | {f.number(r.inferences)} | {f.energy(r.j_per_inference)} | "
             f"{f.number(r.avg_power_w)} | {f.number(r.peak_power_w)} | {f.number(r.max_avg_power_w)} | "
-            f"{r.violations} | {_versus(r.saving_vs_eager_fp32, 'eager_fp32', r.serves_baseline)} | "
-            f"{_versus(r.saving_vs_compile_default_fp32, 'compile_default_fp32', r.serves_baseline)} | "
+            f"{r.violations} | {f.summary_versus(r, 'eager_fp32')} | {f.summary_versus(r, 'compile_default_fp32')} | "
             f"{md(r.payback)} | {md(f.source_label(r.energy_source))} |")
     if not summary.deployments:
         lines.append("| (no deployments recorded) |" + " |" * 14)

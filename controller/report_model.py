@@ -11,8 +11,10 @@ Where figures come from:
 - the envelope: the policy file found by name (`policies.find_policy`), else the limits recorded by
   `attach`, else the newest decision's details, else the limit cited by recorded violations;
 - the configuration and why: the newest decision of the policy for the configuration served;
-- baselines: `runs` of the same workload (same id, hence same batch and shapes) on the same device
-  kind, for eager fp32 and stock `torch.compile` (mode default, fp32);
+- baselines: `runs` of the policy's workload at its own batch size (the deployment's workload when it is
+  served at that batch size: same id, hence same batch and shapes) on the same device kind, for eager fp32
+  and stock `torch.compile` (mode default, fp32); a deployment served at another batch size (the batch-size
+  lever) is compared with them per sample (`Baseline`);
 - peak efficiency: the datasheet rows of `gpu_datasheets.toml`;
 - the tuning's payback: the tuning bill (`policies.bill`) of the newest decision for the configuration
   served, and every call this deployment served with that configuration, from its first window
@@ -199,7 +201,13 @@ class Baseline(Section):
     """A benchmarked baseline and what the deployment saved against it.
 
     When the deployment serves the baseline's own configuration there is no saving to speak of:
-    `served_is_baseline` is set and the saving figures are None."""
+    `served_is_baseline` is set and the saving figures are None.
+
+    `j_per_inference` is the baseline's median J per call, at its own `batch_size`. When the deployment is
+    served at another batch size (`served_batch_size`: a decision made with the batch-size lever) the two
+    are compared per sample: `unit` is 'J/sample', `j_per_sample` and `deployment_j_per_sample` are each
+    side's J per call / its batch size, `saving_fraction` is per sample, and `saving_j` counts the samples
+    served (calls x `served_batch_size`). Otherwise `unit` is 'J/call' and the per-sample figures are None."""
 
     label: str
     measured: bool = False
@@ -211,6 +219,15 @@ class Baseline(Section):
     saving_j: float | None = None
     note: str | None = None
     served_is_baseline: bool = False
+    batch_size: int | None = None
+    served_batch_size: int | None = None
+    unit: str = "J/call"
+    j_per_sample: float | None = None
+    deployment_j_per_sample: float | None = None
+
+    @property
+    def per_sample(self) -> bool:
+        return self.unit == "J/sample"
 
 
 @dataclass
@@ -315,6 +332,7 @@ class SummaryRow(Section):
     shared_windows: int
     payback: str | None = None
     paid_back_after_s: float | None = None
+    per_sample: list[str] = field(default_factory=list)  # baselines compared per sample (another batch size)
 
 
 @dataclass
@@ -388,6 +406,30 @@ def _decision(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> D
     return found or latest_decision(db, dep["policy"], kind)
 
 
+def _baseline_workload_id(dep: Mapping[str, Any], decision: DecisionRow | None) -> str | None:
+    """Where the baselines of the deployment's policy are measured: its workload at the policy's own batch size.
+
+    Recorded by `attach` as `baseline_workload_id` (the deployment's own workload is the one it serves, at the
+    decided configuration's batch size); for a deployment recorded before that, the decision's workload
+    (`resolve` decides for the policy's own batch size); else the deployment's workload."""
+    recorded = _details(dep).get("baseline_workload_id")
+    if recorded:
+        return str(recorded)
+    decided = decision.details.get("workload_id") if decision is not None else None
+    return str(decided) if decided else dep.get("workload_id")
+
+
+def _served_batch_size(db: sqlite_utils.Database, dep: Mapping[str, Any],
+                       workload: Mapping[str, Any] | None) -> int | None:
+    """Samples per call the deployment serves: as `attach` recorded it (the decided configuration's batch
+    size), else the batch size of the configuration it serves, else its workload's."""
+    for value in (_details(dep).get("batch_size"), (config_row(db, dep.get("config_id")) or {}).get("batch_size"),
+                  (workload or {}).get("batch_size")):
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 1:
+            return int(value)
+    return None
+
+
 def _limits(dep: Mapping[str, Any], decision: DecisionRow | None,
             violations: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], str | None]:
     if dep.get("policy"):
@@ -413,8 +455,9 @@ def _limits(dep: Mapping[str, Any], decision: DecisionRow | None,
 
 
 def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind: str,
-              deployment_j: float | None, inferences: int, source: str, served: set[str]) -> Baseline:
-    out = Baseline(label=BASELINE_LABELS[key])
+              deployment_j: float | None, inferences: int, source: str, served: set[str],
+              served_batch: int | None = None) -> Baseline:
+    out = Baseline(label=BASELINE_LABELS[key], served_batch_size=served_batch)
     if not workload_id:
         out.note = "no baseline measured: the deployment's workload is unknown"
         return out
@@ -429,14 +472,25 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     out.run_ids = [r["id"] for r in runs]
     out.energy_source = "+".join(sources) or None
     out.served_is_baseline = bool(served) and served <= {r["config_id"] for r in runs}
+    batches = {int(r["batch_size"]) for r in runs if r.get("batch_size")}
+    out.batch_size = batches.pop() if len(batches) == 1 else None
     notes = []
     if out.served_is_baseline:
         notes.append("this deployment serves the baseline's own configuration, so there is no saving to "
                      "report; any difference from the benchmark is live serving (load, idle time, "
                      "contention), not the policy")
     elif deployment_j is not None and out.j_per_inference:
-        out.saving_fraction = 1.0 - deployment_j / out.j_per_inference
-        out.saving_j = (out.j_per_inference - deployment_j) * inferences
+        if served_batch and out.batch_size and served_batch != out.batch_size:
+            # A call of each side holds a different number of samples (the batch-size lever): per sample.
+            out.unit = "J/sample"
+            out.j_per_sample = out.j_per_inference / out.batch_size
+            out.deployment_j_per_sample = deployment_j / served_batch
+            out.saving_fraction = 1.0 - out.deployment_j_per_sample / out.j_per_sample
+            out.saving_j = (out.j_per_sample - out.deployment_j_per_sample) * inferences * served_batch
+            notes.append(f"compared per sample: served at batch {served_batch}, baseline at batch {out.batch_size}")
+        else:
+            out.saving_fraction = 1.0 - deployment_j / out.j_per_inference
+            out.saving_j = (out.j_per_inference - deployment_j) * inferences
     if sources and sources != [source]:
         notes.append(f"baseline measured with {'+'.join(sources)}, deployment with {source}: not like for like")
     out.note = "; ".join(notes) or None
@@ -542,8 +596,13 @@ def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_fro
 
 
 def _efficiency(workload: Mapping[str, Any] | None, dep: Mapping[str, Any], kind: str, precision: str | None,
-                totals: Totals) -> Efficiency:
+                totals: Totals, served_batch: int | None = None) -> Efficiency:
     flops = (workload or {}).get("flops_per_inference")
+    recorded_batch = (workload or {}).get("batch_size")
+    if flops and served_batch and recorded_batch and served_batch != recorded_batch:
+        # The workload row is at another batch size than the calls served (a deployment recorded under its
+        # policy's workload): FLOPs per call scale with the samples in a call.
+        flops = float(flops) * served_batch / float(recorded_batch)
     peak = device_peak(kind if kind != "cpu" else None, precision)
     achieved = flops / totals.j_per_inference if flops and totals.j_per_inference else None
     note = None if peak else ("no datasheet peak for CPUs (the table covers data-centre GPUs)"
@@ -648,13 +707,15 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
     decision = _decision(db, dep, kind)
     limits, limits_from = _limits(dep, decision, violations)
     workload = workload_row(db, dep.get("workload_id"))
+    served_batch = _served_batch_size(db, dep, workload)
 
     totals = _totals(windows)
     configuration = _configuration(db, dep, decision, windows, kind)
     _graph_breaks(db, dep, workload, configuration, kind)
     served = {w.config_id for w in windows if w.config_id} or ({dep["config_id"]} if dep.get("config_id") else set())
-    baselines = {key: _baseline(db, key, dep.get("workload_id"), kind, totals.j_per_inference, totals.inferences,
-                                totals.energy_source or "", served) for key in BASELINE_LABELS}
+    baseline_workload = _baseline_workload_id(dep, decision)
+    baselines = {key: _baseline(db, key, baseline_workload, kind, totals.j_per_inference, totals.inferences,
+                                totals.energy_source or "", served, served_batch) for key in BASELINE_LABELS}
     sharing = _sharing(windows, totals)
     return DeploymentReport(
         kind=REPORT_KIND, version=1, generated_at=iso(time.time()),
@@ -662,7 +723,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
             name=dep["name"], policy=dep.get("policy"), device=dep.get("device"), device_kind=kind,
             host_id=dep.get("host_id"), hostname=store_reports.hostname(db, dep.get("host_id")),
             workload_id=dep.get("workload_id"), workload=(workload or {}).get("spec"),
-            batch_size=(workload or {}).get("batch_size"), created_at=iso(dep.get("created_at"))),
+            batch_size=served_batch, created_at=iso(dep.get("created_at"))),
         period=Period(since=iso(since_t), start=iso(windows[0].t_start) if windows else None,
                       end=iso(windows[-1].t_end) if windows else None,
                       start_t=windows[0].t_start if windows else None, end_t=windows[-1].t_end if windows else None,
@@ -674,7 +735,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
         co2=None if intensity is None else Co2(grid_gco2_per_kwh=intensity,
                                                co2_g=totals.energy_j / J_PER_KWH * intensity,
                                                energy_source=totals.energy_source),
-        efficiency=_efficiency(workload, dep, kind, configuration.precision, totals),
+        efficiency=_efficiency(workload, dep, kind, configuration.precision, totals, served_batch),
         sharing=sharing,
         notes=_notes(totals, sharing, baselines, windows) + _break_notes(configuration),
         samples=windows,
@@ -702,6 +763,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             serves_baseline=[k for k, b in r.baselines.items() if b.served_is_baseline],
             co2_g=r.co2.co2_g if r.co2 else None, energy_source=t.energy_source,
             shared_windows=r.sharing.windows_shared, payback=r.payback.text if r.payback else None,
-            paid_back_after_s=r.payback.paid_back_after_s if r.payback else None))
+            paid_back_after_s=r.payback.paid_back_after_s if r.payback else None,
+            per_sample=[k for k, b in r.baselines.items() if b.per_sample]))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

@@ -103,6 +103,16 @@ def power_timeline(samples: Sequence[Mapping[str, Any]], *, max_avg_power_w: flo
     return _finish(fig, ax, title, "estimate" in (source or ""))
 
 
+def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
+    """Where a baseline's line goes on the J-per-call axis, and its legend: its J per call, or, compared per
+    sample (the deployment serves another batch size), its J per sample times the samples of a served call."""
+    if baseline.get("unit") == "J/sample" and baseline.get("j_per_sample") is not None:
+        served = baseline["served_batch_size"]
+        return (baseline["j_per_sample"] * served,
+                f"{baseline['label']} (benchmark at batch {baseline['batch_size']}, per {served} samples)")
+    return baseline.get("j_per_inference"), f"{baseline['label']} (benchmark)"
+
+
 def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: str | None,
                              baselines: Mapping[str, Mapping[str, Any]] | None = None) -> bytes:
     title = "Energy per inference per window"
@@ -114,13 +124,14 @@ def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: st
     xs, ys = _steps(starts, ends, values)
     ax.plot(xs, ys, color=AVG_COLOUR, lw=1.8, label="this deployment")
     styles = iter([("#6d4c41", "--"), ("#7b1fa2", "-.")])
+    lines = []
     for b in (baselines or {}).values():
         colour, style = next(styles, ("grey", ":"))
-        if b.get("measured") and b.get("j_per_inference") is not None:
-            ax.axhline(b["j_per_inference"], color=colour, ls=style, lw=1.3,
-                       label=f"{b['label']} (benchmark)")
-    finite = [v for v in ys if v == v]
-    finite += [b["j_per_inference"] for b in (baselines or {}).values() if b.get("j_per_inference")]
+        level, label = _baseline_level(b)
+        if b.get("measured") and level is not None:
+            ax.axhline(level, color=colour, ls=style, lw=1.3, label=label)
+            lines.append(level)
+    finite = [v for v in ys if v == v] + lines
     ax.set_ylim(0, (max(finite) if finite else 1.0) * 1.15)
     ax.set_xlabel(f"time since first window ({unit})")
     ax.set_ylabel("energy per inference (J)")

@@ -18,6 +18,7 @@ import sqlite_utils
 from joulepilot.compiler import CompileConfig, ShapeSet, apply_config
 from joulepilot.compiler.workloads import workload_id as spec_workload_id
 from joulepilot.store import open_db, upsert_devices, upsert_host
+from joulepilot.store.catalog import config_row
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 from joulepilot.store.deployments import register_deployment
 from joulepilot.store.devicekind import device_kind as row_device_kind
@@ -73,7 +74,37 @@ def _torch_device(model: Any, device: str | None) -> str:
     return "cpu"
 
 
+def _decided_config(decision: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The configuration row a decision applies (an AppliedDecision's `config`, a decisions row's details')."""
+    details = (decision or {}).get("details") or {}
+    for config in ((decision or {}).get("config"), details.get("config") if isinstance(details, Mapping) else None):
+        if isinstance(config, Mapping):
+            return config
+    return {}
+
+
+def _served_batch_size(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None,
+                       config_id: str | None) -> int | None:
+    """Samples per call the deployment serves: the batch size of the configuration served (the decided one; the
+    batch-size lever may decide another than the policy's), else the policy's."""
+    decided = _decided_config(decision)
+    config = decided if config_id is None or decided.get("id") == config_id else (config_row(db, config_id) or {})
+    batch = config.get("batch_size") or setting(policy, "batch_size")
+    return int(batch) if isinstance(batch, int | float) and not isinstance(batch, bool) else None
+
+
+def _served_workload_id(policy: Any, batch: int | None) -> str | None:
+    """The policy's workload at `batch` when that is not the policy's own batch size, else None."""
+    spec, own = setting(policy, "workload"), setting(policy, "batch_size")
+    if not isinstance(spec, str) or batch is None or own is None or int(own) == batch:
+        return None
+    shapes = setting(policy, "shapes")
+    return spec_workload_id(spec, batch, setting(policy, "seq_len"), setting(policy, "image_size"),
+                            shapes if isinstance(shapes, ShapeSet) else None)
+
+
 def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
+    """The decision's workload, else the policy's at its own batch size: where the policy's baselines are."""
     details = (decision or {}).get("details") or {}
     if isinstance(details, Mapping) and details.get("workload_id"):
         return str(details["workload_id"])
@@ -138,6 +169,9 @@ def attach(
     - `decision`: the decision being served (a decisions row or object); gives the configuration id,
       device kind and the decision a violation marks.
     - `base_model`: the uncompiled model, needed to build the fallback configuration.
+    - `workload_id`: the workload served (default: the policy's at the decided configuration's batch size).
+      The deployment's details keep the batch size served (`batch_size`) and the decision's workload, at the
+      policy's own batch size, as `baseline_workload_id`: reports compare with the baselines measured there.
     - `meter`: an `EnergyMeter` to read (default: `EnergyMeter(device=device, sampler=False)`).
     - `flush_on_sigterm`: also flush on SIGTERM (see `runtime.metered.flush_on_sigterm`); samples are
       always flushed by `close()` and at a normal interpreter exit.
@@ -167,12 +201,17 @@ def attach(
             {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
     if decision_row is None and policy_name and device_kind:
         decision_row = latest_decision(store, policy_name, device_kind, states=APPLICABLE_STATES)
-    workload_id = workload_id or _workload_id(store, policy, decision_row)
+    # The deployment's workload is the one it serves, at the decided configuration's batch size (where that
+    # configuration's runs are); its policy's own, where the baselines are, is kept beside it for reports.
+    baseline_workload_id = _workload_id(store, policy, decision_row)
+    served_batch = _served_batch_size(store, policy, decision_row, config_id)
+    workload_id = workload_id or _served_workload_id(policy, served_batch) or baseline_workload_id
     limits = setting(policy, "limits")
     deployment_id = register_deployment(
         store, deployment_name, policy=policy_name, workload_id=workload_id, config_id=config_id,
         host_id=host_id, device=torch_device,
         details={"device_kind": device_kind, "energy_source": meter.primary_source,
+                 "baseline_workload_id": baseline_workload_id, "batch_size": served_batch,
                  "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s,
                  # per deployment, not per host: processes with different CUDA_VISIBLE_DEVICES share `gpu:0`
                  "gpus": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in meter.devices

@@ -21,7 +21,9 @@ decided precision (autocast for bf16/fp16) and carries `.decision` (what was app
 A decision made at another batch size than the policy's `batch_size` (`[search] batch_sizes`, the batch-size
 lever) is applied as decided (mode, options, precision), but the batch size is the caller's: the hook never
 changes it. It says so once (a warning), in `.decision.reason`, and in `.decision.details["batch_size"]`
-({"decided": 8, "policy": 32}); the compile artifacts it loads are those measured at the decided batch size.
+({"decided": 8, "policy": 32}); the compile artifacts it loads are those measured at the decided batch size,
+and a metered deployment is recorded under the workload at that batch size (`attach` keeps the policy's own,
+where reports find the baselines, beside it).
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
         return compiled
     try:
         return attach(compiled, deployment, policy=pol, decision=applied, db=db, device=dev, base_model=model,
-                      workload_id=applied.workload_id, config_id=applied.config_id,
+                      workload_id=measured_under or applied.workload_id, config_id=applied.config_id,
                       device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
     except (StoreError, sqlite3.Error, OSError) as exc:  # serve unmetered rather than not at all
         _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")

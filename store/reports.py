@@ -48,10 +48,12 @@ def config_labels(db: sqlite_utils.Database, config_ids: Iterable[str | None]) -
 
 def baseline_runs(db: sqlite_utils.Database, workload_id: str, baseline: str) -> list[dict[str, Any]]:
     """Successful runs of `workload_id` under the baseline configuration `baseline` (a key of
-    BASELINE_FILTERS) that measured energy per inference, oldest first, on every device."""
+    BASELINE_FILTERS) that measured energy per inference, oldest first, on every device; each with its
+    configuration's `batch_size` (samples per call)."""
     where = BASELINE_FILTERS[baseline]
     return list(db.query(
-        "SELECT r.id, r.config_id, r.device, r.device_name, r.energy_j_per_inference, r.energy_source "
+        "SELECT r.id, r.config_id, r.device, r.device_name, r.energy_j_per_inference, r.energy_source, "
+        "c.batch_size "
         "FROM runs r JOIN configs c ON c.id = r.config_id "
         f"WHERE r.workload_id = ? AND r.status = 'ok' AND r.energy_j_per_inference IS NOT NULL AND {where} "
         "ORDER BY r.id", [workload_id]))
