@@ -6,7 +6,9 @@
 `cpu` runs the CPU target of issue 13 exactly as a user types it,
 `joulepilot bench mlp --modes eager,default --precision fp32 --min-seconds 2 --device cpu`, each repeat
 with a fresh JOULEPILOT_HOME and database (so it is the workload's first sweep, description included),
-and compares the command's wall time with the sum of its runs' `compile_s + warmup_s + window_s`.
+on a host whose vector-instruction test programs for Inductor are built (`compiler/host_isa.py`: the
+host's own folder, built by the first repeat if need be; `--fresh-host` builds them in every repeat, as
+the first sweep on a new host does), and compares the command's wall time with the sum of its runs' `compile_s + warmup_s + window_s`.
 
 `daemon` writes one policy per model with six configurations (eager, default and reduce-overhead, each in
 fp32 and bf16; `--modes`, `--precisions`; `min_repeats = 1`, so each is one job and one run), runs
@@ -101,10 +103,15 @@ def _joulepilot() -> list[str]:
     return [sys.executable, "-m", "joulepilot"]
 
 
-def cpu_repeat(index: int) -> dict[str, Any]:
+def cpu_repeat(index: int, fresh_host: bool = False) -> dict[str, Any]:
+    from joulepilot.compiler.host_isa import PROGRAMS_DIR_ENV, programs_dir
+
+    host_programs = programs_dir().parent  # the host's, as JOULEPILOT_HOME would give it without this script
     home = Path(tempfile.mkdtemp(prefix="sweep-overhead-"))
-    env = dict(os.environ, JOULEPILOT_HOME=str(home))
+    programs = home / "vec-isa" if fresh_host else host_programs
+    env = dict(os.environ, JOULEPILOT_HOME=str(home), **{PROGRAMS_DIR_ENV: str(programs)})
     env.pop("JOULEPILOT_DB", None)
+    built_before = any(programs.glob("*/ready"))
     command = [*_joulepilot(), *CPU_COMMAND, "--db", str(home / "sweep.db"), "--json"]
     load_before = _loadavg()
     started = time.perf_counter()
@@ -120,6 +127,7 @@ def cpu_repeat(index: int) -> dict[str, Any]:
     result = {"repeat": index, "command": "joulepilot " + " ".join(CPU_COMMAND), "wall_s": wall,
               "compile_warmup_window_s": target_sum, "ratio": wall / target_sum if target_sum else None,
               "target": CPU_TARGET, "load_before": load_before, "load_after": load_after, "configs": configs,
+              "vec_isa_programs": "built before" if built_before else "built by this repeat",
               "device_name": runs[0].get("device_name") if runs else None,
               "torch_version": runs[0].get("torch_version") if runs else None}
     log(f"repeat {index}: wall {wall:.1f} s, compile+warmup+window {target_sum:.1f} s, ratio "
@@ -203,6 +211,8 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{_f(item['min_idle_s'], 0)}), ratio from there {_f(item['ratio_from_first_job'])}")
         if "compile_warmup_window_s" in item:
             head += f" (wall / compile+warmup+window {_f(item['compile_warmup_window_s'], 1)} s; target {CPU_TARGET})"
+        if item.get("vec_isa_programs"):
+            head += f"; Inductor's vector-instruction test programs {item['vec_isa_programs']}"
         lines += [f"## {'repeat ' + str(item['repeat']) if 'repeat' in item else 'pass'}: {head}",
                   f"load average before {item['load_before']}, after {item['load_after']}", "",
                   "| workload | config | status | job wall s | compile s | warm-up s | latency s | window s | "
@@ -230,12 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-idle-s", type=float, default=60.0,
                         help="daemon: quiet seconds before the pass measures (the daemon's default, 60; the "
                              "first workload's zygote starts during them)")
+    parser.add_argument("--fresh-host", action="store_true",
+                        help="cpu: build Inductor's vector-instruction test programs in every repeat (a new host)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sweep_overhead")
     parser.add_argument("--label", default="", help="added to the output file names (e.g. 'before')")
     args = parser.parse_args(argv)
 
     if args.kind == "cpu":
-        results = [cpu_repeat(i + 1) for i in range(args.repeats)]
+        results = [cpu_repeat(i + 1, args.fresh_host) for i in range(args.repeats)]
     else:
         results = [daemon_sweep(args)]
     date = time.strftime("%Y-%m-%d")

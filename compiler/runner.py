@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from .budget import FIRST_CALL_PHASES, WorkerBudget
+from .host_isa import ensure_programs, job_compiles_on_cpu, seed
 from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool, kill_process_tree
 
 POLL_S = 0.2
@@ -305,6 +306,8 @@ def _start_worker(workdir: Path, job: dict[str, Any], zygote: Zygote | None,
     the environment it inherited from the zygote before anything reads it."""
     job_env = {**extra_env, "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
                "TRITON_CACHE_DIR": str(workdir / "triton-cache")}
+    if job_compiles_on_cpu(job):  # the host's vector-instruction test programs, built once (host_isa.py)
+        seed(workdir / "inductor-cache", ensure_programs({**_worker_env(), **extra_env}))
     job_path = workdir / "job.json"
     if zygote is not None:
         job_path.write_text(json.dumps({**job, "parent_pid": zygote.pid}, default=str))

@@ -15,9 +15,10 @@ import tempfile
 # where spinning OpenMP threads only fight over the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Inductor checks which vector instruction sets the C++ compiler can build by compiling and loading a test program
-# for each (about 7 s of CPU), in every fresh cache folder, so in every real compile here (each worker gets its
-# own). Told that the CPU's flags can be trusted, it picks the same instruction set without those builds; the
-# compiles the tests are about still run, C++ kernels included. Set it to 0 to have the checks back.
+# for each (about 7 s of CPU to build them, a second to load them). The parent builds them once per joulepilot
+# home (compiler/host_isa.py), so once per test here, and every process loads them. Told that the CPU's flags can
+# be trusted, Inductor picks the same instruction set without those programs; the compiles the tests are about
+# still run, C++ kernels included. The test of host_isa.py lifts it.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # The suite starts a few hundred Python processes (workers, zygotes, daemons, CLI runs) that import the same
 # modules. With PYTHONDONTWRITEBYTECODE set (as on some CI images) none of them caches its bytecode, so each

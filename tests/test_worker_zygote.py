@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import tarfile
 import tempfile
 import threading
 import time
@@ -17,7 +18,9 @@ import pytest
 import torch
 from daemon_factories import wait_for
 from joulepilot.compiler import CompileConfig, bench, worker_budget
+from joulepilot.compiler.artifacts import KERNEL_SUFFIXES, kernels_path
 from joulepilot.compiler.bench import worker_job_key
+from joulepilot.compiler.host_isa import PROGRAMS_DIR_ENV, ensure_programs, job_compiles_on_cpu, programs_dir
 from joulepilot.compiler.runner import read_phases, run_worker_job, start_zygote_early
 from joulepilot.compiler.workloads import can_prebuild
 from joulepilot.compiler.zygote import FORK_WORKERS_ENV, FORKED, FRESH, ZygotePool
@@ -264,6 +267,47 @@ def test_on_a_gpu_the_first_compiled_job_describes_the_workload(one_fake_gpu, db
     assert [r["status"] for r in runs] == ["ok", "ok"], [r["reason"] for r in runs]
     assert "describe" not in runs[0]["extra"] and "describe" in runs[1]["extra"]  # the eager job did not wait
     assert runs[0]["extra"]["worker_process"] == FORKED
+
+
+def test_only_a_job_that_may_generate_cpu_code_gets_the_vector_instruction_programs():
+    cpu = {"kind": "bench", "device": "cpu"}
+    assert job_compiles_on_cpu({**cpu, "config": CompileConfig(mode="default").to_row()})
+    assert job_compiles_on_cpu({**cpu, "kind": "warm_start", "config": CompileConfig(mode="default").to_row()})
+    assert not job_compiles_on_cpu({**cpu, "config": CompileConfig(mode="eager").to_row()})
+    assert not job_compiles_on_cpu({**cpu, "device": "cuda:0", "config": CompileConfig(mode="default").to_row()})
+    assert ensure_programs({"TORCHINDUCTOR_VEC_ISA_OK": "1"}) is None  # Inductor then checks nothing
+
+
+def test_on_a_cpu_a_compiled_job_loads_the_hosts_vector_instruction_programs_and_builds_only_its_kernel(
+        monkeypatch, tmp_path):
+    """Inductor checks the CPU's vector instruction sets by building and loading a test program per set in the
+    cache folder it is given (conftest.py has it trust the CPU's flags instead; not here). The parent builds
+    them once per host and torch version and copies them into each job's fresh cache: a compiled job loads
+    them, as a deployed process does from its cache, and builds its model's one kernel alone, where it used to
+    build every test program again (about 7 s of CPU here, counted in its compile_s)."""
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+    # kept between runs of the suite, as the programs are between sweeps on a host
+    monkeypatch.setenv(PROGRAMS_DIR_ENV, os.path.join(tempfile.gettempdir(), "joulepilot-test-vec-isa"))
+    cache = ensure_programs(dict(os.environ))
+    assert cache is not None and (programs_dir() / "ready").read_text().strip()  # what Inductor picked
+    programs = {p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.suffix in KERNEL_SUFFIXES}
+    assert programs
+    old = 1_000_000_000.0  # 2001: a copy keeps it, a build would not
+    for name in programs:
+        os.utime(cache / name, (old, old))
+    spec = "tests.workload_factories:pointwise"
+    budget = worker_budget(600, 0.2)
+    with ZygotePool() as pool:
+        runs = [run_worker_job(_job(spec, CompileConfig(mode="default"), artifacts_path=str(tmp_path / f"{i}.bin")),
+                               budget=budget, zygotes=pool) for i in range(2)]
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r.get("reason") for r in runs]
+    for run in runs:
+        assert run["worker_process"] == FORKED
+        with tarfile.open(kernels_path(Path(run["artifacts_path"]))) as packed:
+            binaries = {m.name.removeprefix("inductor/"): m.mtime for m in packed.getmembers()
+                        if Path(m.name).suffix in KERNEL_SUFFIXES}
+        assert programs <= set(binaries) and all(binaries[name] == old for name in programs), binaries
+        assert len(set(binaries) - programs) == 1  # the model's own kernel, built by this job
 
 
 def test_a_second_configuration_compiles_cold_and_does_not_hit_the_first_ones_cache(db, own_tmpdir):

@@ -102,6 +102,17 @@ def linear(batch_size: int = 1, features: int = 32):
     return nn.Linear(features, features), (torch.randn(batch_size, features),)
 
 
+class _Pointwise(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2.0 + 1.0
+
+
+def pointwise(batch_size: int = 1):
+    """One fused pointwise kernel: on a CPU, Inductor generates and builds C++ for it (a Linear layer calls a
+    library matmul and builds nothing), and so picks the CPU's vector instructions first."""
+    return _Pointwise(), (torch.randn(batch_size, 64),)
+
+
 not_callable = 42
 
 
