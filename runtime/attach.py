@@ -125,8 +125,9 @@ def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | Non
     return config_labels(db, [config_id]).get(config_id)
 
 
-def _fallback_from_policy(policy: Any, base_model: Any, device: str) -> Fallback | None:
-    """The policy's `[fallback]` configuration applied to the uncompiled model, built lazily."""
+def _fallback_from_policy(policy: Any, base_model: Any, device: str, batch_size: int | None = None) -> Fallback | None:
+    """The policy's `[fallback]` configuration applied to the uncompiled model, built lazily, at the batch size
+    the deployment serves (`batch_size`, else the policy's): it takes the same calls."""
     if policy is None or base_model is None:
         return None
     spec = setting(policy, "fallback")
@@ -134,7 +135,7 @@ def _fallback_from_policy(policy: Any, base_model: Any, device: str) -> Fallback
         spec = {"mode": "eager"}
     if not isinstance(spec, CompileConfig):
         values = dict(spec) if isinstance(spec, Mapping) else as_mapping(spec) or {}
-        batch = setting(policy, "batch_size")
+        batch = batch_size or setting(policy, "batch_size")
         if batch is not None:
             values.setdefault("batch_size", int(batch))
         known = {"mode", "fusion", "options", "precision", "dynamic", "batch_size"}
@@ -221,7 +222,7 @@ def attach(
         guard = guard_from_policy(policy)
     if fallback is None and base_model is not None and policy is not None \
             and not isinstance(policy, str | os.PathLike):
-        fallback = _fallback_from_policy(policy, base_model, torch_device)
+        fallback = _fallback_from_policy(policy, base_model, torch_device, served_batch)
     model = MeteredModel(
         model_callable, deployment_name, deployment_id=deployment_id, db_path=db_path,
         shared_db=None if db_path else store, meter=meter, own_meter=own_meter, device=torch_device,

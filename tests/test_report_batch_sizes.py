@@ -85,6 +85,9 @@ def test_a_deployment_served_at_the_decided_batch_size_is_compared_per_sample(tm
     assert dep["workload_id"] == workload_id("mlp", 8)
     assert dep["details"]["baseline_workload_id"] == workload_id("mlp", 32)
     assert dep["details"]["batch_size"] == 8
+    # The policy's [fallback] takes the same calls: a guard that trips swaps to it at the batch size served.
+    metered = getattr(served, "metered", served)
+    assert metered._fallback.config_id == CompileConfig("eager", precision="fp32", batch_size=8).id
 
     report = build_report(db, "svc-live")
     assert report["totals"]["inferences"] == served.inferences > 0 and report["totals"]["energy_j"] > 0
