@@ -9,7 +9,8 @@ that its compile is cold), where Inductor would build every test program again a
 configuration's `compile_s` (and the binaries among its kernels).
 
 So the parent builds the test programs once per host and torch version, in a subprocess of their own
-(`ensure_programs`: `joulepilot` itself never imports torch), into `programs_dir()`, and copies them into
+(`ensure_programs`: `bench` and the daemon never import torch on a CPU sweep; a cancelled job, a
+stopping daemon, stops the build too), into `programs_dir()`, and copies them into
 each job's fresh Inductor cache before a job that compiles on the CPU starts (`seed`). The job's compile then
 loads them, as a deployed process on this host would, and builds only its own kernels. Nothing is done
 where TORCHINDUCTOR_VEC_ISA_OK is set (Inductor then trusts the CPU's flags and checks nothing), and a
@@ -21,9 +22,11 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -59,33 +62,62 @@ def job_compiles_on_cpu(job: Mapping[str, Any]) -> bool:
     return job.get("kind", "bench") != "bench" or (job.get("config") or {}).get("mode") != "eager"
 
 
-def ensure_programs(env: Mapping[str, str]) -> Path | None:
-    """The folder holding the host's built test programs (an Inductor cache), building them first if they are
-    not there yet; None where Inductor checks nothing (VEC_ISA_OK set in `env`) or the build failed."""
+def ensure_programs(env: Mapping[str, str], cancel: Callable[[], str | None] | None = None,
+                    poll_s: float = 0.2) -> tuple[Path | None, str | None]:
+    """(the folder holding the host's built test programs, an Inductor cache, or None, and why it stopped
+    when `cancel` asked it to). Builds them first if they are not there yet; None where Inductor checks
+    nothing (VEC_ISA_OK set in `env`) or the build failed. The build runs in a session of its own, polled
+    every `poll_s`: `cancel` returning a reason, or an exception here (a signal), kills it."""
     if env.get(VEC_ISA_OK_ENV) is not None:
-        return None
+        return None, None
     folder = programs_dir()
     cache = folder / "inductor-cache"
     if (folder / READY).is_file():
-        return cache
+        return cache, None
     if folder in _failed:
-        return None
+        return None, None
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        built = subprocess.run([sys.executable, "-c", _BUILD], env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
-                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        _failed.add(folder)
-        return None
-    if built.returncode != 0:
-        _failed.add(folder)
-        return None
-    try:
-        (folder / READY).write_text(built.stdout.strip() + "\n")
+        proc = subprocess.Popen([sys.executable, "-c", _BUILD], env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                text=True, start_new_session=True)
     except OSError:
         _failed.add(folder)
-        return None
-    return cache
+        return None, None
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
+    try:
+        while True:
+            try:
+                out, _ = proc.communicate(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                stop = cancel() if cancel is not None else None
+                if stop or time.monotonic() > deadline:
+                    _kill(proc)
+                    if stop:
+                        return None, stop
+                    _failed.add(folder)
+                    return None, None
+    except BaseException:
+        _kill(proc)
+        raise
+    if proc.returncode != 0:
+        _failed.add(folder)
+        return None, None
+    try:
+        (folder / READY).write_text(out.strip() + "\n")
+    except OSError:
+        _failed.add(folder)
+        return None, None
+    return cache, None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def seed(job_cache: Path, programs: Path | None) -> int:

@@ -306,8 +306,6 @@ def _start_worker(workdir: Path, job: dict[str, Any], zygote: Zygote | None,
     the environment it inherited from the zygote before anything reads it."""
     job_env = {**extra_env, "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
                "TRITON_CACHE_DIR": str(workdir / "triton-cache")}
-    if job_compiles_on_cpu(job):  # the host's vector-instruction test programs, built once (host_isa.py)
-        seed(workdir / "inductor-cache", ensure_programs({**_worker_env(), **extra_env}))
     job_path = workdir / "job.json"
     if zygote is not None:
         job_path.write_text(json.dumps({**job, "parent_pid": zygote.pid}, default=str))
@@ -342,6 +340,12 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
     kind = str(job.get("kind", "bench"))
     reported = "start"
     started = time.time()
+    if job_compiles_on_cpu(job):  # the host's vector-instruction test programs, built once (host_isa.py)
+        programs, cancelled = ensure_programs({**_worker_env(), **extra_env}, cancel)
+        if cancelled:
+            return {"status": "cancelled", "reason": cancelled, "phase": "start", "started_at": started,
+                    "finished_at": time.time()}
+        seed(workdir / "inductor-cache", programs)
     worker, why_fresh = _start_worker(workdir, job, zygote, extra_env)
     try:
         if on_start is not None:

@@ -275,7 +275,30 @@ def test_only_a_job_that_may_generate_cpu_code_gets_the_vector_instruction_progr
     assert job_compiles_on_cpu({**cpu, "kind": "warm_start", "config": CompileConfig(mode="default").to_row()})
     assert not job_compiles_on_cpu({**cpu, "config": CompileConfig(mode="eager").to_row()})
     assert not job_compiles_on_cpu({**cpu, "device": "cuda:0", "config": CompileConfig(mode="default").to_row()})
-    assert ensure_programs({"TORCHINDUCTOR_VEC_ISA_OK": "1"}) is None  # Inductor then checks nothing
+    assert ensure_programs({"TORCHINDUCTOR_VEC_ISA_OK": "1"}) == (None, None)  # Inductor then checks nothing
+
+
+def test_building_the_vector_instruction_programs_stops_when_the_job_is_cancelled(monkeypatch, tmp_path):
+    monkeypatch.setenv(PROGRAMS_DIR_ENV, str(tmp_path / "programs"))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
+    started: list[float] = []
+
+    def cancel() -> str | None:
+        started.append(time.monotonic())
+        return "the daemon is stopping"
+
+    t0 = time.monotonic()
+    assert ensure_programs(env, cancel) == (None, "the daemon is stopping")
+    assert time.monotonic() - t0 < 5 and len(started) == 1  # killed at the first poll, not built
+    assert not (programs_dir() / "ready").exists()
+
+    def building_here(process: psutil.Process) -> bool:  # the build or a compiler it started, for this folder
+        try:
+            return str(tmp_path) in process.environ().get("TORCHINDUCTOR_CACHE_DIR", "")
+        except (psutil.Error, OSError):
+            return False
+
+    assert not [p for p in psutil.process_iter() if p.pid != os.getpid() and building_here(p)]
 
 
 def test_on_a_cpu_a_compiled_job_loads_the_hosts_vector_instruction_programs_and_builds_only_its_kernel(
@@ -288,8 +311,8 @@ def test_on_a_cpu_a_compiled_job_loads_the_hosts_vector_instruction_programs_and
     monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
     # kept between runs of the suite, as the programs are between sweeps on a host
     monkeypatch.setenv(PROGRAMS_DIR_ENV, os.path.join(tempfile.gettempdir(), "joulepilot-test-vec-isa"))
-    cache = ensure_programs(dict(os.environ))
-    assert cache is not None and (programs_dir() / "ready").read_text().strip()  # what Inductor picked
+    cache, stopped = ensure_programs(dict(os.environ))
+    assert cache is not None and stopped is None and (programs_dir() / "ready").read_text().strip()  # what Inductor picked
     programs = {p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.suffix in KERNEL_SUFFIXES}
     assert programs
     old = 1_000_000_000.0  # 2001: a copy keeps it, a build would not
