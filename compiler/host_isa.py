@@ -56,10 +56,14 @@ def programs_dir() -> Path:
 
 
 def job_compiles_on_cpu(job: Mapping[str, Any]) -> bool:
-    """Whether a job may generate C++ for the CPU: on the CPU, and not an eager bench job."""
+    """Whether a job may generate C++ for the CPU: on the CPU, and neither an eager bench job nor a doctor job
+    on a backend other than Inductor."""
     if str(job.get("device") or "") != "cpu":
         return False
-    return job.get("kind", "bench") != "bench" or (job.get("config") or {}).get("mode") != "eager"
+    kind = job.get("kind", "bench")
+    if kind == "doctor":
+        return (job.get("backend") or "inductor") == "inductor"
+    return kind != "bench" or (job.get("config") or {}).get("mode") != "eager"
 
 
 def ensure_programs(env: Mapping[str, str], cancel: Callable[[], str | None] | None = None,

@@ -274,6 +274,9 @@ def test_only_a_job_that_may_generate_cpu_code_gets_the_vector_instruction_progr
     assert job_compiles_on_cpu({**cpu, "config": CompileConfig(mode="default").to_row()})
     assert job_compiles_on_cpu({**cpu, "kind": "warm_start", "config": CompileConfig(mode="default").to_row()})
     assert not job_compiles_on_cpu({**cpu, "config": CompileConfig(mode="eager").to_row()})
+    assert job_compiles_on_cpu({**cpu, "kind": "doctor"}) and job_compiles_on_cpu({**cpu, "kind": "doctor",
+                                                                                   "backend": "inductor"})
+    assert not job_compiles_on_cpu({**cpu, "kind": "doctor", "backend": "eager"})
     assert not job_compiles_on_cpu({**cpu, "device": "cuda:0", "config": CompileConfig(mode="default").to_row()})
     assert ensure_programs({"TORCHINDUCTOR_VEC_ISA_OK": "1"}) == (None, None)  # Inductor then checks nothing
 
