@@ -66,6 +66,12 @@ def job_compiles_on_cpu(job: Mapping[str, Any]) -> bool:
     return kind != "bench" or (job.get("config") or {}).get("mode") != "eager"
 
 
+def programs_to_build(env: Mapping[str, str]) -> bool:
+    """Whether `ensure_programs(env)` would build the test programs now (for progress: a build takes seconds)."""
+    folder = programs_dir()
+    return env.get(VEC_ISA_OK_ENV) is None and not (folder / READY).is_file() and folder not in _failed
+
+
 def ensure_programs(env: Mapping[str, str], cancel: Callable[[], str | None] | None = None,
                     poll_s: float = 0.2) -> tuple[Path | None, str | None]:
     """(the folder holding the host's built test programs, an Inductor cache, or None, and why it stopped

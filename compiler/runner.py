@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from .budget import FIRST_CALL_PHASES, WorkerBudget
-from .host_isa import ensure_programs, job_compiles_on_cpu, seed
+from .host_isa import ensure_programs, job_compiles_on_cpu, programs_to_build, seed
 from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool, kill_process_tree
 
 POLL_S = 0.2
@@ -51,6 +51,7 @@ PHASE_TEXT = {
     "idle": "measuring idle power", "compile": "compiling", "compiled": "warming up", "warmup": "warming up",
     "latency": "measuring", "window": "measuring", "save_artifacts": "saving compile artifacts",
     "describe": "describing the workload",
+    "vec_isa": "building Inductor's CPU instruction-set test programs (once per host, about 10 s)",
 }
 WARM_START_PHASE_TEXT = {"load_artifacts": "warm start: loading artifacts", "compile": "warm start: first call"}
 
@@ -341,7 +342,10 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
     reported = "start"
     started = time.time()
     if job_compiles_on_cpu(job):  # the host's vector-instruction test programs, built once (host_isa.py)
-        programs, cancelled = ensure_programs({**_worker_env(), **extra_env}, cancel)
+        env = {**_worker_env(), **extra_env}
+        if on_phase is not None and programs_to_build(env):
+            on_phase(kind, "vec_isa")
+        programs, cancelled = ensure_programs(env, cancel)
         if cancelled:
             return {"status": "cancelled", "reason": cancelled, "phase": "start", "started_at": started,
                     "finished_at": time.time()}

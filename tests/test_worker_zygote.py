@@ -20,8 +20,14 @@ from daemon_factories import wait_for
 from joulepilot.compiler import CompileConfig, bench, worker_budget
 from joulepilot.compiler.artifacts import KERNEL_SUFFIXES, kernels_path
 from joulepilot.compiler.bench import worker_job_key
-from joulepilot.compiler.host_isa import PROGRAMS_DIR_ENV, ensure_programs, job_compiles_on_cpu, programs_dir
-from joulepilot.compiler.runner import read_phases, run_worker_job, start_zygote_early
+from joulepilot.compiler.host_isa import (
+    PROGRAMS_DIR_ENV,
+    ensure_programs,
+    job_compiles_on_cpu,
+    programs_dir,
+    programs_to_build,
+)
+from joulepilot.compiler.runner import phase_text, read_phases, run_worker_job, start_zygote_early
 from joulepilot.compiler.workloads import can_prebuild
 from joulepilot.compiler.zygote import FORK_WORKERS_ENV, FORKED, FRESH, ZygotePool
 
@@ -284,6 +290,8 @@ def test_only_a_job_that_may_generate_cpu_code_gets_the_vector_instruction_progr
 def test_building_the_vector_instruction_programs_stops_when_the_job_is_cancelled(monkeypatch, tmp_path):
     monkeypatch.setenv(PROGRAMS_DIR_ENV, str(tmp_path / "programs"))
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
+    assert programs_to_build(env) and not programs_to_build({**env, "TORCHINDUCTOR_VEC_ISA_OK": "1"})
+    assert "once per host" in phase_text("bench", "vec_isa")  # what bench and the daemon show meanwhile
     started: list[float] = []
 
     def cancel() -> str | None:
