@@ -151,7 +151,10 @@ def daemon_sweep(args: argparse.Namespace) -> dict[str, Any]:
         f'db = "{work / "daemon.db"}"\npolicies = ["{policies}"]\ninterval_s = 3600\nlog_level = "INFO"\n'
         f'devices = {devices}\n[bench]\nmin_seconds = {args.min_seconds}\nbudget_s = {args.budget_s}\n'
         f"[idle]\nmin_idle_s = {args.min_idle_s}\npoll_s = 0.5\n[exporter]\nenabled = false\n")
-    env = dict(os.environ, JOULEPILOT_HOME=str(work))
+    from joulepilot.compiler.host_isa import PROGRAMS_DIR_ENV, programs_dir
+
+    programs = work / "vec-isa" if args.fresh_host else programs_dir().parent  # the host's, as for `cpu`
+    env = dict(os.environ, JOULEPILOT_HOME=str(work), **{PROGRAMS_DIR_ENV: str(programs)})
     load_before = _loadavg()
     launched_epoch = time.time()
     started = time.perf_counter()
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="daemon: quiet seconds before the pass measures (the daemon's default, 60; the "
                              "first workload's zygote starts during them)")
     parser.add_argument("--fresh-host", action="store_true",
-                        help="cpu: build Inductor's vector-instruction test programs in every repeat (a new host)")
+                        help="build Inductor's CPU vector-instruction test programs in every repeat (a new host)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sweep_overhead")
     parser.add_argument("--label", default="", help="added to the output file names (e.g. 'before')")
     args = parser.parse_args(argv)
