@@ -19,6 +19,7 @@ failure to build them leaves each job to check for itself, as before.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -48,11 +49,16 @@ def programs_dir() -> Path:
         from joulepilot.store.db import default_home
 
         base = default_home() / "cache" / "vec-isa"
+    return base / f"torch-{_torch_version()}-{platform.machine()}"
+
+
+@functools.cache
+def _torch_version() -> str:
+    """The installed torch's version, read from its metadata (torch itself is not imported)."""
     try:
-        torch_version = metadata.version("torch")
+        return metadata.version("torch")
     except metadata.PackageNotFoundError:
-        torch_version = "unknown"
-    return base / f"torch-{torch_version}-{platform.machine()}"
+        return "unknown"
 
 
 def job_compiles_on_cpu(job: Mapping[str, Any]) -> bool:
