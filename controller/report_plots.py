@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402 - the backend is chosen before pyplot loads
 
+from .report_format import per_sample  # noqa: E402
+
 AVG_COLOUR = "#1f6fb4"
 PEAK_COLOUR = "#e08a1e"
 LIMIT_COLOUR = "#c62828"
@@ -106,7 +108,7 @@ def power_timeline(samples: Sequence[Mapping[str, Any]], *, max_avg_power_w: flo
 def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
     """Where a baseline's line goes on the J-per-call axis, and its legend: its J per call, or, compared per
     sample (the deployment serves another batch size), its J per sample times the samples of a served call."""
-    if baseline.get("unit") == "J/sample" and baseline.get("j_per_sample") is not None:
+    if per_sample(baseline) and baseline.get("j_per_sample") is not None:
         served = baseline["served_batch_size"]
         return (baseline["j_per_sample"] * served,
                 f"{baseline['label']} (benchmark at batch {baseline['batch_size']}, per {served} samples)")
