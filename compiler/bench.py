@@ -197,7 +197,9 @@ class SweepContext:
     devices: list[dict[str, Any]]
     idle_power_w: dict[str, float]
     idle_s: float
-    idle_from: str = "measured"  # or "quiet period": the GPU's power over the daemon's wait for an idle device
+    # or "quiet period": the GPU's power over the daemon's wait for an idle device; or "none (estimate)": the
+    # only meter is the CPU-time estimate, which counts the worker's own CPU seconds and so draws nothing idle
+    idle_from: str = "measured"
 
     @property
     def provenance_key(self) -> str:
@@ -209,15 +211,20 @@ def sweep_context(device: str, idle_s: float, *, quiet_power_w: float | None = N
 
     On a GPU only NVML is touched here (no CUDA context in the parent). `quiet_power_w`: the GPU's average
     power over a quiet period just observed (`idle_s` seconds of it, the daemon's wait for an idle device),
-    used as the baseline instead of measuring one now."""
+    used as the baseline instead of measuring one now. Where every metered device is the CPU-time estimate
+    (no RAPL, no NVML), nothing is measured: the estimate counts only the worker's own CPU seconds, so its
+    idle draw is 0 W by construction, and waiting `idle_s` to find that out would only delay the sweep."""
     from joulepilot.telemetry import EnergyMeter
 
     meter = EnergyMeter(device=device)
     try:
         devices = [d.to_dict() for d in meter.devices]
         from_quiet = quiet_power_w is not None and len(devices) == 1 and devices[0].get("kind") == "gpu"
+        estimate_only = bool(devices) and all(d.get("source") == "estimate" for d in devices)
         if from_quiet:
             idle = {devices[0]["id"]: float(quiet_power_w)}
+        elif estimate_only:
+            idle, idle_s = {d["id"]: 0.0 for d in devices}, 0.0
         else:
             idle = meter.measure_idle(seconds=idle_s) if idle_s > 0 else {}
     finally:
@@ -228,7 +235,7 @@ def sweep_context(device: str, idle_s: float, *, quiet_power_w: float | None = N
     else:
         origin = provenance(device, name=cpu_name())
     return SweepContext(device, origin, devices, dict(idle), float(idle_s),
-                        "quiet period" if from_quiet else "measured")
+                        "quiet period" if from_quiet else "none (estimate)" if estimate_only else "measured")
 
 
 @dataclass

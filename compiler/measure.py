@@ -6,8 +6,10 @@ How the figures are taken (the same on every device):
 - warm-up: per-call synchronised calls until the median of the last 5 latencies is within 10% of the
   median of the 5 before (so CUDA-graph recording and autotuning leftovers are behind us), bounded
   by `warmup_max_s`.
-- latency_ms_p50/p95: a separate pass of per-call synchronised calls (at least 10, about
-  `latency_s` long); percentiles by linear interpolation.
+- latency_ms_p50/p95: on a GPU, a separate pass of per-call synchronised calls (at least 10, about
+  `latency_s` long); percentiles by linear interpolation. On a device whose calls return only when their
+  work is done (the CPU: no queue to synchronise), every call of the energy window is timed instead: the
+  same per-call latencies, without a separate pass (`timed_back_to_back`).
 - throughput and energy: a window of back-to-back calls with one synchronisation at the end, at least
   `min_seconds` long, so per-call sync gaps (idle GPU between launches) do not distort the energy
   per inference. throughput_per_s = batch_size x calls / window seconds.
@@ -15,10 +17,18 @@ How the figures are taken (the same on every device):
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+
+def is_synchronous(device: str) -> bool:
+    """Whether a call on `device` returns only once its work is done (the CPU), so that timing each call
+    of the energy window disturbs nothing and a separate latency pass would only repeat it."""
+    return not str(device).startswith("cuda")
 
 
 def synchronizer(device: str) -> Callable[[], None]:
@@ -94,3 +104,80 @@ def back_to_back(call: Callable[[], Any], sync: Callable[[], None], *, min_secon
             break
     sync()
     return calls
+
+
+LATENCY_SAMPLE_CAP = 100_000
+
+
+def timed_back_to_back(call: Callable[[], Any], *, min_seconds: float, min_calls: int = 3,
+                       cap: int = LATENCY_SAMPLE_CAP) -> tuple[int, list[float]]:
+    """`back_to_back` on a synchronous device, timing each call: returns (calls, latencies in ms). Beyond
+    `cap` calls the latencies kept are a uniform sample of all of them (reservoir sampling, seeded), so a
+    long window of very short calls keeps a bounded list."""
+    latencies: list[float] = []
+    chooser = random.Random(0)
+    clock = time.perf_counter
+    calls = 0
+    start = last = clock()
+    while True:
+        call()
+        now = clock()
+        calls += 1
+        if len(latencies) < cap:
+            latencies.append((now - last) * 1000.0)
+        else:
+            slot = chooser.randrange(calls)
+            if slot < cap:
+                latencies[slot] = (now - last) * 1000.0
+        last = now
+        if calls >= min_calls and now - start >= min_seconds:
+            break
+    return calls, latencies
+
+
+@dataclass
+class TimedWindow:
+    """A configuration's latencies and its energy window, as `latencies_and_window` took them."""
+
+    calls: int
+    latencies_ms: list[float]
+    measurement: Any  # what meter.end("window") returned
+    latency_pass_s: float  # the separate latency pass; 0.0 when the window's own calls were timed
+    latency_source: str  # "latency_pass" or "window"
+
+    def latency_fields(self) -> dict[str, Any]:
+        """The run's latency columns and extras."""
+        values = self.latencies_ms
+        return {"latency_ms_p50": percentile(values, 50), "latency_ms_p95": percentile(values, 95),
+                "extra": {"latency_s": self.latency_pass_s, "latency_source": self.latency_source,
+                          "latency_calls": len(values), "latency_ms_mean": sum(values) / len(values),
+                          "latency_ms_min": min(values)}}
+
+
+def latencies_and_window(call: Callable[[], Any], sync: Callable[[], None], meter: Any, *, device: str,
+                         min_seconds: float, latency_s: float, phases: Any = None,
+                         before_window: Callable[[], None] | None = None) -> TimedWindow:
+    """The latency pass (on a GPU) and the metered energy window of back-to-back calls. On a synchronous
+    device the window's calls are timed one by one instead of making a separate pass."""
+    synchronous = is_synchronous(device)
+    latencies: list[float] = []
+    pass_s = 0.0
+    if not synchronous:
+        if phases is not None:
+            phases.enter("latency")
+        started = time.perf_counter()
+        latencies = latency_pass(call, sync, seconds=latency_s)
+        pass_s = time.perf_counter() - started
+    if phases is not None:
+        phases.enter("window")
+    if before_window is not None:
+        before_window()
+    sync()
+    meter.begin("window")
+    if synchronous:
+        calls, latencies = timed_back_to_back(call, min_seconds=min_seconds)
+    else:
+        calls = back_to_back(call, sync, min_seconds=min_seconds)
+    measurement = meter.end("window")
+    return TimedWindow(calls=calls, latencies_ms=latencies, measurement=measurement, latency_pass_s=pass_s,
+                       latency_source="window" if synchronous else "latency_pass")

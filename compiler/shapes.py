@@ -228,7 +228,7 @@ class ShapeSetRun:
                       latency_s: float) -> None:
         import torch
 
-        from .measure import back_to_back, latency_pass, timed_call, warm_up
+        from .measure import latencies_and_window, timed_call, warm_up
         from .numerics import numeric_check
         from .precision import strict_fp32
 
@@ -250,19 +250,16 @@ class ShapeSetRun:
         compiled, hit = _frames_compiled() - frames_before, self._limit_hits() > hits_before
         phases.enter("warmup")
         warm_up(call, sync, max_s=warmup_max_s)
-        phases.enter("latency")
-        latencies = latency_pass(call, sync, seconds=latency_s)
-        phases.enter("window")
-        sync()
-        meter.begin("window")
-        calls = back_to_back(call, sync, min_seconds=min_seconds)
-        window = meter.end("window")
+        timed = latencies_and_window(call, sync, meter, device=self.device, min_seconds=min_seconds,
+                                     latency_s=latency_s, phases=phases)
         self._record(size, first_call_s=first_s, first_call=first_call, max_rel_error=check.max_rel_error,
-                     compiled_frames=compiled, limit_hit=hit, latencies=latencies, window=window, calls=calls)
+                     compiled_frames=compiled, limit_hit=hit, latencies=timed.latencies_ms,
+                     window=timed.measurement, calls=timed.calls)
 
     # --- the run's figures -------------------------------------------------------------------------------
     def fold(self, result: dict[str, Any]) -> None:
         """Replace the run's figures (the first size's, as the worker set them) by the shape set's."""
+        from .measure import is_synchronous
         from .worker import _check_window_pace
 
         sizes, extra = self.sizes, result["extra"]
@@ -299,7 +296,8 @@ class ShapeSetRun:
         warnings = [extra["window_warning"]] if extra.get("window_warning") else []
         for entry in sizes[1:]:
             pace: dict[str, Any] = {}
-            _check_window_pace(entry["window_ms_per_call"], entry["latency_ms_p50"], pace)
+            _check_window_pace(entry["window_ms_per_call"], entry["latency_ms_p50"], pace,
+                               "window" if is_synchronous(self.device) else "latency_pass")
             if pace.get("window_warning"):
                 warnings.append(f"{self.shape_set.dim} {entry['size']}: {pace['window_warning']}")
         if warnings:

@@ -133,12 +133,17 @@ def _open_meter(device: str, sample_hz: float) -> Any:
 WINDOW_SLOWDOWN_WARN = 1.25
 
 
-def _check_window_pace(window_ms: float, p50_ms: float | None, extra: dict[str, Any]) -> None:
+def _check_window_pace(window_ms: float, p50_ms: float | None, extra: dict[str, Any],
+                       latency_source: str = "latency_pass") -> None:
+    """Flag a window whose calls took much longer on average than the median latency: a stall (host
+    contention, launch stalls) the energy per inference would carry. The median comes from the separate
+    synchronised pass, or, on a synchronous device, from the window's own calls."""
     extra["window_ms_per_call"] = window_ms
     if p50_ms and window_ms > WINDOW_SLOWDOWN_WARN * p50_ms:
+        median = "median of its own calls" if latency_source == "window" else "synchronised p50"
         extra["window_warning"] = (
             f"calls took {window_ms:.3g} ms each in the energy window, {window_ms / p50_ms:.2f}x the "
-            f"synchronised p50 of {p50_ms:.3g} ms; something slowed the window (host contention, launch "
+            f"{median} of {p50_ms:.3g} ms; something slowed the window (host contention, launch "
             "stalls): repeat this run before relying on its energy per inference")
 
 
@@ -195,17 +200,18 @@ def _window_fields(window: Any, calls: int, batch_size: int, idle: dict[str, flo
     }
 
 
-def _further_window(index: int, started_at: float, latencies: list[float], window: Any, calls: int,
-                    finished_at: float, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:
-    """A further window of the process, as its own run's fields (the parent completes the row)."""
-    from .measure import percentile
-
-    extra: dict[str, Any] = {"window_in_process": index, "latency_calls": len(latencies),
-                             "latency_ms_mean": sum(latencies) / len(latencies), "latency_ms_min": min(latencies),
+def _further_window(index: int, started_at: float, timed: Any, finished_at: float, batch_size: int,
+                    idle: dict[str, float]) -> dict[str, Any]:
+    """A further window of the process (a `TimedWindow`), as its own run's fields (the parent completes the
+    row)."""
+    window = timed.measurement
+    latency = timed.latency_fields()
+    extra: dict[str, Any] = {"window_in_process": index, **latency.pop("extra"),
                              "window": {"devices": [d.to_dict() for d in window.devices]}}
-    fields = {"started_at": started_at, "finished_at": finished_at, "latency_ms_p50": percentile(latencies, 50),
-              "latency_ms_p95": percentile(latencies, 95), **_window_fields(window, calls, batch_size, idle)}
-    _check_window_pace(window.duration_s * 1000.0 / calls, fields["latency_ms_p50"], extra)
+    fields = {"started_at": started_at, "finished_at": finished_at, **latency,
+              **_window_fields(window, timed.calls, batch_size, idle)}
+    _check_window_pace(window.duration_s * 1000.0 / timed.calls, fields["latency_ms_p50"], extra,
+                       timed.latency_source)
     fields["extra"] = extra
     fields["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
     return fields
@@ -219,7 +225,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from .artifacts import kernel_cache_dirs, save_warm_start
     from .compile_meter import compile_energy_fields, open_cpu_meter
     from .config import CompileConfig
-    from .measure import back_to_back, latency_pass, percentile, synchronizer, timed_call, warm_up
+    from .measure import latencies_and_window, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
@@ -297,25 +303,21 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         result["warmup_s"] = warmup_s
         extra["warmup_calls"] = warm_calls
 
-        phases.enter("latency")
         latency_s = float(job.get("latency_s") or max(0.25, min(min_seconds / 2.0, 3.0)))
-        latency_started = time.perf_counter()
-        latencies = latency_pass(call, sync, seconds=latency_s)
-        extra["latency_s"] = time.perf_counter() - latency_started
-        result["latency_ms_p50"] = percentile(latencies, 50)
-        result["latency_ms_p95"] = percentile(latencies, 95)
-        extra["latency_calls"] = len(latencies)
-        extra["latency_ms_mean"] = sum(latencies) / len(latencies)
-        extra["latency_ms_min"] = min(latencies)
+        peak_before_window = 0
 
-        phases.enter("window")
-        peak_before_window = _peak_memory_bytes(device)
-        if str(device).startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats(torch.device(device))
-        sync()
-        meter.begin("window")
-        calls = back_to_back(call, sync, min_seconds=min_seconds)
-        window = meter.end("window")
+        def before_window() -> None:
+            nonlocal peak_before_window
+            peak_before_window = _peak_memory_bytes(device)
+            if str(device).startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats(torch.device(device))
+
+        timed = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds, latency_s=latency_s,
+                                     phases=phases, before_window=before_window)
+        latencies, calls, window = timed.latencies_ms, timed.calls, timed.measurement
+        latency_fields = timed.latency_fields()
+        extra.update(latency_fields.pop("extra"))
+        result.update(latency_fields)
         if shape_run is not None:
             shape_run.record_first(compile_s=compile_s, compile_window=compile_m, max_rel_error=check.max_rel_error,
                                    latencies=latencies, window=window, calls=calls)
@@ -326,14 +328,11 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         further = []
         for index in range(2, _windows(job) + 1) if shape_run is None else ():
             # A further window of this process (a repeat the search asked for without another compile): its
-            # own latency pass and energy window, stored as a run of its own.
-            phases.enter("window")
+            # own latencies and energy window, stored as a run of its own.
             started_at = time.time()
-            more_latencies = latency_pass(call, sync, seconds=latency_s)
-            sync()
-            meter.begin("window")
-            more_calls = back_to_back(call, sync, min_seconds=min_seconds)
-            further.append((index, started_at, more_latencies, meter.end("window"), more_calls, time.time()))
+            more = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds,
+                                        latency_s=latency_s, phases=phases)
+            further.append((index, started_at, more, time.time()))
     finally:
         meter.close()
 
@@ -353,7 +352,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
 
     result.update(_window_fields(window, calls, config.batch_size, idle))
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)
-    _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra)
+    _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra,
+                       timed.latency_source)
     if shape_run is not None:
         shape_run.fold(result)
     extra["peak_memory_window_bytes"] = peak_window
@@ -361,7 +361,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     extra["compile_window"] = compile_window
     result["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
     if further:
-        result["further_windows"] = [_further_window(*each, config.batch_size, idle) for each in further]
+        result["further_windows"] = [_further_window(*each, batch_size=config.batch_size, idle=idle) for each in further]
 
     if config.compiles and job.get("artifacts_path"):
         phases.enter("save_artifacts")

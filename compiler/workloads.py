@@ -210,7 +210,8 @@ def _call_factory(factory: Callable[..., Any], spec: str, **available: Any) -> t
 def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | None, image_size: int | None,
                         generator: Any) -> tuple[Any, tuple, dict[str, Any]]:
     import torch
-    from torch import nn
+
+    from .hf_adapter import HiddenStates
 
     transformers = _import_library("transformers", spec)
     config_class = getattr(transformers, name, None)
@@ -226,18 +227,6 @@ def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | No
                             f"{type(exc).__name__}: {exc}") from exc
     input_name = getattr(hf_model, "main_input_name", "input_ids")
 
-    class HiddenStates(nn.Module):
-        """forward(x) returns one tensor (last_hidden_state), so outputs can be compared with eager."""
-
-        def __init__(self, inner: nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out = self.inner(**{input_name: x}, return_dict=True)
-            hidden = getattr(out, "last_hidden_state", None)
-            return hidden if hidden is not None else out[0]
-
     notes = {"input_name": input_name, "config_class": name}
     if input_name == "pixel_values":
         size = image_size or getattr(config, "image_size", 224)
@@ -252,7 +241,7 @@ def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | No
         vocab = getattr(config, "vocab_size", 1000)
         inputs = (torch.randint(0, vocab, (batch_size, length), generator=generator),)
         notes["seq_len"] = length
-    return HiddenStates(hf_model), inputs, notes
+    return HiddenStates(hf_model, input_name), inputs, notes
 
 
 def _reinit_zero_weights(model: Any, generator: Any) -> dict[str, Any]:

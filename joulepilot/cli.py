@@ -18,17 +18,23 @@ import click
 from . import __version__
 from .clikit import DB_META_KEY, known_error_message
 
-# Each module defines a list `commands` of click commands; they are thin layers over public functions.
-COMMAND_MODULES = (
-    "joulepilot.cli_telemetry",
-    "joulepilot.cli_store",
-    "joulepilot.cli_bench",
-    "joulepilot.cli_doctor",
-    "joulepilot.cli_policy",
-    "joulepilot.cli_daemon",
-    "joulepilot.cli_report",
-    "joulepilot.cli_exporter",
-)
+# Each module defines a list `commands` of click commands; they are thin layers over public functions. A
+# command's module is imported only when that command runs (or help lists them all), so `joulepilot bench`
+# does not pay for the daemon's and the reports' imports.
+COMMAND_MODULES = {
+    "telemetry": "joulepilot.cli_telemetry",
+    "measure": "joulepilot.cli_telemetry",
+    "runs": "joulepilot.cli_store",
+    "bench": "joulepilot.cli_bench",
+    "doctor": "joulepilot.cli_doctor",
+    "fit": "joulepilot.cli_policy",
+    "frontier": "joulepilot.cli_policy",
+    "policy": "joulepilot.cli_policy",
+    "daemon": "joulepilot.cli_daemon",
+    "status": "joulepilot.cli_daemon",
+    "report": "joulepilot.cli_report",
+    "exporter": "joulepilot.cli_exporter",
+}
 DEBUG_ENV = "JOULEPILOT_DEBUG"
 DEBUG_META_KEY = "joulepilot.debug"
 _PASS_THROUGH = (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort)
@@ -45,7 +51,16 @@ def _first_line(text: str) -> str:
 
 
 class BoundaryGroup(click.Group):
-    """A click group that turns errors escaping a subcommand into one line and exit code 1."""
+    """A click group that turns errors escaping a subcommand into one line and exit code 1, and imports a
+    command's module when the command is looked up (COMMAND_MODULES)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            _load_commands(self, COMMAND_MODULES[cmd_name])
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -79,12 +94,14 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.meta[DEBUG_META_KEY] = debug
 
 
-for _name in COMMAND_MODULES:
+
+def _load_commands(group: click.Group, module_name: str) -> None:
+    """Add the commands of `module_name` to `group`; a module that is not installed adds none."""
     try:
-        _module = importlib.import_module(_name)
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name != _name:
+        if exc.name != module_name:
             raise
-        continue
-    for _command in _module.commands:
-        main.add_command(_command)
+        return
+    for command in module.commands:
+        group.add_command(command)

@@ -84,6 +84,8 @@ class RunCost:
 
 
 def _latency_pass_s(extra: Mapping[str, Any]) -> float:
+    if extra.get("latency_source") == "window":
+        return 0.0  # the window's own calls were timed: no separate pass
     calls, mean_ms = _number(extra.get("latency_calls")), _number(extra.get("latency_ms_mean"))
     return calls * mean_ms / 1000.0 if calls and mean_ms else 0.0
 

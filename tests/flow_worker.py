@@ -46,7 +46,7 @@ from joulepilot.compiler import worker, zygote_server
 from joulepilot.compiler.compile_meter import compile_energy_fields, open_cpu_meter
 from joulepilot.compiler.config import CompileConfig
 from joulepilot.compiler.inductor import torch_compile_kwargs
-from joulepilot.compiler.measure import back_to_back, latency_pass, percentile, timed_call, warm_up
+from joulepilot.compiler.measure import latencies_and_window, timed_call, warm_up
 
 NOTE = ("tests.flow_worker: no torch; the model is a stand-in call that spins the CPU for part of a fixed time "
         "and sleeps the rest; compile_s is a stand-in wait")
@@ -181,31 +181,21 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
         result["warmup_s"] = warmup_s
         extra["warmup_calls"] = warm_calls
 
-        phases.enter("latency")
         latency_s = min(float(job.get("latency_s") or LATENCY_S), LATENCY_S)
-        latency_started = time.perf_counter()
-        latencies = latency_pass(call, sync, seconds=latency_s)
-        extra["latency_s"] = time.perf_counter() - latency_started
-        result["latency_ms_p50"] = percentile(latencies, 50)
-        result["latency_ms_p95"] = percentile(latencies, 95)
-        extra["latency_calls"] = len(latencies)
-        extra["latency_ms_mean"] = sum(latencies) / len(latencies)
-        extra["latency_ms_min"] = min(latencies)
-
-        phases.enter("window")
         peak_before_window = _peak_memory_bytes()
-        meter.begin("window")
-        calls = back_to_back(call, sync, min_seconds=min_seconds)
-        window = meter.end("window")
+        timed = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds, latency_s=latency_s,
+                                     phases=phases)
+        calls, window = timed.calls, timed.measurement
+        latency_fields = timed.latency_fields()
+        extra.update(latency_fields.pop("extra"))
+        result.update(latency_fields)
         peak_window = _peak_memory_bytes()
         further = []
         for index in range(2, worker._windows(job) + 1):
-            phases.enter("window")
             started_at = time.time()
-            more_latencies = latency_pass(call, sync, seconds=latency_s)
-            meter.begin("window")
-            more_calls = back_to_back(call, sync, min_seconds=min_seconds)
-            further.append((index, started_at, more_latencies, meter.end("window"), more_calls, time.time()))
+            more = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds,
+                                        latency_s=latency_s, phases=phases)
+            further.append((index, started_at, more, time.time()))
     finally:
         meter.close()
 
@@ -217,13 +207,14 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
     extra["compile_caches"] = {}
     result.update(worker._window_fields(window, calls, batch_size, idle))
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)
-    worker._check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra)
+    worker._check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra,
+                              timed.latency_source)
     extra["peak_memory_window_bytes"] = peak_window
     extra["window"] = {"devices": [d.to_dict() for d in window.devices]}
     extra["compile_window"] = compile_window
     result["power_samples"] = [list(s) for s in getattr(window, "samples", [])]
     if further:
-        result["further_windows"] = [worker._further_window(*each, batch_size, idle) for each in further]
+        result["further_windows"] = [worker._further_window(*each, batch_size=batch_size, idle=idle) for each in further]
 
     if config.compiles and job.get("artifacts_path"):
         phases.enter("save_artifacts")

@@ -54,8 +54,7 @@ def test_the_flow_worker_gives_the_real_workers_fields_phases_and_files(monkeypa
     flow, flow_phases = _run(job)
     assert real["status"] == flow["status"] == "ok", (real.get("reason"), flow.get("reason"))
     assert _shape(flow) == _shape(real)
-    assert flow_phases == real_phases == ["load", "reference", "compile", "compiled", "warmup", "latency", "window",
-                                          "window"]
+    assert flow_phases == real_phases == ["load", "reference", "compile", "compiled", "warmup", "window", "window"]
     assert flow["extra"]["fake_worker"].startswith("tests.flow_worker: no torch")
     assert flow["energy_source"] == "estimate" and flow["energy_j"] > 0  # the real meter, on a CPU
     assert flow["compile_s"] >= 0.1 and flow["window_s"] >= 0.2 and flow["extra"]["latency_calls"] >= 10

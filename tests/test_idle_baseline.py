@@ -113,3 +113,29 @@ def test_a_daemon_pass_on_a_gpu_takes_its_idle_baseline_from_the_quiet_period(tm
     assert all(r["idle_power_w"] == pytest.approx(85.0, rel=0.05) for r in runs)  # the fake GPU's idle power
     assert measured == []  # no baseline measured after the wait
     assert "cuda:0: idle baseline " in capfd.readouterr().err  # the daemon's log says where it came from
+
+
+def test_a_cpu_sweep_metered_by_the_estimate_alone_has_nothing_idle_to_wait_for(tmp_path, monkeypatch):
+    from joulepilot.compiler.bench import sweep_context
+
+    monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "no-powercap"))  # no RAPL: the estimate
+    waited: list[float] = []
+    monkeypatch.setattr(importlib.import_module("joulepilot.telemetry").EnergyMeter, "measure_idle",
+                        lambda meter, seconds=2.0: waited.append(seconds) or {})
+    context = sweep_context("cpu", 0.5)
+    assert waited == []  # the CPU-time estimate counts the worker's own seconds: 0 W idle by construction
+    assert [d["source"] for d in context.devices] == ["estimate"]
+    assert context.idle_power_w == {context.devices[0]["id"]: 0.0}
+    assert context.idle_s == 0.0 and context.idle_from == "none (estimate)"
+
+
+def test_a_cpu_sweep_metered_by_rapl_measures_its_idle_baseline(tmp_path, monkeypatch):
+    from fakes.powercap import FakePowercap
+    from joulepilot.compiler.bench import sweep_context
+
+    fake = FakePowercap(tmp_path / "powercap")
+    monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(fake.root))
+    context = sweep_context("cpu", 0.3)
+    assert {d["source"] for d in context.devices} == {"rapl"}
+    assert context.idle_from == "measured" and context.idle_s == 0.3
+    assert set(context.idle_power_w) == {d["id"] for d in context.devices}
