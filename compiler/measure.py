@@ -34,7 +34,7 @@ def is_synchronous(device: str) -> bool:
 def synchronizer(device: str) -> Callable[[], None]:
     import torch
 
-    if str(device).startswith("cuda"):
+    if not is_synchronous(device):
         index = torch.device(device)
 
         def sync() -> None:
