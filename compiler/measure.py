@@ -145,13 +145,17 @@ class TimedWindow:
     latency_pass_s: float  # the separate latency pass; 0.0 when the window's own calls were timed
     latency_source: str  # "latency_pass" or "window"
 
-    def latency_fields(self) -> dict[str, Any]:
-        """The run's latency columns and extras."""
+    def latency_columns(self) -> dict[str, float]:
+        """The run's latency columns."""
+        return {"latency_ms_p50": percentile(self.latencies_ms, 50),
+                "latency_ms_p95": percentile(self.latencies_ms, 95)}
+
+    def latency_extra(self) -> dict[str, Any]:
+        """What the run's `extra` says of its latencies: where they came from and how many."""
         values = self.latencies_ms
-        return {"latency_ms_p50": percentile(values, 50), "latency_ms_p95": percentile(values, 95),
-                "extra": {"latency_s": self.latency_pass_s, "latency_source": self.latency_source,
-                          "latency_calls": len(values), "latency_ms_mean": sum(values) / len(values),
-                          "latency_ms_min": min(values)}}
+        return {"latency_s": self.latency_pass_s, "latency_source": self.latency_source,
+                "latency_calls": len(values), "latency_ms_mean": sum(values) / len(values),
+                "latency_ms_min": min(values)}
 
 
 def latencies_and_window(call: Callable[[], Any], sync: Callable[[], None], meter: Any, *, device: str,

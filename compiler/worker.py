@@ -205,10 +205,9 @@ def _further_window(index: int, started_at: float, timed: Any, finished_at: floa
     """A further window of the process (a `TimedWindow`), as its own run's fields (the parent completes the
     row)."""
     window = timed.measurement
-    latency = timed.latency_fields()
-    extra: dict[str, Any] = {"window_in_process": index, **latency.pop("extra"),
+    extra: dict[str, Any] = {"window_in_process": index, **timed.latency_extra(),
                              "window": {"devices": [d.to_dict() for d in window.devices]}}
-    fields = {"started_at": started_at, "finished_at": finished_at, **latency,
+    fields = {"started_at": started_at, "finished_at": finished_at, **timed.latency_columns(),
               **_window_fields(window, timed.calls, batch_size, idle)}
     _check_window_pace(window.duration_s * 1000.0 / timed.calls, fields["latency_ms_p50"], extra,
                        timed.latency_source)
@@ -225,7 +224,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from .artifacts import kernel_cache_dirs, save_warm_start
     from .compile_meter import compile_energy_fields, open_cpu_meter
     from .config import CompileConfig
-    from .measure import latencies_and_window, synchronizer, timed_call, warm_up
+    from .measure import is_synchronous, latencies_and_window, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
@@ -309,15 +308,14 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         def before_window() -> None:
             nonlocal peak_before_window
             peak_before_window = _peak_memory_bytes(device)
-            if str(device).startswith("cuda"):
+            if not is_synchronous(device):
                 torch.cuda.reset_peak_memory_stats(torch.device(device))
 
         timed = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds, latency_s=latency_s,
                                      phases=phases, before_window=before_window)
         latencies, calls, window = timed.latencies_ms, timed.calls, timed.measurement
-        latency_fields = timed.latency_fields()
-        extra.update(latency_fields.pop("extra"))
-        result.update(latency_fields)
+        result.update(timed.latency_columns())
+        extra.update(timed.latency_extra())
         if shape_run is not None:
             shape_run.record_first(compile_s=compile_s, compile_window=compile_m, max_rel_error=check.max_rel_error,
                                    latencies=latencies, window=window, calls=calls)

@@ -186,9 +186,8 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
         timed = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds, latency_s=latency_s,
                                      phases=phases)
         calls, window = timed.calls, timed.measurement
-        latency_fields = timed.latency_fields()
-        extra.update(latency_fields.pop("extra"))
-        result.update(latency_fields)
+        result.update(timed.latency_columns())
+        extra.update(timed.latency_extra())
         peak_window = _peak_memory_bytes()
         further = []
         for index in range(2, worker._windows(job) + 1):

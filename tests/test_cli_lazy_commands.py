@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from click.testing import CliRunner
+
 from joulepilot.cli import COMMAND_MODULES, main
 
 AGENT_ONLY = ("joulepilot.controller", "sklearn", "matplotlib", "prometheus_client", "schedule")

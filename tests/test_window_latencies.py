@@ -51,9 +51,9 @@ def test_on_the_cpu_the_window_calls_are_the_latency_samples():
     assert timed.calls == log.count("call") == len(timed.latencies_ms)
     assert timed.latency_source == "window" and timed.latency_pass_s == 0.0
     assert all(1.9 <= ms < 50 for ms in timed.latencies_ms)  # each sample is one 2-ms call
-    fields = timed.latency_fields()
-    assert fields["latency_ms_p50"] <= fields["latency_ms_p95"]
-    assert fields["extra"]["latency_calls"] == timed.calls and fields["extra"]["latency_s"] == 0.0
+    columns, extra = timed.latency_columns(), timed.latency_extra()
+    assert columns["latency_ms_p50"] <= columns["latency_ms_p95"]
+    assert extra["latency_calls"] == timed.calls and extra["latency_s"] == 0.0
 
 
 def test_on_a_gpu_a_synchronised_pass_comes_before_an_unsynchronised_window():
