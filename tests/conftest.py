@@ -5,6 +5,7 @@ temporary directory of its own."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -124,6 +125,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    # At the end of each test process pytest collects garbage five times over, to report exceptions raised by
+    # finalizers. With torch, Dynamo and Inductor loaded each pass walks about a million objects (a third of a
+    # second here, on the path to the run's end): one pass now collects the garbage (and its finalizers report as
+    # they would), and what survives it is frozen out of pytest's passes.
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -13,15 +13,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 
 def deep_mlp(batch_size: int = 8):
     """Cheap to run, slow to compile: Inductor has hundreds of small layers to trace and fuse, so a
     signal sent a few seconds into the job lands in the middle of the compile."""
+    import torch  # here, not at the top: conftest.py imports this module, and pytest's main process needs no torch
+    from torch import nn
+
     torch.manual_seed(0)
-    layers: list[nn.Module] = []
+    layers: list = []
     for _ in range(120):
         layers += [nn.Linear(16, 16), nn.GELU(), nn.LayerNorm(16)]
     model = nn.Sequential(*layers).eval()
