@@ -32,8 +32,8 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
                                                                           "joulepilot-test-pycache")
     sys.dont_write_bytecode = False
 
-# The processes the suite starts find tests/coverage_boot/sitecustomize.py first on their path: where coverage
-# measures them, it pauses the tracer while torch is first imported (it says why).
+# The processes the suite starts (pytest-xdist's included) find tests/coverage_boot/sitecustomize.py first on their
+# path: where coverage measures them, it pauses the tracer while torch imports and compiles (it says why).
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [os.path.join(os.path.dirname(os.path.abspath(__file__)), "coverage_boot"),
      *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
