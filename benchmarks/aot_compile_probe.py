@@ -12,6 +12,11 @@ installed torch. Each step runs in a fresh process with empty Inductor and Trito
    first call; compare its output with the cold process's.
 `cold_s` and `warm_s` are wall seconds from before compiling (or loading) to the end of the first call,
 device-synchronised, building the model left out. Prints one JSON object; `--out` keeps it and the artifact.
+
+`--guards serializable` compiles with a guard filter that keeps only the guards the saved module can carry:
+it drops guards on globals and on objects' identities (ID_MATCH and the other kinds Dynamo cannot serialise),
+as later torch versions do by default for an AOT compile. Unsafe in general (a different object of the same
+shape passes), which is why it is a probe option and not joulepilot's path.
 """
 
 from __future__ import annotations
@@ -33,18 +38,27 @@ def _workload(args: argparse.Namespace):
     return load_workload(args.spec, batch_size=args.batch_size, device=args.device, seq_len=args.seq_len)
 
 
+def _serializable_guards(entries):
+    """Keep a guard unless it is on a global or of a kind Dynamo cannot save with the compiled module."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()) or ()) | {"ID_MATCH"}
+    return [not (entry.is_global or entry.guard_type in unsupported) for entry in entries]
+
+
 def _step(args: argparse.Namespace) -> dict:
     import torch
     from joulepilot.compiler.precision import precision_scope
 
-    out: dict = {"step": args.step, "torch": torch.__version__}
+    out: dict = {"step": args.step, "torch": torch.__version__, "guards": args.guards}
     work = _workload(args)
     model, inputs = work.model, work.example_inputs
     sync = (lambda: torch.cuda.synchronize()) if args.device.startswith("cuda") else (lambda: None)
     artifact = Path(args.artifact)
     torch._dynamo.config.enable_aot_compile = True
     with torch.no_grad(), precision_scope(args.precision, args.device):
-        compiled = torch.compile(model, fullgraph=True)
+        options = {"guard_filter_fn": _serializable_guards} if args.guards == "serializable" else None
+        compiled = torch.compile(model, fullgraph=True, options=options)
         sync()
         started = time.perf_counter()
         if args.step == "cold":
@@ -80,7 +94,8 @@ def _run_step(args: argparse.Namespace, step: str, artifact: Path, scratch: Path
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(scratch / f"{step}-inductor"),
                TRITON_CACHE_DIR=str(scratch / f"{step}-triton"))
     command = [sys.executable, __file__, args.spec, "--step", step, "--artifact", str(artifact),
-               "--batch-size", str(args.batch_size), "--device", args.device, "--precision", args.precision]
+               "--batch-size", str(args.batch_size), "--device", args.device, "--precision", args.precision,
+               "--guards", args.guards]
     if args.seq_len:
         command += ["--seq-len", str(args.seq_len)]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout_s)
@@ -100,6 +115,8 @@ def main() -> int:
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--out", type=Path, help="folder to keep the result (probe.json) and the artifact in")
     parser.add_argument("--timeout-s", type=float, default=400.0)
+    parser.add_argument("--guards", choices=("all", "serializable"), default="all",
+                        help="serializable: drop guards on globals and identities (unsafe; see above)")
     parser.add_argument("--step", choices=("cold", "warm"), help=argparse.SUPPRESS)
     parser.add_argument("--artifact", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -115,7 +132,7 @@ def main() -> int:
     folder.mkdir(parents=True, exist_ok=True)
     artifact = folder / "compiled.bin"
     result = {"spec": args.spec, "batch_size": args.batch_size, "seq_len": args.seq_len, "device": args.device,
-              "precision": args.precision, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "precision": args.precision, "guards": args.guards, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     result["cold"] = _run_step(args, "cold", artifact, scratch)
     if "error" not in result["cold"]:
         result["warm"] = _run_step(args, "warm", artifact, scratch)
