@@ -81,6 +81,9 @@ def pytest_configure(config):
 
 
 _STARTS_PROCESSES = ("subprocess.", "run_worker_job(", "bench(", "start_daemon(", "daemon_cmd(", "CliRunner")
+# Files whose tests mostly wait, on the fake NVML's or powercap's clock (counters that step every 100 ms) or in
+# sleeps: spread among the others rather than run together, when every process would wait and the cores idle.
+_WAITS = ("from fakes", "import fakes", "time.sleep(")
 
 
 def _weight(item, module_text: dict) -> int:
@@ -89,13 +92,33 @@ def _weight(item, module_text: dict) -> int:
         return 0
     if {"fake_worker", "own_tmpdir"} & set(getattr(item, "fixturenames", ())):
         return 1
+    return 2 if any(marker in _text(item, module_text) for marker in _STARTS_PROCESSES) else 3
+
+
+def _text(item, module_text: dict) -> str:
     path = str(getattr(item, "path", ""))
     if path not in module_text:
         try:
             module_text[path] = open(path, encoding="utf-8").read()
         except OSError:
             module_text[path] = ""
-    return 2 if any(marker in module_text[path] for marker in _STARTS_PROCESSES) else 3
+    return module_text[path]
+
+
+def _file_order(items, module_text: dict) -> dict:
+    """Each file's place in the order pytest-xdist hands tests out: by `_weight`, except that the files that
+    mostly wait are spread evenly over the first half of those of weight 2 and 3 (the later files are quick)."""
+    weight: dict = {}
+    for item in items:
+        path = str(getattr(item, "path", ""))
+        weight[path] = min(weight.get(path, 3), _weight(item, module_text))
+    files = sorted(weight, key=weight.get)  # stable: collection order within a weight
+    waits = [p for p in files if weight[p] >= 2 and any(m in module_text.get(p, "") for m in _WAITS)]
+    busy = [p for p in files if weight[p] >= 2 and p not in waits]
+    place = {p: (0, i) for i, p in enumerate(p for p in files if weight[p] < 2)}
+    place.update({p: (1, (i + 0.5) / len(busy)) for i, p in enumerate(busy)})
+    place.update({p: (1, 0.5 * (i + 0.5) / len(waits)) for i, p in enumerate(waits)})
+    return place
 
 
 def _uses_a_module_fixture(item) -> bool:
@@ -111,14 +134,10 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.iter_markers("xdist_group")) and _uses_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(f"module:{getattr(item, 'path', item).name}"))
     # pytest-xdist hands out tests in this order: files with long tests first, so that no process is left with
-    # a long test at the end while the other idles.
+    # a long test at the end while the others idle, and files that mostly wait among the others.
     if _whole_suite(config):  # whole files move, so tests that share a module's fixture keep their order
-        texts: dict = {}
-        module_weight: dict = {}
-        for item in items:
-            path = str(getattr(item, "path", ""))
-            module_weight[path] = min(module_weight.get(path, 3), _weight(item, texts))
-        items.sort(key=lambda item: module_weight[str(getattr(item, "path", ""))])
+        place = _file_order(items, {})
+        items.sort(key=lambda item: place[str(getattr(item, "path", ""))])
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine: pytest -m gpu)")
