@@ -43,7 +43,11 @@ def _serializable_guards(entries):
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(getattr(CheckFunctionManager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ()) or ()) | {"ID_MATCH"}
-    return [not (entry.is_global or entry.guard_type in unsupported) for entry in entries]
+    # A guard built on another (a closure's function match checks the function's identity) is refused by
+    # what it derives from too, so those go as well.
+    return [not (entry.is_global or entry.guard_type in unsupported
+                 or unsupported.intersection(getattr(entry, "derived_guard_types", ()) or ()))
+            for entry in entries]
 
 
 def _step(args: argparse.Namespace) -> dict:
