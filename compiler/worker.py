@@ -307,7 +307,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         result.update(timed.latency_columns())
         extra.update(timed.latency_extra())
         if shape_run is not None:
-            shape_run.record_first(compile_s=compile_s, compile_window=compile_metered.run_window, max_rel_error=check.max_rel_error,
+            shape_run.record_first(compile_s=compile_s, compile_window=compile_metered, max_rel_error=check.max_rel_error,
                                    latencies=latencies, window=window, calls=calls)
             shape_run.measure_rest(model=model, make_call=lambda args: untraced(lambda: run(*args)), meter=meter,
                                    sync=sync, phases=phases, min_seconds=min_seconds, latency_s=latency_s,
