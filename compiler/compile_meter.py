@@ -9,13 +9,15 @@ what the lent GPU machines give (their RAPL counters are root-only). A CPU run's
 CPU, so its compile window needs no second one.
 
 The result holds each part with its source (see `joulepilot.store.compile_energy`) and
-`compile_energy_j`, their sum.
+`compile_energy_j`, their sum. `CompileWindow` meters one first call this way (the worker's compile, and each
+later size's first call of a shape set); `summed_compile_fields` adds several such first calls part by part.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from types import TracebackType
 from typing import Any
 
 from joulepilot.telemetry import DeviceEnergy, EnergyMeter, Measurement, TelemetryError
@@ -70,3 +72,65 @@ def compile_energy_fields(run_window: Measurement, cpu_window: Measurement | Non
     if cpu_error:
         record["cpu_meter_error"] = cpu_error
     return columns, record
+
+
+class CompileWindow:
+    """A first call metered as the module doc says: `with CompileWindow(meter) as window: call()`, then
+    `window.columns` and `window.record` (see `compile_energy_fields`) and `window.run_window`, the run
+    meter's own measurement. A call that raises leaves them unset and the run meter's window open."""
+
+    def __init__(self, run_meter: Any, name: str = "compile") -> None:
+        self._run_meter = run_meter
+        self._name = name
+        self._cpu_meter: EnergyMeter | None = None
+        self._cpu_error: str | None = None
+        self.run_window: Measurement | None = None
+        self.columns: dict[str, Any] = {}
+        self.record: dict[str, Any] = {}
+
+    def __enter__(self) -> CompileWindow:
+        self._cpu_meter, self._cpu_error = open_cpu_meter(self._run_meter)
+        try:
+            self._run_meter.begin(self._name)
+            if self._cpu_meter is not None:
+                self._cpu_meter.begin(self._name)
+        except BaseException:
+            self._close_cpu_meter()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc_type is None:
+                cpu_window = self._cpu_meter.end(self._name) if self._cpu_meter is not None else None
+                self.run_window = self._run_meter.end(self._name)
+                self.columns, self.record = compile_energy_fields(self.run_window, cpu_window, self._cpu_error)
+        finally:
+            self._close_cpu_meter()
+
+    def _close_cpu_meter(self) -> None:
+        if self._cpu_meter is not None:
+            self._cpu_meter.close()
+            self._cpu_meter = None
+
+
+def _sources(parts: Iterable[str | None]) -> str | None:
+    return "+".join(sorted({s for part in parts if part for s in part.split("+")})) or None
+
+
+def summed_compile_fields(calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The compile-energy columns of several metered first calls (each as `compile_energy_fields` gives
+    them) added part by part. A part that one of the calls did not meter is not metered for the whole
+    (NULL: a partial sum would pass for a complete one); `compile_energy_j` is the sum of the parts kept."""
+    columns: dict[str, Any] = {}
+    for side in ("gpu", "cpu"):
+        values = [call.get(f"compile_energy_{side}_j") for call in calls]
+        metered = bool(values) and all(v is not None for v in values)
+        columns[f"compile_energy_{side}_j"] = sum(values) if metered else None
+        columns[f"compile_energy_{side}_source"] = (
+            _sources(call.get(f"compile_energy_{side}_source") for call in calls) if metered else None)
+    parts = [columns[f"compile_energy_{side}_j"] for side in ("gpu", "cpu")]
+    kept = [p for p in parts if p is not None]
+    columns["compile_energy_j"] = sum(kept) if kept else None
+    return columns

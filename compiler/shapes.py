@@ -11,7 +11,10 @@ shares of the calls:
 - energy_j_per_inference (and above idle): sum of share x J per call;
 - throughput_per_s and avg_power_w: from the share-weighted time per call;
 - latency_ms_p50/p95: percentiles of every size's latencies, each weighted by its size's share;
-- compile_s / compile_energy_j: every size's first call together (compile plus recompiles);
+- compile_s / compile_energy_j: every size's first call together (compile plus recompiles). Each later size's
+  first call is metered as the worker meters the compile (`compile_meter.CompileWindow`: the run's meter and,
+  on a GPU, the CPU meter or its labelled estimate), so the GPU and CPU parts are sums over the sizes with
+  their sources, and compile_energy_j is the sum of the parts;
 - max_rel_error: the worst size; peak_power_w: the highest.
 
 Padded inputs are zeros past the real size (token id 0, black pixels) and are computed like any other
@@ -30,12 +33,20 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .compile_meter import CompileWindow, summed_compile_fields
 from .config import CompileConfig
 from .shape_set import ShapeSet
 
 # What Dynamo writes when a function reaches the recompile limit: the graph-break record of torch >= 2.7 and
 # the warning of every version ("torch._dynamo hit config.recompile_limit (8)", cache_size_limit before 2.6).
 LIMIT_MARKERS = ("recompile limit", "recompile_limit", "cache_size_limit", "cache size limit")
+
+
+# A size's first-call fields (extra.shapes.sizes) from the compile-energy columns of that call.
+_FIRST_CALL_KEY = {"compile_energy_j": "first_call_energy_j", "compile_energy_gpu_j": "first_call_energy_gpu_j",
+                   "compile_energy_gpu_source": "first_call_energy_gpu_source",
+                   "compile_energy_cpu_j": "first_call_energy_cpu_j",
+                   "compile_energy_cpu_source": "first_call_energy_cpu_source"}
 
 
 def recompile_limit() -> int | None:
@@ -133,6 +144,7 @@ class ShapeSetRun:
         self.sizes: list[dict[str, Any]] = []
         self._latencies: list[list[float]] = []
         self._windows: list[Any] = []
+        self._first_calls: list[dict[str, Any]] = []  # each size's first call, as compile-energy columns
         self._bucket_inputs: dict[int, tuple] = {}
         self._log = _LimitLog()
         self._frames_at_start = _frames_compiled()
@@ -174,8 +186,9 @@ class ShapeSetRun:
     def _limit_hits(self) -> int:
         return max(_limit_records() - self._limit_records_at_start, self._log.hits)
 
-    def _record(self, size: int, *, first_call_s: float, first_call: Any, max_rel_error: float | None,
-                compiled_frames: int, limit_hit: bool, latencies: list[float], window: Any, calls: int) -> None:
+    def _record(self, size: int, *, first_call_s: float, first_call: dict[str, Any], cpu_meter_error: str | None,
+                max_rel_error: float | None, compiled_frames: int, limit_hit: bool, latencies: list[float],
+                window: Any, calls: int) -> None:
         from .measure import percentile
 
         above = window.energy_above_idle_j
@@ -184,7 +197,8 @@ class ShapeSetRun:
             "run_size": self.shape_set.run_size(size, self.padding),
             "share": self.shape_set.shares[len(self.sizes)],
             "first_call_s": first_call_s,
-            "first_call_energy_j": first_call.energy_j,
+            # first_call_energy_j and its GPU and CPU parts, each with its source
+            **{_FIRST_CALL_KEY[key]: value for key, value in first_call.items() if key in _FIRST_CALL_KEY},
             "compiled_frames": compiled_frames,
             "recompile_limit_hit": limit_hit,
             "max_rel_error": max_rel_error,
@@ -199,13 +213,17 @@ class ShapeSetRun:
             "peak_power_w": window.peak_power_w,
             "window_ms_per_call": window.duration_s * 1000.0 / calls,
         })
+        if cpu_meter_error:
+            self.sizes[-1]["first_call_cpu_meter_error"] = cpu_meter_error
         self._latencies.append(list(latencies))
         self._windows.append(window)
+        self._first_calls.append(dict(first_call))
 
-    def record_first(self, *, compile_s: float, compile_window: Any, max_rel_error: float | None,
+    def record_first(self, *, compile_s: float, compile_window: CompileWindow, max_rel_error: float | None,
                      latencies: list[float], window: Any, calls: int) -> None:
-        """The first size, as the worker measured it."""
-        self._record(self.shape_set.sizes[0], first_call_s=compile_s, first_call=compile_window,
+        """The first size, as the worker measured it (`compile_window`: its metered compile)."""
+        self._record(self.shape_set.sizes[0], first_call_s=compile_s, first_call=compile_window.columns,
+                     cpu_meter_error=compile_window.record.get("cpu_meter_error"),
                      max_rel_error=max_rel_error, compiled_frames=_frames_compiled() - self._frames_at_start,
                      limit_hit=self._limit_hits() > 0, latencies=latencies, window=window, calls=calls)
 
@@ -241,9 +259,8 @@ class ShapeSetRun:
         call = make_call(inputs)
         frames_before, hits_before = _frames_compiled(), self._limit_hits()
         phases.enter("compile")
-        meter.begin("compile")
-        output, first_s = timed_call(call, sync)
-        first_call = meter.end("compile")
+        with CompileWindow(meter) as first_call:
+            output, first_s = timed_call(call, sync)
         phases.enter("compiled")
         check = numeric_check(output, reference)
         del output, reference
@@ -252,7 +269,8 @@ class ShapeSetRun:
         warm_up(call, sync, max_s=warmup_max_s)
         timed = latencies_and_window(call, sync, meter, device=self.device, min_seconds=min_seconds,
                                      latency_s=latency_s, phases=phases)
-        self._record(size, first_call_s=first_s, first_call=first_call, max_rel_error=check.max_rel_error,
+        self._record(size, first_call_s=first_s, first_call=first_call.columns,
+                     cpu_meter_error=first_call.record.get("cpu_meter_error"), max_rel_error=check.max_rel_error,
                      compiled_frames=compiled, limit_hit=hit, latencies=timed.latencies_ms,
                      window=timed.measurement, calls=timed.calls)
 
@@ -282,7 +300,7 @@ class ShapeSetRun:
             "latency_ms_p50": _weighted_percentile(samples, 50),
             "latency_ms_p95": _weighted_percentile(samples, 95),
             "compile_s": sum(s["first_call_s"] for s in sizes),
-            "compile_energy_j": sum(s["first_call_energy_j"] for s in sizes),
+            **summed_compile_fields(self._first_calls),
             "max_rel_error": max(errors) if errors else None,
             # Totals over every size's window; energy_j / inferences is their unweighted mean, not the figure above.
             "window_s": sum(s["window_s"] for s in sizes),

@@ -222,7 +222,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from . import inductor
     from .apply import apply_config
     from .artifacts import kernel_cache_dirs, save_warm_start
-    from .compile_meter import compile_energy_fields, open_cpu_meter
+    from .compile_meter import CompileWindow
     from .config import CompileConfig
     from .measure import is_synchronous, latencies_and_window, synchronizer, timed_call, warm_up
     from .numerics import numeric_check
@@ -273,22 +273,12 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         call = untraced(lambda: run(*inputs))
 
         phases.enter("compile")
-        cpu_meter, cpu_error = open_cpu_meter(meter)
-        try:
-            meter.begin("compile")
-            if cpu_meter is not None:
-                cpu_meter.begin("compile")
-            with recording_graph_breaks() as breaks:
-                output, compile_s = timed_call(call, sync)
-            cpu_compile_m = cpu_meter.end("compile") if cpu_meter is not None else None
-            compile_m = meter.end("compile")
-        finally:
-            if cpu_meter is not None:
-                cpu_meter.close()
+        with CompileWindow(meter) as compile_metered, recording_graph_breaks() as breaks:
+            output, compile_s = timed_call(call, sync)
         phases.enter("compiled")
         result["compile_s"] = compile_s
-        compile_columns, compile_window = compile_energy_fields(compile_m, cpu_compile_m, cpu_error)
-        result.update(compile_columns)
+        compile_window = compile_metered.record
+        result.update(compile_metered.columns)
         check = numeric_check(output, reference)
         result["max_rel_error"] = check.max_rel_error
         if check.note:
@@ -317,7 +307,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         result.update(timed.latency_columns())
         extra.update(timed.latency_extra())
         if shape_run is not None:
-            shape_run.record_first(compile_s=compile_s, compile_window=compile_m, max_rel_error=check.max_rel_error,
+            shape_run.record_first(compile_s=compile_s, compile_window=compile_metered, max_rel_error=check.max_rel_error,
                                    latencies=latencies, window=window, calls=calls)
             shape_run.measure_rest(model=model, make_call=lambda args: untraced(lambda: run(*args)), meter=meter,
                                    sync=sync, phases=phases, min_seconds=min_seconds, latency_s=latency_s,

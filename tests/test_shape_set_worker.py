@@ -11,6 +11,9 @@ slow runs `bench` with Inductor in the real worker process (on a one-layer model
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -20,8 +23,19 @@ from fakes.fake_pynvml import FakeGpu
 from joulepilot.compiler import CompileConfig, ConfigError, ShapeSet, bench, inductor
 from joulepilot.compiler import worker as worker_mod
 from joulepilot.compiler.budget import measure_allowance_s
-from joulepilot.compiler.shapes import _weighted_percentile, pad_like
+from joulepilot.compiler.compile_meter import summed_compile_fields
+from joulepilot.compiler.shapes import ShapeSetRun, _weighted_percentile, pad_like
 from joulepilot.compiler.workloads import workload_id
+from joulepilot.controller.tradeoff import training_samples
+from joulepilot.store import (
+    commit_run,
+    compile_energy_text,
+    complete_compile_energy_j,
+    host_identity,
+    ok_runs,
+    open_db,
+    run_columns,
+)
 from joulepilot.telemetry import EnergyMeter
 
 SPEC = "tests.shape_workloads:build"
@@ -205,3 +219,141 @@ def test_the_warm_start_of_a_padded_configuration_runs_its_first_size_at_the_buc
         first, warm = jobs
         assert first["shapes"] == shapes.to_dict() and first["seq_len"] == 5
         assert warm["kind"] == "warm_start" and warm["seq_len"] == warm_size
+
+
+# --- compile energy over the sizes ---------------------------------------------------------------------------
+RECOMPILE_CPU_S = 0.3  # CPU seconds each later size's first call spends in a child, as Inductor's compile workers do
+W_PER_CORE = 10.0
+
+
+def _later_first_calls_burn_in_a_child(monkeypatch) -> None:
+    """Each size after the first spends RECOMPILE_CPU_S of CPU in a child process on its first call (where a real
+    recompile would run Inductor's compile workers), and only there."""
+    real = ShapeSetRun.measure_rest
+
+    def measure_rest(self, *, make_call, **kwargs):
+        def burning(args):
+            call, first = make_call(args), [True]
+
+            def first_burns():
+                if first:
+                    first.clear()
+                    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                                    f"while time.process_time() - t < {RECOMPILE_CPU_S}: pass"], check=True)
+                return call()
+            return first_burns
+        return real(self, make_call=burning, **kwargs)
+
+    monkeypatch.setattr(ShapeSetRun, "measure_rest", measure_rest)
+
+
+def _on_a_fake_gpu(monkeypatch) -> None:
+    """The model runs on the CPU; the run's meter reads a fake GPU at a constant 200 W (NVML), so the compile
+    window gets the CPU meter too: the labelled estimate, as no powercap tree can be read."""
+    fake_pynvml.install(monkeypatch, [FakeGpu(power_w=200.0)])
+    monkeypatch.setattr(worker_mod, "_open_meter", lambda device, hz: EnergyMeter("cuda:0", sample_hz=hz))
+
+
+def _stored(result: dict, tmp_path, device: str):
+    """The worker's result committed into a real database and read back as the consumers read it."""
+    db = open_db(tmp_path / "j.db")
+    columns = run_columns(db)
+    host = host_identity()
+    row = {k: v for k, v in result.items() if k in columns and k not in ("status", "reason")}
+    row.update({"workload_id": "mixer-shapes", "config_id": "static", "host_id": host["id"], "device": device,
+                "status": "ok", "started_at": time.time(), "energy_source": result.get("energy_source")})
+    commit_run(db, row, host=host, workload={"id": "mixer-shapes", "spec": SPEC, "batch_size": 2},
+               config=CompileConfig(mode="default", batch_size=2).to_row() | {"id": "static"})
+    (run,) = ok_runs(db)
+    return db, run
+
+
+def test_a_gpu_shape_sets_compile_energy_is_every_sizes_first_call_on_the_gpu_and_the_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("JOULEPILOT_ESTIMATE_W_PER_CORE", str(W_PER_CORE))
+    _on_a_fake_gpu(monkeypatch)
+    _later_first_calls_burn_in_a_child(monkeypatch)
+    result = measure(ShapeSet("seq_len", (5, 6, 7)), dynamic=False)
+
+    # compile_energy_j is the sum of the parts stored beside it, each with its source
+    assert result["compile_energy_j"] == pytest.approx(result["compile_energy_gpu_j"] + result["compile_energy_cpu_j"])
+    assert (result["compile_energy_gpu_source"], result["compile_energy_cpu_source"]) == ("nvml", "estimate")
+    sizes = result["extra"]["shapes"]["sizes"]
+    for entry in sizes:
+        assert entry["first_call_energy_gpu_source"] == "nvml"
+        assert entry["first_call_energy_cpu_source"] == "estimate"
+        assert entry["first_call_energy_j"] == pytest.approx(entry["first_call_energy_gpu_j"]
+                                                             + entry["first_call_energy_cpu_j"])
+    # a later size's recompile is metered on the CPU too, child processes included
+    assert all(entry["first_call_energy_cpu_j"] >= RECOMPILE_CPU_S * W_PER_CORE for entry in sizes[1:])
+    # the first size's parts are the worker's compile window
+    devices = {d["device"]: d["energy_j"] for d in result["extra"]["compile_window"]["devices"]}
+    assert sizes[0]["first_call_energy_cpu_j"] == pytest.approx(devices["cpu:0"])
+    assert sizes[0]["first_call_energy_gpu_j"] == pytest.approx(devices["gpu:0"])
+
+    # the run's parts are the sums over the sizes: the compile and every recompile
+    assert result["compile_energy_gpu_j"] == pytest.approx(sum(e["first_call_energy_gpu_j"] for e in sizes))
+    assert result["compile_energy_cpu_j"] == pytest.approx(sum(e["first_call_energy_cpu_j"] for e in sizes))
+    assert result["compile_energy_j"] == pytest.approx(sum(e["first_call_energy_j"] for e in sizes))
+
+    # every consumer reads the one figure: the stored row, its complete figure, the trade-off model's sample
+    db, run = _stored(result, tmp_path, "cuda:0")
+    assert run.compile_energy_j == pytest.approx(result["compile_energy_j"])
+    assert complete_compile_energy_j(run) == pytest.approx(run.compile_energy_j)
+    (sample,) = training_samples(db)
+    assert sample.targets["compile_energy_j"] == pytest.approx(run.compile_energy_j)
+    text = compile_energy_text(run)
+    assert text.startswith(f"{run.compile_energy_j:,.0f} J (GPU ") and "nvml + CPU" in text and "estimate" in text
+
+
+def test_a_cpu_shape_sets_compile_energy_is_its_cpu_part_summed_over_the_sizes(monkeypatch, tmp_path):
+    monkeypatch.setenv("JOULEPILOT_ESTIMATE_W_PER_CORE", str(W_PER_CORE))
+    _later_first_calls_burn_in_a_child(monkeypatch)
+    result = measure(ShapeSet("seq_len", (5, 6, 7)), dynamic=False)
+
+    assert result["compile_energy_j"] == result["compile_energy_cpu_j"]
+    sizes = result["extra"]["shapes"]["sizes"]
+    assert all(e["first_call_energy_gpu_j"] is None and e["first_call_energy_cpu_source"] == "estimate" for e in sizes)
+    assert all(e["first_call_energy_cpu_j"] >= RECOMPILE_CPU_S * W_PER_CORE for e in sizes[1:])
+    assert (result["compile_energy_gpu_j"], result["compile_energy_gpu_source"]) == (None, None)
+    assert result["compile_energy_cpu_source"] == "estimate"
+    assert result["compile_energy_cpu_j"] == pytest.approx(sum(e["first_call_energy_cpu_j"] for e in sizes))
+    _, run = _stored(result, tmp_path, "cpu")
+    assert complete_compile_energy_j(run) == pytest.approx(run.compile_energy_j)
+
+
+def test_a_cpu_meter_that_cannot_open_leaves_the_sets_cpu_part_not_metered(monkeypatch, tmp_path):
+    monkeypatch.setenv("JOULEPILOT_ESTIMATE_W_PER_CORE", "lots")
+    _on_a_fake_gpu(monkeypatch)
+    result = measure(ShapeSet("seq_len", (5, 6)), dynamic=False)
+
+    sizes = result["extra"]["shapes"]["sizes"]
+    assert all("JOULEPILOT_ESTIMATE_W_PER_CORE" in e["first_call_cpu_meter_error"] for e in sizes)
+    assert (result["compile_energy_cpu_j"], result["compile_energy_cpu_source"]) == (None, None)
+    assert result["compile_energy_gpu_j"] == pytest.approx(sum(e["first_call_energy_gpu_j"] for e in sizes))
+    assert result["compile_energy_j"] == result["compile_energy_gpu_j"]
+    _, run = _stored(result, tmp_path, "cuda:0")
+    assert complete_compile_energy_j(run) is None  # the GPU part alone is not a complete compile energy
+
+
+def test_first_calls_add_up_part_by_part_and_a_part_one_call_missed_is_not_metered():
+    # the audit's case: a first compile of GPU 100 J + CPU 900 J, a later size's recompile of GPU 50 J + CPU 40 J
+    compile_ = {"compile_energy_j": 1000.0, "compile_energy_gpu_j": 100.0, "compile_energy_gpu_source": "nvml",
+                "compile_energy_cpu_j": 900.0, "compile_energy_cpu_source": "estimate"}
+    recompile = {"compile_energy_j": 90.0, "compile_energy_gpu_j": 50.0, "compile_energy_gpu_source": "nvml",
+                 "compile_energy_cpu_j": 40.0, "compile_energy_cpu_source": "estimate"}
+    summed = summed_compile_fields([compile_, recompile])
+    assert summed == {"compile_energy_gpu_j": 150.0, "compile_energy_gpu_source": "nvml",
+                      "compile_energy_cpu_j": 940.0, "compile_energy_cpu_source": "estimate",
+                      "compile_energy_j": 1090.0}
+    run = {**summed, "device": "cuda:0"}
+    assert complete_compile_energy_j(run) == summed["compile_energy_j"]
+    assert compile_energy_text(run) == "1,090 J (GPU 150 J nvml + CPU 940 J estimate)"
+
+    # a CPU part measured by RAPL for one size and estimated for another names both sources
+    rapl = {**recompile, "compile_energy_cpu_source": "rapl"}
+    assert summed_compile_fields([compile_, rapl])["compile_energy_cpu_source"] == "estimate+rapl"
+    # a size whose CPU meter failed: the set's CPU part is not metered, and the total is what is left
+    unmetered = {**recompile, "compile_energy_j": 50.0, "compile_energy_cpu_j": None, "compile_energy_cpu_source": None}
+    partial = summed_compile_fields([compile_, unmetered])
+    assert (partial["compile_energy_cpu_j"], partial["compile_energy_cpu_source"]) == (None, None)
+    assert partial["compile_energy_j"] == partial["compile_energy_gpu_j"] == 150.0
