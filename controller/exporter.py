@@ -39,7 +39,7 @@ from joulepilot.store import open_db
 from joulepilot.store.daemon_state import HEARTBEAT_STATES, latest_heartbeat, queue_counts
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.metrics import (
-    decided_run,
+    decided_figures,
     deployment_totals,
     read_snapshot,
     recorded_gpu,
@@ -189,17 +189,18 @@ class JoulepilotCollector(Collector):
                 "state": d.state,
             })
             decided_at.add_metric(labels, d.decided_at)
-            run = decided_run(db, d)
-            if run is None:
+            figures = decided_figures(db, d)  # on the decision's own device kind and torch, never another's
+            if figures is None:
                 continue
-            source = run.get("energy_source") or "estimate"  # a run without a recorded source was not metered
-            if run.get("energy_j_per_inference") is not None:
-                energy.add_metric([*labels, source], run["energy_j_per_inference"])
+            source = figures.energy_source or "estimate"  # a run without a recorded source was not metered
+            if figures.energy_j_per_inference is not None:
+                energy.add_metric([*labels, source], figures.energy_j_per_inference)
             for stat in ("avg", "peak"):
-                if run.get(f"{stat}_power_w") is not None:
-                    power.add_metric([*labels, source, stat], run[f"{stat}_power_w"])
-            if run.get("latency_ms_p95") is not None:
-                latency.add_metric(labels, run["latency_ms_p95"] / 1000.0)
+                watts = getattr(figures, f"{stat}_power_w")
+                if watts is not None:
+                    power.add_metric([*labels, source, stat], watts)
+            if figures.latency_ms_p95 is not None:
+                latency.add_metric(labels, figures.latency_ms_p95 / 1000.0)
         return [info, decided_at, energy, power, latency]
 
     def _deployment_gpu(self, db: Any, dep: dict[str, Any]) -> tuple[str, int] | None:

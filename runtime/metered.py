@@ -155,7 +155,8 @@ class MeteredModel:
         gpus = [d for d in meter.devices if getattr(d, "kind", "") == "gpu"]
         self._gpu_index = gpus[0].index if gpus else None
         self.energy_source = meter.primary_source
-        self._last_t = time.time()
+        self._last_mono = time.monotonic()  # windows are timed by this clock; the wall clock only stamps them
+        self._last_t_end = time.time()  # the stamped end of the newest window (here: where the first starts)
         self._last_e = self._energy_now()
         self._last_n = 0
         self._last_flush = time.monotonic()
@@ -246,14 +247,17 @@ class MeteredModel:
                 self._db = None
 
     def _take_sample(self, powers: list[float], final: bool = False) -> None:
+        mono_end = time.monotonic()
         t_end = time.time()
         energy = self._energy_now()
         count = self.inferences
-        duration_s = t_end - self._last_t
+        # The window's length comes from the monotonic clock, so a wall-clock step (NTP, a VM resuming)
+        # neither stretches nor squeezes it; see `_stamps` for where it is placed in wall-clock time.
+        duration_s = mono_end - self._last_mono
         if final and duration_s <= 0:
             return
         if final and duration_s < max(MIN_TAIL_S, MIN_TAIL_FRACTION * self.interval_s) \
-                and self._fold_tail(t_end, energy, count, powers):
+                and self._fold_tail(duration_s, mono_end, energy, count, powers):
             return
         energy_j = max(0.0, energy - self._last_e)
         inferences = count - self._last_n
@@ -266,8 +270,9 @@ class MeteredModel:
                 other_processes, share = _shared_gpu(self._gpu_index)
             except Exception:  # noqa: BLE001 - attribution is best effort
                 other_processes, share = 0, None
+        t_start, t_end = self._stamps(t_end, duration_s)
         sample = {
-            "t_start": self._last_t,
+            "t_start": t_start,
             "t_end": t_end,
             "energy_j": energy_j,
             "inferences": inferences,
@@ -278,7 +283,7 @@ class MeteredModel:
             "other_processes": other_processes,
             "share": share,
         }
-        self._last_t, self._last_e, self._last_n = t_end, energy, count
+        self._last_mono, self._last_e, self._last_n, self._last_t_end = mono_end, energy, count, t_end
         with self._buffer_lock:
             self._buffer.append(sample)
         self._newest = sample
@@ -287,17 +292,33 @@ class MeteredModel:
             if trip is not None:
                 self._on_trip(trip)
 
-    def _fold_tail(self, t_end: float, energy: float, count: int, powers: list[float]) -> bool:
-        """Extend the newest window to `t_end` instead of writing a short last one; False when there
-        is no window to extend (the tail is then written on its own)."""
+    def _stamps(self, wall_end: float, duration_s: float) -> tuple[float, float]:
+        """(t_start, t_end) of a window that lasted `duration_s` (monotonic) and ended at `wall_end` (wall clock).
+
+        The length wins: t_end - t_start is always the metered duration. The window ends at the wall clock
+        unless it would then start before the previous window ended (the wall clock stepped back): it then
+        starts where that one ended. So windows never overlap and stay in order; after a step forward (a VM
+        resuming) they follow the wall clock at once, leaving a gap; after a step back the stamps run ahead
+        of the wall clock by at most the step, for as long as this deployment runs.
+        """
+        t_start = wall_end - duration_s
+        if t_start < self._last_t_end:
+            t_start = self._last_t_end
+        return t_start, t_start + duration_s
+
+    def _fold_tail(self, tail_s: float, mono_end: float, energy: float, count: int, powers: list[float]) -> bool:
+        """Extend the newest window by the tail's `tail_s` seconds (monotonic) instead of writing a short last
+        one; False when there is no window to extend (the tail is then written on its own)."""
         previous = self._newest
         if previous is None or previous["config_id"] != self.config_id:
             return False
         merged = dict(previous)
-        merged["t_end"] = t_end
+        # The window keeps its start stamp (the store finds the row to amend by it) and grows by the tail's
+        # monotonic length, so its stamps still span exactly the time it metered.
+        merged["t_end"] = previous["t_end"] + tail_s
         merged["energy_j"] = previous["energy_j"] + max(0.0, energy - self._last_e)
         merged["inferences"] = previous["inferences"] + count - self._last_n
-        duration_s = t_end - previous["t_start"]
+        duration_s = merged["t_end"] - previous["t_start"]
         merged["avg_power_w"] = merged["energy_j"] / duration_s if duration_s > 0 else previous["avg_power_w"]
         # The tail's own mean power is what a counter step distorts, so only its instant reads count.
         peaks = [p for p in (previous["peak_power_w"], merged["avg_power_w"], *powers) if p is not None]
@@ -316,7 +337,8 @@ class MeteredModel:
                             self.name, exc_info=True)
                 return False
         self._newest = merged
-        self._last_t, self._last_e, self._last_n = t_end, energy, count
+        self._last_mono, self._last_e, self._last_n = mono_end, energy, count
+        self._last_t_end = merged["t_end"]
         return True
 
     def _on_trip(self, trip: Any) -> None:

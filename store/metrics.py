@@ -8,15 +8,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import sqlite_utils
 
 from .db import schema_version
 from .decisions import DecisionRow
+from .devicekind import device_kind
 from .errors import StoreError
 from .jsonvalues import json_object
 from .schema import SCHEMA_VERSION
+from .torchversion import torch_major_minor
 
 
 class SchemaTooOld(StoreError):
@@ -59,18 +62,76 @@ def decision_workload_id(db: sqlite_utils.Database, decision: DecisionRow) -> st
     return row[0] if row else None
 
 
-def decided_run(db: sqlite_utils.Database, decision: DecisionRow) -> dict[str, Any] | None:
-    """The latest successful measurement of the decided configuration (None when only predicted)."""
+# The figures a policy's gauges show, as a decision records them in `details.measured`.
+POLICY_FIGURES = ("energy_j_per_inference", "avg_power_w", "peak_power_w", "latency_ms_p95")
+
+
+@dataclass
+class DecidedFigures:
+    """What the exporter shows for a decision's configuration, and where the figures come from.
+
+    `basis`: 'decision' (the figures the decision recorded: medians over the runs it counted, the highest
+    peak) or 'run' (one stored run, for a decision that recorded none); `run_id` names that run, or the
+    newest run the decision counted.
+    """
+
+    energy_source: str | None
+    energy_j_per_inference: float | None
+    avg_power_w: float | None
+    peak_power_w: float | None
+    latency_ms_p95: float | None
+    basis: str
+    run_id: int | None = None
+
+
+def decided_figures(db: sqlite_utils.Database, decision: DecisionRow) -> DecidedFigures | None:
+    """The measured figures of the decided configuration on the decision's device kind and torch (None: none).
+
+    A decision made by the resolver records the figures it was made from (`details.measured`), and those
+    are returned: runs stored later, on any device, change nothing until the policy is decided again.
+    A decision that recorded none (its configuration was unmeasured when decided, or it was written before
+    the figures were kept) gets the newest ok run of its configuration on its own device kind and torch
+    major.minor, a run under the decision's provenance first; never a run of another device.
+    """
     if not decision.config_id:
         return None
-    workload_id = decision_workload_id(db, decision)
+    measured = decision.details.get("measured")
+    if isinstance(measured, dict) and any(measured.get(k) is not None for k in POLICY_FIGURES):
+        run_id = measured.get("run_id")
+        return DecidedFigures(energy_source=measured.get("energy_source"),
+                              **{k: _number(measured.get(k)) for k in POLICY_FIGURES},
+                              basis="decision", run_id=int(run_id) if isinstance(run_id, int) else None)
+    run = _own_device_run(db, decision)
+    if run is None:
+        return None
+    return DecidedFigures(energy_source=run.get("energy_source"), **{k: run.get(k) for k in POLICY_FIGURES},
+                          basis="run", run_id=int(run["id"]))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _own_device_run(db: sqlite_utils.Database, decision: DecisionRow) -> dict[str, Any] | None:
+    """The newest ok run of the decided configuration and workload on the decision's device kind and torch
+    major.minor; one under the decision's provenance key (when it recorded one) before any other."""
+    workload_ids = [str(w) for w in decision.details.get("workload_ids") or [] if w]
+    if not workload_ids:
+        one = decision_workload_id(db, decision)
+        workload_ids = [one] if one else []
     sql = "SELECT * FROM runs WHERE config_id = ? AND status = 'ok'"
     args: list[Any] = [decision.config_id]
-    if workload_id:
-        sql += " AND workload_id = ?"
-        args.append(workload_id)
-    rows = list(db.query(sql + " ORDER BY id DESC LIMIT 1", args))
-    return rows[0] if rows else None
+    if workload_ids:
+        sql += f" AND workload_id IN ({', '.join('?' for _ in workload_ids)})"
+        args.extend(workload_ids)
+    wanted_torch = torch_major_minor(decision.torch_version)
+    runs = [run for run in db.query(sql + " ORDER BY id DESC", args)
+            if device_kind(run) == decision.device_kind and torch_major_minor(run.get("torch_version")) == wanted_torch]
+    provenance = decision.details.get("provenance_key")
+    if provenance:
+        same_stack = [run for run in runs if run.get("provenance_key") == provenance]
+        runs = same_stack or runs
+    return runs[0] if runs else None
 
 
 def deployment_totals(db: sqlite_utils.Database) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
@@ -54,7 +53,9 @@ def measure_command(
             "command": argv,
             "exit_code": exit_code,
             "started_at": m.start_time,
-            "finished_at": time.time(),
+            # The start is the window's one wall-clock reading; the end is derived from the perf_counter
+            # duration, so a clock step mid-command cannot make the two stamps disagree with `duration_s`.
+            "finished_at": m.start_time + m.duration_s,
             "duration_s": m.duration_s,
             "energy_j": m.energy_j,
             "energy_above_idle_j": m.energy_above_idle_j,

@@ -33,7 +33,8 @@ def populate(path):
     cfg = CompileConfig(mode="default", precision="bf16", batch_size=8)
     upsert_config(db, cfg.to_row())
     base = {"workload_id": "w-mlp", "config_id": cfg.id, "host_id": host, "device": "cpu", "status": "ok",
-            "started_at": time.time() - 100, "finished_at": time.time() - 90, "energy_source": "estimate"}
+            "started_at": time.time() - 100, "finished_at": time.time() - 90, "energy_source": "estimate",
+            "torch_version": "2.13.0"}
     insert_run(db, {**base, "energy_j_per_inference": 0.5, "avg_power_w": 300.0, "peak_power_w": 400.0,
                     "latency_ms_p95": 9.0})
     newer = insert_run(db, {**base, "energy_j_per_inference": 0.0353, "avg_power_w": 387.0, "peak_power_w": 512.5,
@@ -100,7 +101,7 @@ def test_metrics_hold_every_documented_series_with_db_values(exporter):
                            "fusion": "default", "precision": "bf16", "state": "verified"}
     assert value(families, "joulepilot_policy_decision_timestamp_seconds", policy="mlp") == pytest.approx(
         facts["decided_at"])
-    # The newest measurement of the decided configuration.
+    # The decision recorded no figures: the newest measurement of its configuration on its device and torch.
     assert value(families, "joulepilot_policy_energy_joules_per_inference", policy="mlp",
                  source="estimate") == pytest.approx(0.0353)
     assert value(families, "joulepilot_policy_power_watts", policy="mlp", stat="avg",
