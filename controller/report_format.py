@@ -101,6 +101,10 @@ def human_time(iso_text: str | None) -> str:
     return iso_text.replace("T", " ").replace("+00:00", " UTC")
 
 
+ESTIMATE_ROWS = ("estimate: no energy counter was readable when the rows marked estimate were benchmarked; their "
+                 "energy is CPU time x watts per core, not a measurement")
+
+
 def source_label(source: str | None) -> str:
     if not source:
         return DASH
