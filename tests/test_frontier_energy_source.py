@@ -128,3 +128,15 @@ def test_policy_explain_with_a_meter_names_it_and_no_estimate(tmp_path, monkeypa
     db = _store(tmp_path, {"eager": ["rapl"] * 3, "default": ["rapl"] * 3})
     out = _invoke("policy", "explain", str(tmp_path / "svc.toml"), "--db", db, "--device-name", "cpu")
     assert "measured (rapl)" in out and ESTIMATE_LINE not in out
+
+
+def test_a_candidates_source_covers_every_run_its_median_rests_on(tmp_path, monkeypatch):
+    # default: two RAPL runs then a newer estimate one; eager: all RAPL. The median of default rests on both.
+    monkeypatch.setenv("COLUMNS", "250")
+    db = _store(tmp_path, {"eager": ["rapl"] * 3, "default": ["rapl", "rapl", "estimate"]})
+    args = ["policy", "explain", str(tmp_path / "svc.toml"), "--db", db, "--device-name", "cpu"]
+    data = json.loads(_invoke(*args, "--json"))
+    sources = {c["label"]: c["figures"]["energy_source"] for c in data["candidates"]}
+    assert sources == {"eager/fp32/b8": "rapl", "default/fp32/b8": "rapl+estimate"}
+    out = _invoke(*args)
+    assert "measured (rapl+estimate)" in out and ESTIMATE_LINE in out
