@@ -122,6 +122,8 @@ def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
 
 def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: str | None,
                              baselines: Mapping[str, Mapping[str, Any]] | None = None) -> bytes:
+    """The deployment's J per call per window, with a line for each benchmarked baseline metered by the same
+    source (one metered otherwise is not like for like and is left out)."""
     title = "Energy per inference per window"
     if not samples:
         return _empty(title)
@@ -135,7 +137,7 @@ def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: st
     for b in (baselines or {}).values():
         colour, style = next(styles, ("grey", ":"))
         level, label = _baseline_level(b)
-        if b.get("measured") and level is not None:
+        if b.get("measured") and level is not None and b.get("like_for_like") is not False:
             ax.axhline(level, color=colour, ls=style, lw=1.3, label=label)
             lines.append(level)
     finite = [v for v in ys if v == v] + lines
