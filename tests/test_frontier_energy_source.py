@@ -103,7 +103,7 @@ def test_the_plot_marks_estimate_points_as_the_report_does(tmp_path, sources, es
         plt.close(fig)
 
 
-def test_plot_frontier_writes_the_marked_png(tmp_path):
+def test_the_plot_path_is_in_the_json(tmp_path):
     db = _store(tmp_path, {"eager": ["estimate"] * 3, "default": ["estimate"] * 3})
     png = tmp_path / "front.png"
     out = _invoke("frontier", "mlp", "--db", db, "--no-predict", "--plot", str(png), "--json")
