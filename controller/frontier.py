@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.bill import joined_sources
 from joulepilot.policies.noise import median
 from joulepilot.policies.resolve import counted_runs, repeat_intervals
 from joulepilot.store.catalog import workload_row as stored_workload
@@ -67,7 +68,8 @@ def _median_of(runs: Sequence[RunRow], figure: str) -> float | None:
 
 def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> list[dict[str, Any]]:
     """One point per measured configuration over every run that counts (flagged runs once a clean one
-    exists): median figures, and for J/inference the median's interval and the number of repeats."""
+    exists): median figures, and for J/inference the median's interval and the number of repeats; its
+    `energy_source` names the meters of all those runs ('rapl+estimate' when some were estimated)."""
     counted_per_config = {cid: counted_runs([r for r in runs if r.config_id == cid])[0] for cid in latest}
     intervals = repeat_intervals({cid: [r.energy_j_per_inference for r in rs if r.energy_j_per_inference is not None]
                                   for cid, rs in counted_per_config.items()})
@@ -84,7 +86,7 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> li
             "ci_high": ci.high if ci else None,
             "spread_pct": 100.0 * ci.half_width_rel if ci else None,
             "avg_power_w": _median_of(mine, "avg_power_w"), "compile_s": _median_of(mine, "compile_s"),
-            "energy_source": newest.energy_source,
+            "energy_source": joined_sources([r.energy_source for r in mine]) or newest.energy_source,
         })
     return points
 
@@ -134,12 +136,15 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
                 for cfg, pred in zip(unmeasured, model.predict_many(workload_row, unmeasured, device_name),
                                      strict=True):
                     point = {"label": cfg.label, "config_id": cfg.id, "mode": cfg.mode, "fusion": cfg.fusion,
-                             "precision": cfg.precision, "source": "predicted"}
+                             "precision": cfg.precision, "source": "predicted", "energy_source": None}
                     for target, (mean, std) in pred.items():
                         point[target] = mean
                         point[target + "_std"] = std
                     points.append(point)
 
+    unlike = _unlike_sources(points)
+    if unlike:
+        notes.append(unlike)
     front = pareto_front(points)
     measured_idx = [i for i, p in enumerate(points) if p["source"] == "measured"]
     measured_front = [measured_idx[i] for i in pareto_front([points[i] for i in measured_idx])]
@@ -156,22 +161,43 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
     }
 
 
-def plot_frontier(result: Mapping[str, Any], path: str | Path) -> Path:
-    """PNG of p95 latency against J/inference: measured dots, predicted hollow triangles with error bars,
-    and the frontier line over all points."""
+def _unlike_sources(points: Sequence[Mapping[str, Any]]) -> str | None:
+    """A note when the measured points were not all metered the same way: their J/call share one axis but
+    are not like for like."""
+    sources = sorted({p["energy_source"] or "no source" for p in points if p["source"] == "measured"})
+    if len(sources) < 2:
+        return None
+    return (f"the measured points' energy sources differ ({', '.join(sources)}): their J/call are not like for "
+            f"like, so read the frontier across them with care")
+
+
+def frontier_figure(result: Mapping[str, Any]) -> Any:
+    """The frontier as a matplotlib figure: p95 latency against J/inference; measured points grouped by
+    energy source (an estimate hollow and grey, and the whole plot marked ESTIMATE as the report's plots
+    are), predicted hollow triangles with error bars, and the frontier line over all points."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from .report_plots import mark_estimate
 
     points = [p for p in result["points"] if p.get("latency_ms_p95") is not None
               and p.get("energy_j_per_inference") is not None]
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     measured = [p for p in points if p["source"] == "measured"]
     predicted = [p for p in points if p["source"] == "predicted"]
-    if measured:
-        ax.scatter([p["latency_ms_p95"] for p in measured], [p["energy_j_per_inference"] for p in measured],
-                   s=42, color="tab:blue", label="measured", zorder=3)
+    by_source: dict[str, list[Mapping[str, Any]]] = {}
+    for p in measured:
+        by_source.setdefault(p.get("energy_source") or "no source", []).append(p)
+    colours = iter(["tab:blue", "tab:purple", "tab:brown", "tab:cyan"])
+    for source, group in sorted(by_source.items(), key=lambda item: "estimate" in item[0]):
+        xs, ys = [p["latency_ms_p95"] for p in group], [p["energy_j_per_inference"] for p in group]
+        if "estimate" in source:
+            ax.scatter(xs, ys, s=42, facecolors="none", edgecolors="0.35", linewidths=1.4, zorder=3,
+                       label=f"measured ({source}): {'' if source == 'estimate' else 'partly '}ESTIMATE energy")
+        else:
+            ax.scatter(xs, ys, s=42, color=next(colours, "tab:blue"), zorder=3, label=f"measured ({source})")
     if predicted:
         ax.errorbar([p["latency_ms_p95"] for p in predicted], [p["energy_j_per_inference"] for p in predicted],
                     xerr=[p.get("latency_ms_p95_std", 0) for p in predicted],
@@ -187,10 +213,19 @@ def plot_frontier(result: Mapping[str, Any], path: str | Path) -> Path:
                     xytext=(3, 3), textcoords="offset points", color="0.3")
     ax.set_xlabel("p95 latency per forward call (ms)")
     ax.set_ylabel("energy per forward call (J)")
-    ax.set_title(f"{result['workload']} (batch {result['batch_size']}) on {result['device_kind']}")
+    mark_estimate(ax, f"{result['workload']} (batch {result['batch_size']}) on {result['device_kind']}",
+                  any("estimate" in source for source in by_source))
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot_frontier(result: Mapping[str, Any], path: str | Path) -> Path:
+    """Write `frontier_figure(result)` as a PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = frontier_figure(result)
     out = Path(path)
     fig.savefig(out)
     plt.close(fig)

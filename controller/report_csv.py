@@ -22,7 +22,7 @@ SUMMARY_COLUMNS = ("name", "policy", "device_kind", "config", "decision_state", 
                    "energy_j", "energy_kwh", "inferences", "j_per_inference", "avg_power_w", "peak_power_w",
                    "max_avg_power_w", "violations", "saving_vs_eager_fp32", "saving_vs_compile_default_fp32",
                    "co2_g", "energy_source", "shared_windows", "serves_baseline", "payback", "paid_back_after_s",
-                   "per_sample")
+                   "per_sample", "not_like_for_like")
 
 
 def cell(value: Any) -> Any:
@@ -78,6 +78,8 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
             (f"baseline.{key}", "served_is_baseline", b.served_is_baseline, "", None),
             (f"baseline.{key}", "saving_fraction", b.saving_fraction, fraction_unit, src),
             (f"baseline.{key}", "saving_j", b.saving_j, saved_unit, src),
+            (f"baseline.{key}", "like_for_like", b.like_for_like, "", None),
+            (f"baseline.{key}", "no_saving_reason", b.no_saving_reason, "", None),
             (f"baseline.{key}", "note", b.note, "", None),
         ]
     pb = report.payback
@@ -130,6 +132,6 @@ def summary_csv(summary: Summary) -> str:
     rows: list[list[Any]] = [list(SUMMARY_COLUMNS)]
     for row in summary.deployments:
         values = {**row.to_dict(), "serves_baseline": "+".join(row.serves_baseline),
-                  "per_sample": "+".join(row.per_sample)}
+                  "per_sample": "+".join(row.per_sample), "not_like_for_like": "+".join(row.not_like_for_like)}
         rows.append([values[column] for column in SUMMARY_COLUMNS])
     return _write(rows)

@@ -101,6 +101,10 @@ def human_time(iso_text: str | None) -> str:
     return iso_text.replace("T", " ").replace("+00:00", " UTC")
 
 
+ESTIMATE_ROWS = ("estimate: no energy counter was readable when the rows marked estimate were benchmarked; their "
+                 "energy is CPU time x watts per core, not a measurement")
+
+
 def source_label(source: str | None) -> str:
     if not source:
         return DASH
@@ -135,6 +139,7 @@ def search_cost(payback: Mapping[str, Any]) -> str:
 
 # -- baselines ------------------------------------------------------------------------------------
 BASELINE_ITSELF = "this deployment is the baseline"
+NOT_LIKE_FOR_LIKE = "no saving shown: not like for like"
 
 
 def versus(saving_fraction: Any, *, is_baseline: bool = False, itself: str = BASELINE_ITSELF) -> str:
@@ -156,6 +161,8 @@ def versus_baseline(baseline: Mapping[str, Any]) -> str:
     """The headline against one baseline of a report ('21.4% less', '60.0% more per sample')."""
     if not baseline["measured"]:
         return "no baseline"
+    if baseline.get("like_for_like") is False and not baseline["served_is_baseline"]:
+        return NOT_LIKE_FOR_LIKE
     text = versus(baseline["saving_fraction"], is_baseline=baseline["served_is_baseline"])
     return f"{text} per sample" if per_sample(baseline) and _finite(baseline["saving_fraction"]) else text
 
@@ -163,6 +170,8 @@ def versus_baseline(baseline: Mapping[str, Any]) -> str:
 def summary_versus(row: Mapping[str, Any], key: str) -> str:
     """A summary row's saving against the baseline `key`, as `versus_baseline` words it."""
     saving = row[f"saving_vs_{key}"]
+    if key in (row.get("not_like_for_like") or ()) and key not in row["serves_baseline"]:
+        return "not like for like"
     text = versus(saving, is_baseline=key in row["serves_baseline"], itself="is the baseline")
     return f"{text} per sample" if key in (row.get("per_sample") or ()) and _finite(saving) else text
 

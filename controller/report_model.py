@@ -201,7 +201,10 @@ class Baseline(Section):
     """A benchmarked baseline and what the deployment saved against it.
 
     When the deployment serves the baseline's own configuration there is no saving to speak of:
-    `served_is_baseline` is set and the saving figures are None.
+    `served_is_baseline` is set and the saving figures are None. Nor is there when the baseline's runs were
+    metered by other sources than the deployment's windows (`like_for_like` is False: RAPL benchmarks, an
+    `estimate` deployment): their J are not like for like. Whenever a baseline has no saving figure,
+    `no_saving_reason` says why.
 
     `j_per_inference` is the baseline's median J per call, at its own `batch_size`. When the deployment is
     served at another batch size (`served_batch_size`: a decision made with the batch-size lever) the two
@@ -224,6 +227,8 @@ class Baseline(Section):
     unit: str = "J/call"
     j_per_sample: float | None = None
     deployment_j_per_sample: float | None = None
+    like_for_like: bool | None = None  # same energy source(s) on both sides; None when either is unknown
+    no_saving_reason: str | None = None
 
     @property
     def per_sample(self) -> bool:
@@ -333,6 +338,7 @@ class SummaryRow(Section):
     payback: str | None = None
     paid_back_after_s: float | None = None
     per_sample: list[str] = field(default_factory=list)  # baselines compared per sample (another batch size)
+    not_like_for_like: list[str] = field(default_factory=list)  # baselines metered by another source: no saving
 
 
 @dataclass
@@ -459,11 +465,11 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
               served_batch: int | None = None) -> Baseline:
     out = Baseline(label=BASELINE_LABELS[key], served_batch_size=served_batch)
     if not workload_id:
-        out.note = "no baseline measured: the deployment's workload is unknown"
+        out.note = out.no_saving_reason = "no baseline measured: the deployment's workload is unknown"
         return out
     runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if device_kind(r) == kind]
     if not runs:
-        out.note = f"no baseline measured for this workload on {kind}"
+        out.note = out.no_saving_reason = f"no baseline measured for this workload on {kind}"
         return out
     sources = sorted({r["energy_source"] for r in runs if r["energy_source"]})
     out.measured = True
@@ -474,12 +480,23 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     out.served_is_baseline = bool(served) and served <= {r["config_id"] for r in runs}
     batches = {int(r["batch_size"]) for r in runs if r.get("batch_size")}
     out.batch_size = batches.pop() if len(batches) == 1 else None
+    if sources and source:
+        out.like_for_like = sources == sorted(source.split("+"))
+    unlike = (f"the baseline was metered by {'+'.join(sources)} and this deployment by {source}: not like for "
+              f"like, so no saving is shown")
     notes = []
     if out.served_is_baseline:
         notes.append("this deployment serves the baseline's own configuration, so there is no saving to "
                      "report; any difference from the benchmark is live serving (load, idle time, "
                      "contention), not the policy")
-    elif deployment_j is not None and out.j_per_inference:
+        out.no_saving_reason = notes[0] if out.like_for_like is not False else f"{notes[0]}; {unlike}"
+    elif out.like_for_like is False:
+        out.no_saving_reason = unlike
+    elif deployment_j is None:
+        out.no_saving_reason = "this deployment served no calls in this period"
+    elif not out.j_per_inference:
+        out.no_saving_reason = "the baseline's benchmark recorded no energy per call"
+    else:
         if served_batch and out.batch_size and served_batch != out.batch_size:
             # A call of each side holds a different number of samples (the batch-size lever): per sample.
             out.unit = "J/sample"
@@ -491,8 +508,8 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
         else:
             out.saving_fraction = 1.0 - deployment_j / out.j_per_inference
             out.saving_j = (out.j_per_inference - deployment_j) * inferences
-    if sources and sources != [source]:
-        notes.append(f"baseline measured with {'+'.join(sources)}, deployment with {source}: not like for like")
+    if out.like_for_like is False:
+        notes.append(unlike)
     out.note = "; ".join(notes) or None
     return out
 
@@ -764,6 +781,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             co2_g=r.co2.co2_g if r.co2 else None, energy_source=t.energy_source,
             shared_windows=r.sharing.windows_shared, payback=r.payback.text if r.payback else None,
             paid_back_after_s=r.payback.paid_back_after_s if r.payback else None,
-            per_sample=[k for k, b in r.baselines.items() if b.per_sample]))
+            per_sample=[k for k, b in r.baselines.items() if b.per_sample],
+            not_like_for_like=[k for k, b in r.baselines.items() if b.like_for_like is False]))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

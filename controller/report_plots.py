@@ -39,12 +39,17 @@ def time_axis(samples: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[f
     return ([(s["t_start"] - t0) / scale for s in samples], [(s["t_end"] - t0) / scale for s in samples], unit)
 
 
-def _finish(fig: Any, ax: Any, title: str, estimate: bool) -> bytes:
+def mark_estimate(ax: Any, title: str, estimate: bool) -> None:
+    """Title the axes; when what they show rests on an estimate, say so in the title and across the face."""
     ax.set_title(title + ("  (ESTIMATE, not measured)" if estimate else ""), fontsize=11, loc="left")
-    ax.grid(True, alpha=0.3)
     if estimate:
         ax.text(0.5, 0.5, "ESTIMATE", transform=ax.transAxes, fontsize=40, color="grey", alpha=0.15,
                 ha="center", va="center", rotation=12)
+
+
+def _finish(fig: Any, ax: Any, title: str, estimate: bool) -> bytes:
+    mark_estimate(ax, title, estimate)
+    ax.grid(True, alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if handles:  # below the axes, so it never hides the data
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(handles)),
@@ -117,6 +122,8 @@ def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
 
 def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: str | None,
                              baselines: Mapping[str, Mapping[str, Any]] | None = None) -> bytes:
+    """The deployment's J per call per window, with a line for each benchmarked baseline metered by the same
+    source (one metered otherwise is not like for like and is left out)."""
     title = "Energy per inference per window"
     if not samples:
         return _empty(title)
@@ -130,7 +137,7 @@ def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: st
     for b in (baselines or {}).values():
         colour, style = next(styles, ("grey", ":"))
         level, label = _baseline_level(b)
-        if b.get("measured") and level is not None:
+        if b.get("measured") and level is not None and b.get("like_for_like") is not False:
             ax.axhline(level, color=colour, ls=style, lw=1.3, label=label)
             lines.append(level)
     finite = [v for v in ys if v == v] + lines

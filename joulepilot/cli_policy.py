@@ -83,10 +83,12 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
         return
     click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}  "
                f"(* = on the Pareto frontier)")
-    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p)} for p in result["points"]]
-    echo_table(rows, ["front", "label", "source", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
+    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p),
+                 "source_text": _source_text(p["source"], p.get("energy_source"))} for p in result["points"]]
+    echo_table(rows, ["front", "label", "source_text", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
                       "avg_power_w"],
                ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"])
+    _echo_estimate_line(p.get("energy_source") for p in result["points"])
     for note in result["notes"]:
         click.echo(note, err=True)
     if plot_path:
@@ -189,6 +191,21 @@ def _decide(file: str, db: str | None, device_name: str | None, torch_version: s
         database.close()
 
 
+def _source_text(source: str, energy_source: str | None) -> str:
+    """'measured (nvml)', 'measured (estimate)' or 'predicted': measured or predicted, and what metered it."""
+    return f"{source} ({energy_source})" if source == "measured" and energy_source else source
+
+
+def _echo_estimate_line(energy_sources: Any) -> None:
+    """Under a table with rows marked estimate: what an estimate is (it is no measurement)."""
+    from joulepilot.controller.report_format import ESTIMATE_ROWS
+
+    if any("estimate" in (source or "") for source in energy_sources):
+        import textwrap
+
+        click.echo(textwrap.fill(ESTIMATE_ROWS, table_width()))
+
+
 def _plus_minus(point: dict[str, Any]) -> float | None:
     """± of a frontier point's J/call: the median's interval (measured), one std (predicted)."""
     if point.get("median") is not None:
@@ -222,7 +239,8 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
     rows = []
     for c in decision.candidates:
         fig = c.figures if c.source == "measured" else {k: v[0] for k, v in c.predicted.items()}
-        rows.append({"status": c.status, "label": c.label, "source": c.source, "score": c.score,
+        rows.append({"status": c.status, "label": c.label, "score": c.score,
+                     "source": _source_text(c.source, c.figures.get("energy_source")),
                      "spread": _spread_text(c),
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
@@ -273,6 +291,7 @@ def _echo_decision(decision: Any) -> None:
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
                ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",
                 "rel err", "break-even", "why"])
+    _echo_estimate_line(c.figures.get("energy_source") for c in decision.candidates if c.source == "measured")
 
 
 def _graph_break_notes(file: str, db: str | None, decision: Any) -> list[dict[str, Any]]:

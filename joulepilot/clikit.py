@@ -120,7 +120,9 @@ def format_cell(value: Any) -> str:
 
 PLAIN_TABLE_WIDTH = 120  # stdout that is not a terminal (a pipe, a file, CI), unless COLUMNS says otherwise
 COLUMN_GAP = 2
-TEXT_MIN_WIDTH = 12  # a text column (labels, reasons) is wrapped down to this before the table is stacked
+# A text column (labels, reasons) is wrapped down to this, or to its longest word where that is shorter,
+# before the table is stacked.
+TEXT_MIN_WIDTH = 12
 
 
 def table_width(stream: TextIO | None = None) -> int:
@@ -168,12 +170,16 @@ def _header_width(header: str, max_lines: int | None = None) -> int:
     return width
 
 
+def _longest_word(cell: str) -> int:
+    return max((len(word) for word in cell.split()), default=0)
+
+
 def _column_widths(headers: list[str], cells: list[list[str]], texts: list[bool], width: int) -> list[int] | None:
     """Widths that fit `width`, or None when even wrapped headers and text columns do not fit.
 
     In order: natural widths; then headers wrapped (at spaces and underscores), the column saving most
-    first; then text columns (any str value) wrapped, widest first, down to TEXT_MIN_WIDTH. Numbers are
-    never cut."""
+    first; then text columns (any str value) wrapped, widest first, down to TEXT_MIN_WIDTH (or their longest
+    word, when shorter: 'measured (nvml)' wraps to 8 without cutting a word). Numbers are never cut."""
     room = width - COLUMN_GAP * (len(headers) - 1)
     cell_w = [max((len(row[i]) for row in cells), default=0) for i in range(len(headers))]
     natural = [max(len(h), cell_w[i]) for i, h in enumerate(headers)]
@@ -192,7 +198,8 @@ def _column_widths(headers: list[str], cells: list[list[str]], texts: list[bool]
                         if widths[j] < two_lines[j] and sum(widths) - widths[j] + two_lines[j] <= room:
                             widths[j] = two_lines[j]
                 return widths
-    floors = [min(widths[i], TEXT_MIN_WIDTH) if texts[i] else widths[i] for i in range(len(headers))]
+    floors = [min(widths[i], TEXT_MIN_WIDTH, max(_header_width(headers[i]), *(_longest_word(row[i]) for row in cells)))
+              if texts[i] else widths[i] for i in range(len(headers))]
     if sum(floors) > room:
         return None
     while sum(widths) > room:  # take one character at a time from the widest text column still above its floor

@@ -79,6 +79,7 @@ from .batches import (
     per_sample,
     workload_rows_by_batch,
 )
+from .bill import joined_sources
 from .noise import (
     TIE,
     Confirmation,
@@ -112,8 +113,9 @@ FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "laten
            "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
            "energy_source", "window_s", "torch_version", "device", "compile_energy_gpu_j", "compile_energy_gpu_source",
            "compile_energy_cpu_j", "compile_energy_cpu_source")
-# Figures taken from the newest counted run rather than a median.
-NEWEST_FIGURES = ("energy_source", "torch_version", "device", "compile_energy_gpu_source", "compile_energy_cpu_source")
+# Figures taken from the newest counted run rather than a median (the energy source names every counted
+# run's meter instead: the median J/inference rests on all of them).
+NEWEST_FIGURES = ("torch_version", "device", "compile_energy_gpu_source", "compile_energy_cpu_source")
 STATES = ("verified", "provisional", "infeasible", "fallback")
 # A configuration whose runs were flagged this many times is not repeated again (the host is noisy).
 REPEAT_LIMIT = 2
@@ -372,12 +374,15 @@ def _intervals(all_repeats: Mapping[str, _Repeats]) -> None:
 
 
 def _figures(runs: list[RunRow]) -> dict[str, Any]:
-    """The figures of a configuration's counted runs: medians, the highest peak power, and the newest
-    run's energy source, torch version, device and the sources of its compile energy's parts."""
+    """The figures of a configuration's counted runs: medians, the highest peak power, the energy sources
+    of them all ('rapl+estimate'), and the newest run's torch version, device and the sources of its compile
+    energy's parts."""
     out: dict[str, Any] = {}
     for key in FIGURES:
         values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
-        if key in NEWEST_FIGURES:
+        if key == "energy_source":
+            out[key] = joined_sources(values)
+        elif key in NEWEST_FIGURES:
             out[key] = values[0] if values else None
         elif key == "peak_power_w":
             out[key] = max(values) if values else None
