@@ -276,6 +276,18 @@ def _metered_sources_text(bill: Mapping[str, Any]) -> str:
     return " + ".join(f"{energy_text(shown[source])} {source}" for source in order)
 
 
+def fraction_text(fraction: float, decimals: int = 0) -> str:
+    """A fraction as a percentage with `decimals` places, 0.34 -> '34%', that never reads 100% short of it:
+    one that would round up to 100% shows one more place, floored (0.996 -> '99.6%', 0.99996 -> '99.9%')."""
+    percent = 100.0 * fraction
+    text = f"{percent:.{decimals}f}"
+    if fraction >= 1 or float(text) < 100:
+        return f"{text}%"
+    places = decimals + 1
+    floored = min(math.floor(percent * 10**places) / 10**places, 100 - 10**-places)
+    return f"{floored:.{places}f}%"
+
+
 def bill_text(bill: Mapping[str, Any]) -> str:
     """'41.2 kJ over 7 runs, 6.2 min: 38.1 kJ in compile calls and energy windows (nvml), 3.1 kJ estimated
     for the rest of the jobs (estimate)'; where the metered joules have several sources, each with its
@@ -424,7 +436,7 @@ def deployment_payback(payback_inferences: float | None, windows: Sequence[tuple
         done += n
     fraction = calls / payback_inferences if payback_inferences > 0 else 1.0
     remaining = (payback_inferences - calls) / rate if rate else None
-    text = f"is not paid back yet: {fraction:.0%} after {calls:,} calls"
+    text = f"is not paid back yet: {fraction_text(fraction)} after {calls:,} calls"
     if remaining is not None:
         text += f"; at {rate:,.3g} calls/s, about {duration_text(remaining)} more"
     return DeploymentPayback("not_yet", payback_inferences, calls, fraction, rate, None, None, remaining, text)

@@ -1,12 +1,13 @@
 """The tuning bill keeps its metered joules apart per source: a GPU run's compile call is metered in two parts
 (the GPU by NVML, the CPU by RAPL or, where RAPL cannot be read, the labelled estimate), and an estimated
 part is never billed as NVML energy. Every consumer of the bill (`policy explain`, `status`, the daemon's
-pass bill, the decision's stored bill) says so."""
+pass bill, the decision's stored bill) says so. And a deployment short of its payback never reads 100%."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 from bill_factories import WID, runs_of, store_run, write_policy
@@ -14,8 +15,9 @@ from click.testing import CliRunner
 from joulepilot.compiler import CompileConfig
 from joulepilot.controller.pass_bill import PassBill
 from joulepilot.controller.report import build_report, render
+from joulepilot.controller.report_format import payback_headline
 from joulepilot.policies import decide, load_policy
-from joulepilot.policies.bill import bill_of, bill_text, energy_text, run_cost
+from joulepilot.policies.bill import bill_of, bill_text, deployment_payback, energy_text, run_cost
 from joulepilot.store import open_db, upsert_host
 from joulepilot.store.deployments import insert_samples, register_deployment
 
@@ -154,4 +156,39 @@ def test_policy_explain_status_and_the_pass_bill_show_the_split(tmp_path, monkey
     text = CliRunner().invoke(main, ["status", "--db", str(path)]).stdout
     row = next(line for line in text.splitlines() if line.startswith("svc "))
     assert "nvml+estimate" in row
+
+
+# -- a payback not reached yet never reads 100% -----------------------------------------------------------
+def test_a_shortfall_never_reads_100_percent():
+    needed = 100_000.0
+    for calls in (99_600, 99_996, 99_999):
+        reached = deployment_payback(needed, [(0.0, 1000.0, calls)])
+        assert reached.verdict == "not_yet" and reached.fraction == calls / needed < 1
+        assert "100%" not in reached.text and reached.text.startswith("is not paid back yet: 99")
+        headline = payback_headline(reached.to_dict())
+        assert headline.startswith("not yet (99") and "100" not in headline
+    assert "99.6%" in deployment_payback(needed, [(0.0, 1000.0, 99_600)]).text
+    assert deployment_payback(needed, [(0.0, 1000.0, 34_000)]).text.startswith("is not paid back yet: 34% after")
+    assert payback_headline(deployment_payback(needed, [(0.0, 1000.0, 34_000)]).to_dict()) == "not yet (34.0%)"
+
+
+def test_a_deployment_one_call_short_of_its_payback_says_so(db, tmp_path):
+    store_run(db, "default", "fp32", 0.4)
+    store_run(db, "default", "bf16", 0.2)
+    decision = decide(db, load_policy(write_policy(tmp_path)), "cpu", record=True, lock=False).decision
+    needed = decision.bill["payback_inferences"]
+    calls = math.ceil(needed) - 1
+    assert calls / needed >= 0.995  # would print as 100% rounded to whole percent
+    host = upsert_host(db, {"id": "test-host", "hostname": "test", "cpu": "x86"})
+    dep = register_deployment(db, "svc-prod", policy="svc", workload_id=WID, config_id=decision.config_id,
+                              host_id=host, device="cpu")
+    insert_samples(db, dep, [{"t_start": 1_700_000_000.0, "t_end": 1_700_000_010.0, "energy_j": 50.0,
+                              "inferences": calls, "avg_power_w": 5.0, "peak_power_w": 6.0, "energy_source": "rapl",
+                              "config_id": decision.config_id}])
+    report = build_report(db, "svc-prod")
+    pb = report["payback"]
+    assert pb["verdict"] == "not_yet" and pb["fraction"] < 1
+    assert "100%" not in pb["text"] and pb["text"].startswith("the tuning is not paid back yet: 99")
+    md = render(report, "md")
+    assert pb["text"] in md and "not yet (100" not in md and "not yet (99" in md
 
