@@ -1,7 +1,7 @@
 """What one daemon pass spent measuring, per policy: the tuning bill of the runs it stored.
 
 The daemon tells a `PassBill` of every job that ends; at the end of the pass `per_policy` prices the
-runs those jobs stored (`policies.bill`: seconds, metered joules with their source, the unmetered
+runs those jobs stored (`policies.bill`: seconds, metered joules per source, the unmetered
 rest as a labelled estimate). A job that stored no run (stopped, pre-empted, not measurable, or
 set aside after a failed commit) is not priced: its seconds are counted apart, as `unstored_s`.
 """
@@ -40,8 +40,8 @@ class PassBill:
 
     def per_policy(self, db: sqlite_utils.Database) -> list[dict[str, Any]]:
         """One entry per policy that ran a job this pass, by policy name: `{policy, runs, failed_runs,
-        seconds, energy_j, source, metered_j, metered_source, estimated_j, estimated_source, unpriced_s,
-        unstored_s, text}`."""
+        seconds, energy_j, source, metered_j, metered_source, metered_j_by_source, estimated_j, estimated_source,
+        unpriced_s, unstored_s, text}`."""
         with self._lock:
             run_ids = {k: list(v) for k, v in self._run_ids.items()}
             unstored = dict(self._unstored_s)

@@ -114,15 +114,16 @@ def source_label(source: str | None) -> str:
 # -- the tuning's payback -------------------------------------------------------------------------
 def payback_headline(payback: Mapping[str, Any] | None) -> str:
     """'after 3.1 hours', 'not yet (34%)', 'never' or 'not known': when this deployment paid back the tuning."""
-    from joulepilot.policies.bill import duration_text
+    from joulepilot.policies.bill import duration_text, fraction_text
 
     if not payback:
         return DASH
     verdict = payback["verdict"]
     if verdict == "paid_back":
         return f"after {duration_text(payback['paid_back_after_s'])}"
-    if verdict == "not_yet":
-        return f"not yet ({percent(payback['fraction'])})"
+    if verdict == "not_yet":  # a shortfall never reads 100%
+        fraction = payback["fraction"]
+        return f"not yet ({fraction_text(fraction, 1) if _finite(fraction) else DASH})"
     return "never" if verdict == "never" else "not known"
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
-from joulepilot.policies import PolicyError, load_policy
+from joulepilot.policies import PolicyError, break_even_text, load_policy
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
 
 from .clikit import db_option, echo_json, echo_table, reading_store, table_width
@@ -244,7 +244,8 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
                      "spread": _spread_text(c),
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
-                     "max_rel_error": fig.get("max_rel_error"), "break_even": c.break_even_inferences,
+                     "max_rel_error": fig.get("max_rel_error"),
+                     "break_even": "never" if c.break_even_never else c.break_even_inferences,
                      "why": "; ".join([*c.reasons, *c.notes]) if c.reasons else
                      "; ".join(["within every limit", *c.notes])})
     return rows
@@ -272,10 +273,10 @@ def _echo_decision(decision: Any) -> None:
         labels = [c.label for c in decision.candidates if c.config_id in set(decision.excluded_violated)]
         click.echo(f"excluded   {', '.join(labels) or ', '.join(decision.excluded_violated)}: broke the power "
                    f"envelope in a deployment")
-    if decision.config.get("mode") == "eager":
-        click.echo("break-even vs eager fp32: none needed (eager compiles nothing)")
-    elif decision.break_even_inferences is not None:
-        click.echo(f"break-even vs eager fp32: {decision.break_even_inferences:,.0f} inferences")
+    break_even = break_even_text(decision.break_even_inferences, decision.break_even_never,
+                                 decision.config.get("mode") != "eager")
+    if break_even is not None:
+        click.echo(f"break-even vs eager fp32: {break_even}")
     applied = next((c for c in decision.candidates if c.config_id == decision.config_id and c.source == "measured"),
                    None)
     compile_text = compile_energy_text(applied.figures) if applied is not None and decision.config.get(

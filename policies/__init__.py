@@ -14,6 +14,7 @@ from .lock import (
 from .resolve import (
     Candidate,
     Decision,
+    break_even_text,
     candidate_configs,
     fallback_config,
     record_decision,
@@ -37,6 +38,7 @@ __all__ = [
     "Candidate",
     "Decision",
     "Policy",
+    "break_even_text",
     "PolicyError",
     "Problem",
     "candidate_configs",

@@ -6,14 +6,18 @@ What "spent measuring" is, per stored run (the README's "The tuning bill" says t
   saving artifacts, describing the workload); where no job was recorded (a run made by `bench`), the
   worker's own run, `finished_at - started_at`;
 - metered joules: the first (compiling) call, `compile_energy_j`, and the energy window, `energy_j`,
-  as the run's meter read them; they carry the run's `energy_source` (`nvml`, `rapl`, or `estimate`
-  where no counter could be read);
+  as the run's meters read them, each part with its own source: the window the run's `energy_source`
+  (`nvml`, `rapl`, or `estimate` where no counter could be read), the compile call its GPU and CPU parts
+  with theirs (`store.compile_energy`; a GPU run's CPU part is the labelled `estimate` where RAPL cannot be
+  read). They are kept apart per source (`metered_j_by_source`), so an estimated part is never counted as
+  a measurement; a run stored with one compile figure and no parts gives it the run's `energy_source`;
 - estimated joules, always labelled `estimate`, for the seconds no meter read: warm-up and the latency
   pass at the window's average power (they make the same calls), everything else at the run's idle
   power. A failed run had nothing metered: all its seconds are at idle power, the median idle power
   of the other runs billed with it where it has none. Seconds with no power to price them are
   counted as `unpriced_s`, never guessed.
-The bill's energy is metered + estimated, and its `source` names every source in it ("nvml+estimate").
+The bill's energy is metered + estimated, and its `source` names every source in it ("nvml+estimate"),
+the metered parts' included.
 A measurement stopped before it ended (the daemon was stopped, production load came back) stored no
 run and is not billed.
 
@@ -57,13 +61,14 @@ class RunCost:
     ok: bool
     seconds: float
     seconds_basis: str  # 'job' (the daemon's whole job) | 'run' (the worker's run) | 'phases' (their sum)
-    metered_j: float | None  # compile call + energy window, as the meter read them
+    metered_j: float | None  # compile call + energy window, as the meters read them
     metered_s: float
-    metered_source: str | None
+    metered_source: str | None  # every source of the metered joules ('nvml+estimate')
     loaded_s: float  # warm-up and latency pass: the same calls as the window, not metered
     loaded_w: float | None  # the window's average power
     idle_s: float  # everything else
     idle_w: float | None  # the run's idle power, None when it has none
+    metered_j_by_source: dict[str, float] = field(default_factory=dict)  # the metered joules per source
 
     def estimated_j(self, fallback_idle_w: float | None) -> tuple[float, float]:
         """(estimated joules, unpriced seconds): loaded seconds at the window's power, the rest at the
@@ -90,6 +95,44 @@ def _latency_pass_s(extra: Mapping[str, Any]) -> float:
     return calls * mean_ms / 1000.0 if calls and mean_ms else 0.0
 
 
+UNKNOWN_SOURCE = "source unknown"
+
+
+def _run_source(run: RunRow, extra: Mapping[str, Any]) -> str | None:
+    """The source of the run's own meter: `energy_source`, else the sources its compile window recorded."""
+    if run.energy_source:
+        return run.energy_source
+    window = extra.get("compile_window")
+    sources = window.get("sources") if isinstance(window, Mapping) else None
+    return "+".join(str(s) for s in sources) if isinstance(sources, list) and sources else None
+
+
+def _compile_parts(run: RunRow, run_source: str | None) -> list[tuple[float, str | None]]:
+    """The compile call's joules as (joules, source) parts: its GPU and CPU parts with their sources; a run
+    stored with one figure and no parts, that figure with the run's source. Joules in `compile_energy_j`
+    that no part accounts for keep the run's source."""
+    total = _number(run.compile_energy_j)
+    if total is None:
+        return []
+    parts: list[tuple[float, str | None]] = []
+    for side in ("gpu", "cpu"):
+        joules = _number(getattr(run, f"compile_energy_{side}_j", None))
+        if joules is not None:
+            parts.append((joules, getattr(run, f"compile_energy_{side}_source", None) or run_source))
+    rest = total - sum(j for j, _ in parts)
+    if not parts or rest > 1e-9 * max(1.0, abs(total)):
+        parts.append((rest, run_source))
+    return parts
+
+
+def _by_source(parts: Iterable[tuple[float, str | None]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for joules, source in parts:
+        key = source or UNKNOWN_SOURCE
+        out[key] = out.get(key, 0.0) + joules
+    return out
+
+
 def run_cost(run: RunRow) -> RunCost:
     """The cost of one stored run (see the module docstring)."""
     extra = run.extra or {}
@@ -105,17 +148,17 @@ def run_cost(run: RunRow) -> RunCost:
     compile_j, window_j = _number(run.compile_energy_j), _number(run.energy_j)
     metered_s = ((phases[0] or 0.0) if compile_j is not None else 0.0) + \
         ((phases[2] or 0.0) if window_j is not None else 0.0)
-    metered = None if compile_j is None and window_j is None else (compile_j or 0.0) + (window_j or 0.0)
-    source = run.energy_source
-    if source is None and compile_j is not None:
-        sources = (extra.get("compile_window") or {}).get("sources") if isinstance(extra.get("compile_window"),
-                                                                                   Mapping) else None
-        source = "+".join(sources) if isinstance(sources, list) and sources else None
+    run_source = _run_source(run, extra)
+    parts = _compile_parts(run, run_source) + ([(window_j, run_source)] if window_j is not None else [])
+    metered = sum(j for j, _ in parts) if parts else None
+    by_source = _by_source(parts)
     loaded_s = (phases[1] or 0.0) + _latency_pass_s(extra)
     loaded_s = min(loaded_s, max(0.0, seconds - metered_s))
     return RunCost(run_id=run.id, ok=run.ok, seconds=seconds, seconds_basis=basis, metered_j=metered,
-                   metered_s=metered_s, metered_source=source, loaded_s=loaded_s, loaded_w=_number(run.avg_power_w),
-                   idle_s=max(0.0, seconds - metered_s - loaded_s), idle_w=_number(run.idle_power_w))
+                   metered_s=metered_s, metered_source=joined_sources(k for k, j in by_source.items() if j),
+                   loaded_s=loaded_s, loaded_w=_number(run.avg_power_w),
+                   idle_s=max(0.0, seconds - metered_s - loaded_s), idle_w=_number(run.idle_power_w),
+                   metered_j_by_source=by_source)
 
 
 def joined_sources(*groups: Iterable[str | None]) -> str | None:
@@ -142,6 +185,7 @@ class MeasuringBill:
     estimated_j: float = 0.0
     unpriced_s: float = 0.0
     run_ids: list[int] = field(default_factory=list)
+    metered_j_by_source: dict[str, float] = field(default_factory=dict)
 
     @property
     def energy_j(self) -> float:
@@ -154,7 +198,8 @@ class MeasuringBill:
     def to_dict(self, *, run_ids: bool = False) -> dict[str, Any]:
         out = {"runs": self.runs, "failed_runs": self.failed_runs, "seconds": round(self.seconds, 3),
                "energy_j": self.energy_j, "source": self.source, "metered_j": self.metered_j,
-               "metered_source": self.metered_source, "estimated_j": self.estimated_j,
+               "metered_source": self.metered_source, "metered_j_by_source": dict(self.metered_j_by_source),
+               "estimated_j": self.estimated_j,
                "estimated_source": ESTIMATE, "unpriced_s": round(self.unpriced_s, 3)}
         return (out | {"run_ids": list(self.run_ids)}) if run_ids else out
 
@@ -171,12 +216,14 @@ def bill_of(runs: Iterable[RunRow]) -> MeasuringBill:
         bill.failed_runs += 0 if cost.ok else 1
         bill.seconds += cost.seconds
         bill.metered_j += cost.metered_j or 0.0
+        for source, joules in cost.metered_j_by_source.items():
+            bill.metered_j_by_source[source] = bill.metered_j_by_source.get(source, 0.0) + joules
         estimated, unpriced = cost.estimated_j(fallback_idle_w)
         bill.estimated_j += estimated
         bill.unpriced_s += unpriced
         if cost.run_id is not None:
             bill.run_ids.append(cost.run_id)
-    bill.metered_source = joined_sources(c.metered_source for c in costs if c.metered_j)
+    bill.metered_source = joined_sources(source for source, joules in bill.metered_j_by_source.items() if joules)
     return bill
 
 
@@ -216,13 +263,39 @@ def calls_text(calls: float | None) -> str:
     return f"{round(calls, digits):,.0f}"
 
 
+def _metered_sources_text(bill: Mapping[str, Any]) -> str:
+    """'nvml' when one source metered everything, else each source's joules: '600 J nvml + 900 J estimate'
+    (measured sources first, `estimate` last). A bill stored before the split names its sources alone."""
+    by_source = bill.get("metered_j_by_source")
+    if not isinstance(by_source, Mapping):
+        return str(bill.get("metered_source") or UNKNOWN_SOURCE)
+    shown = {source: joules for source, joules in by_source.items() if joules}
+    if len(shown) <= 1:
+        return next(iter(shown), None) or str(bill.get("metered_source") or UNKNOWN_SOURCE)
+    order = sorted(shown, key=lambda source: (source == ESTIMATE, source == UNKNOWN_SOURCE, source))
+    return " + ".join(f"{energy_text(shown[source])} {source}" for source in order)
+
+
+def fraction_text(fraction: float, decimals: int = 0) -> str:
+    """A fraction as a percentage with `decimals` places, 0.34 -> '34%', that never reads 100% short of it:
+    one that would round up to 100% shows one more place, floored (0.996 -> '99.6%', 0.99996 -> '99.9%')."""
+    percent = 100.0 * fraction
+    text = f"{percent:.{decimals}f}"
+    if fraction >= 1 or float(text) < 100:
+        return f"{text}%"
+    places = decimals + 1
+    floored = min(math.floor(percent * 10**places) / 10**places, 100 - 10**-places)
+    return f"{floored:.{places}f}%"
+
+
 def bill_text(bill: Mapping[str, Any]) -> str:
     """'41.2 kJ over 7 runs, 6.2 min: 38.1 kJ in compile calls and energy windows (nvml), 3.1 kJ estimated
-    for the rest of the jobs (estimate)'."""
+    for the rest of the jobs (estimate)'; where the metered joules have several sources, each with its
+    joules: '... 1.5 kJ in compile calls and energy windows (600 J nvml + 900 J estimate) ...'."""
     parts = []
     if bill["metered_j"]:
         parts.append(f"{energy_text(bill['metered_j'])} in compile calls and energy windows "
-                     f"({bill['metered_source']})")
+                     f"({_metered_sources_text(bill)})")
     if bill["estimated_j"]:
         parts.append(f"{energy_text(bill['estimated_j'])} estimated for the rest of the jobs ({ESTIMATE})")
     if bill.get("unpriced_s"):
@@ -363,7 +436,7 @@ def deployment_payback(payback_inferences: float | None, windows: Sequence[tuple
         done += n
     fraction = calls / payback_inferences if payback_inferences > 0 else 1.0
     remaining = (payback_inferences - calls) / rate if rate else None
-    text = f"is not paid back yet: {fraction:.0%} after {calls:,} calls"
+    text = f"is not paid back yet: {fraction_text(fraction)} after {calls:,} calls"
     if remaining is not None:
         text += f"; at {rate:,.3g} calls/s, about {duration_text(remaining)} more"
     return DeploymentPayback("not_yet", payback_inferences, calls, fraction, rate, None, None, remaining, text)

@@ -32,6 +32,7 @@ from typing import Any
 
 from joulepilot.store.decisions import APPLICABLE_STATES
 from joulepilot.store.files import write_file_atomic
+from joulepilot.store.jsonvalues import strict_json_text
 
 from .resolve import Decision
 
@@ -197,6 +198,7 @@ def lock_entry(decision: Decision) -> dict[str, Any]:
         "objective": decision.objective,
         "measured": decision.measured,
         "break_even_inferences": decision.break_even_inferences,
+        "break_even_never": decision.break_even_never,
         "proposed": decision.proposed,
     }
 
@@ -211,7 +213,7 @@ def _write_into(file: Path, decision: Decision) -> Path:
     entries = document.get("entries", {})
     entries.setdefault(decision.device_kind, {})[decision.torch_version] = lock_entry(decision)
     new = {"format": LOCK_FORMAT, "policy": decision.policy, "entries": entries}
-    text = json.dumps(new, indent=2, sort_keys=True, default=str) + "\n"
+    text = strict_json_text(new, indent=2, sort_keys=True, default=str) + "\n"
     file.parent.mkdir(parents=True, exist_ok=True)
     return write_file_atomic(file, text.encode())
 

@@ -48,14 +48,14 @@ Rules (the README's "How a decision is made" says the same for users):
   latency, per call. `edp`: amortised energy x p95. Limits are per call whatever the batch size.
   Ties go to the cheaper compile. The break-even inference count against eager fp32 is
   compile_energy_j / (eager J/inference - candidate J/inference), eager's J scaled to the candidate's
-  batch size when they differ.
+  batch size when they differ; a candidate that saves nothing per call against eager never breaks even
+  (`break_even_never`, with `break_even_inferences` None: no infinity is ever stored or written).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import itertools
-import json
 import math
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -66,7 +66,7 @@ import sqlite_utils
 from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.coverage import run_coverage
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
-from joulepilot.store.jsonvalues import json_object
+from joulepilot.store.jsonvalues import json_object, strict_json_text
 from joulepilot.store.runs import RunRow, latest_per_config
 from joulepilot.store.torchversion import torch_major_minor
 
@@ -139,6 +139,7 @@ class Candidate:
     score: float | None = None
     amortised_energy_j: float | None = None
     break_even_inferences: float | None = None
+    break_even_never: bool = False  # it saves nothing per call against eager: it never breaks even
     flagged: str | None = None  # the run's "repeat this run" warning, when bench flagged it
     notes: list[str] = field(default_factory=list)  # marks that reject nothing (a recompile limit hit over a shape set)
     # Over the counted repeats (measured candidates): the median objective and its interval, the
@@ -177,6 +178,7 @@ class Decision:
     candidates: list[Candidate] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)  # key figures of the applied config, if measured
     break_even_inferences: float | None = None
+    break_even_never: bool = False  # the applied configuration saves nothing per call against eager
     eager_energy_j_per_inference: float | None = None
     decided_at: float = field(default_factory=time.time)
     id: int | None = None
@@ -215,13 +217,39 @@ class Decision:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:
-        values = dict(data)
+        values = _with_break_even(data)
         fields = set(Candidate.__dataclass_fields__)
-        values["candidates"] = [c if isinstance(c, Candidate) else Candidate(**{k: v for k, v in c.items()
-                                                                                 if k in fields})
+        values["candidates"] = [c if isinstance(c, Candidate) else
+                                Candidate(**{k: v for k, v in _with_break_even(c).items() if k in fields})
                                 for c in values.get("candidates", [])]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def _with_break_even(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored decision's or candidate's fields, with the break-even of one stored before
+    `break_even_never` existed made explicit: its infinity (written as `Infinity`) means never."""
+    values = dict(data)
+    count = values.get("break_even_inferences")
+    if isinstance(count, float) and not math.isfinite(count):
+        values["break_even_inferences"] = None
+        values["break_even_never"] = values.get("break_even_never") or count > 0
+    return values
+
+
+BREAK_EVEN_NEVER = "never: it saves no energy per call against eager fp32"
+
+
+def break_even_text(break_even_inferences: float | None, never: bool, compiles: bool = True) -> str | None:
+    """How many calls pay a configuration's compile energy back against eager fp32, in words: '12,345
+    inferences', `BREAK_EVEN_NEVER`, 'none needed (eager compiles nothing)', or None when not known."""
+    if not compiles:
+        return "none needed (eager compiles nothing)"
+    if never:
+        return BREAK_EVEN_NEVER
+    if break_even_inferences is None or not math.isfinite(break_even_inferences):
+        return None
+    return f"{break_even_inferences:,.0f} inferences"
 
 
 def candidate_configs(policy: Policy) -> list[Any]:
@@ -459,12 +487,22 @@ def _amortise(cand: Candidate, policy: Policy, energy_j: float, compile_energy_j
     cand.score = _score(policy.objective.minimize, amortised / samples_per_call, latency_ms)
 
 
-def _break_even(compile_energy_j: float | None, energy_j: float, eager_j: float | None,
-                is_eager: bool) -> float | None:
-    if is_eager or eager_j is None or compile_energy_j is None:
-        return 0.0 if is_eager else None
+def _set_break_even(cand: Candidate, compile_energy_j: float | None, energy_j: float | None,
+                    eager_j: float | None, is_eager: bool) -> None:
+    """The candidate's break-even against eager (see the module docstring): 0 for eager itself, None when
+    a figure is missing, and `break_even_never` when it saves nothing per call."""
+    cand.break_even_inferences, cand.break_even_never = None, False
+    if is_eager:
+        cand.break_even_inferences = 0.0
+        return
+    figures = (compile_energy_j, energy_j, eager_j)
+    if any(v is None or not math.isfinite(v) for v in figures):
+        return
     saving = eager_j - energy_j
-    return compile_energy_j / saving if saving > 0 else math.inf
+    if saving > 0:
+        cand.break_even_inferences = compile_energy_j / saving
+    else:
+        cand.break_even_never = True
 
 
 def _key_figures(cand: Candidate | None) -> dict[str, Any]:
@@ -491,9 +529,8 @@ def _set_measured(cand: Candidate, policy: Policy, rep: _Repeats, eager_j: float
     if rep.power_ci is not None:
         cand.avg_power_w_high = rep.power_ci.high
     _check_measured(cand, policy, rep)
-    energy = cand.figures.get("energy_j_per_inference")
-    cand.break_even_inferences = (_break_even(cand.figures.get("compile_energy_j"), energy, eager_j, not compiles)
-                                  if energy is not None else None)
+    _set_break_even(cand, cand.figures.get("compile_energy_j"), cand.figures.get("energy_j_per_inference"), eager_j,
+                    not compiles)
 
 
 def _tie_entry(cand: Candidate, rep: _Repeats) -> TieEntry:
@@ -715,7 +752,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             compile_j = (pred["compile_energy_j"][0] if "compile_energy_j" in pred else compile_s * power) \
                 if cfg.compiles else 0.0
             _amortise(cand, policy, energy, compile_j, latency, cfg.batch_size if by_sample else 1)
-            cand.break_even_inferences = _break_even(compile_j, energy, eager_at(cfg.batch_size), not cfg.compiles)
+            _set_break_even(cand, compile_j, energy, eager_at(cfg.batch_size), not cfg.compiles)
             if cand.reasons:
                 cand.status = "rejected"
             else:
@@ -828,6 +865,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         proposed=proposed.config if proposed else None, candidates=candidates,
         measured=_key_figures(applied_cand),
         break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
+        break_even_never=applied_cand.break_even_never if applied_cand else False,
         eager_energy_j_per_inference=eager_j,
         repeat=[c.config_id for c in repeat], contenders=[c.config_id for c in ties], confirm=confirm,
         confirm_reason=confirm_reason, measured_elsewhere=elsewhere,
@@ -883,8 +921,7 @@ def decision_record(decision: Decision, **more_details: Any) -> dict[str, Any]:
         "policy": decision.policy, "policy_hash": decision.policy_hash, "device_kind": decision.device_kind,
         "torch_version": decision.torch_version, "config_id": decision.config_id, "state": decision.state,
         "reason": decision.reason, "decided_at": decision.decided_at,
-        "details": json.dumps(_decision_details(decision) | more_details, sort_keys=True, default=str,
-                              allow_nan=True),
+        "details": strict_json_text(_decision_details(decision) | more_details, sort_keys=True, default=str),
     }
 
 

@@ -60,7 +60,7 @@ from .deployments import (
 from .devicekind import device_kind
 from .errors import DatabaseCorrupt, DatabaseMissing, ExportFormatError, SchemaTooNew, StoreError
 from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
-from .jsonvalues import json_column, json_object, json_output, json_safe, row_from_json
+from .jsonvalues import json_column, json_object, json_output, json_safe, row_from_json, strict_json_text
 from .pending import (
     PendingImport,
     RunNotStored,
@@ -132,6 +132,7 @@ __all__ = [
     "workload_needs_description",
     "json_column",
     "json_safe",
+    "strict_json_text",
     "json_output",
     "row_from_json",
     "iso_utc",

@@ -11,7 +11,6 @@ so a reader that wants something to apply asks for the states it can use (`APPLI
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import sqlite_utils
 
 from .db import transaction
-from .jsonvalues import json_object
+from .jsonvalues import json_object, strict_json_text
 from .rows import StoredRow
 
 DECISION_COLUMNS = ("policy", "policy_hash", "device_kind", "torch_version", "config_id", "state", "reason",
@@ -68,7 +67,7 @@ def write_decision(db: sqlite_utils.Database, record: Mapping[str, Any]) -> int:
     """Insert one decision row; returns its id."""
     row = {k: record.get(k) for k in DECISION_COLUMNS}
     if row["details"] is not None and not isinstance(row["details"], str):
-        row["details"] = json.dumps(row["details"], sort_keys=True, default=str)
+        row["details"] = strict_json_text(row["details"], sort_keys=True, default=str)
     with transaction(db):
         cur = db.execute(f"INSERT INTO decisions ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
                          list(row.values()))

@@ -1,7 +1,9 @@
 """JSON in columns and on output.
 
 `json_column` decodes a JSON column that may already be decoded (`json_object` when only an object will
-do); `json_safe` makes data strict JSON. Every JSON column is decoded through these two.
+do); `json_safe` makes data strict JSON, and `strict_json_text` writes it (decisions' details, lock files):
+NaN and infinities as null, never the `NaN`/`Infinity` that Python's json writes by default and that SQLite's
+JSON functions and other readers refuse. Every JSON column is decoded through these.
 `json_output` gives every command's JSON one shape (docs/json.md):
 - JSON text columns (`options`, `extra`, `details`, `detail`, `op_mix`, `inputs`, `note`) become objects;
 - 0/1 flag columns (`dynamic`) become booleans;
@@ -52,6 +54,13 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def strict_json_text(value: Any, **dumps_args: Any) -> str:
+    """`value` as strict JSON text: NaN and infinities as null (`json_safe`), and `allow_nan=False` so
+    nothing that escapes it (a non-finite float of another type) is ever written as `NaN`/`Infinity`.
+    `dumps_args` go to `json.dumps` (sort_keys, indent, default...)."""
+    return json.dumps(json_safe(value), allow_nan=False, **dumps_args)
 
 
 def is_time_key(key: Any) -> bool:

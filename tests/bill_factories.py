@@ -42,8 +42,11 @@ def write_policy(folder: Path, name: str = "svc", *, modes=("eager", "default"),
 
 def store_run(db, mode: str, precision: str, j_per_call: float | None, *, avg_w: float = 20.0,
               policy: str | None = "svc", source: str = "rapl", idle_w: float | None = IDLE_W,
-              job_wall_s: float | None = JOB_WALL_S, status: str = "ok") -> int:
-    """One run of the built-in mlp (batch 8) on this host's CPU under the installed torch."""
+              job_wall_s: float | None = JOB_WALL_S, status: str = "ok", device: str = "cpu",
+              device_name: str | None = None, compile_parts: dict | None = None) -> int:
+    """One run of the built-in mlp (batch 8) on this host's CPU under the installed torch; `device` and
+    `device_name` ('cuda:0', 'NVIDIA H200') make it a GPU run, `compile_parts` the `compile_energy_{gpu,cpu}_*`
+    columns, whose joules then make up `compile_energy_j` (without them the run holds one compile figure)."""
     host = upsert_host(db, {"id": "test-host", "hostname": "test", "cpu": "x86"})
     upsert_workload(db, {"id": WID, "spec": "mlp", "batch_size": 8, "params": 1000, "flops_per_inference": 1e6})
     cfg = CompileConfig(mode, precision=precision, batch_size=8)
@@ -52,8 +55,9 @@ def store_run(db, mode: str, precision: str, j_per_call: float | None, *, avg_w:
     extra = {} if policy is None else {"policy": policy}
     if job_wall_s is not None:
         extra["job_wall_s"] = job_wall_s
-    run = {"workload_id": WID, "config_id": cfg.id, "host_id": host, "device": "cpu", "status": status,
-           "started_at": now, "finished_at": now + 20.0, "torch_version": f"{torch_minor()}.0", "extra": extra}
+    run = {"workload_id": WID, "config_id": cfg.id, "host_id": host, "device": device, "device_name": device_name,
+           "status": status, "started_at": now, "finished_at": now + 20.0, "torch_version": f"{torch_minor()}.0",
+           "extra": extra}
     if status == "ok":
         window_j = avg_w * WINDOW_S
         compiles = mode != "eager"
@@ -63,10 +67,13 @@ def store_run(db, mode: str, precision: str, j_per_call: float | None, *, avg_w:
                 "inferences": round(window_j / j_per_call), "energy_j_per_inference": j_per_call,
                 "latency_ms_p50": 1.0, "latency_ms_p95": 1.2, "avg_power_w": avg_w, "peak_power_w": avg_w * 1.1,
                 "idle_power_w": idle_w, "energy_source": source, "max_rel_error": 1e-4}
+        if compile_parts is not None:
+            run |= dict(compile_parts)
+            run["compile_energy_j"] = sum(v for k, v in compile_parts.items() if k.endswith("_j") and v is not None)
     else:
         run["reason"] = "worker killed by SIGSEGV during compile"
     return insert_run(db, run)
 
 
-def runs_of(db):
-    return workload_runs(db, WID, "cpu", torch_minor())
+def runs_of(db, device_kind: str = "cpu"):
+    return workload_runs(db, WID, device_kind, torch_minor())
