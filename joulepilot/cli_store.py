@@ -98,6 +98,9 @@ def import_command(ctx: click.Context, files: tuple[str, ...], db: str | None, a
 
     Every file is checked before anything is written, and all of them are imported in one transaction.
     """
+    # The configuration vocabulary checks each record's config row (the store sits below the compiler).
+    from joulepilot.compiler.config import CompileConfig
+
     parsed = [("<stdin>", parse_export(sys.stdin.read(), "<stdin>")) if file == "-" else (file, read_export(file))
               for file in files]
     database = open_db(_group_db(ctx, db))
@@ -105,7 +108,7 @@ def import_command(ctx: click.Context, files: tuple[str, ...], db: str | None, a
         results = []
         with transaction(database):
             for name, records in parsed:
-                new_ids = import_runs(database, records, source=name)
+                new_ids = import_runs(database, records, source=name, check_config=CompileConfig.from_row)
                 results.append({"file": name, "runs": len(records), "imported": len(new_ids),
                                 "skipped": len(records) - len(new_ids), "run_ids": new_ids})
     finally:

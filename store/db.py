@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import threading
@@ -106,20 +107,18 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if read_only:
             conn.execute("PRAGMA query_only = ON")
-        else:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
         db = sqlite_utils.Database(conn)
-        version = schema_version(db)
+        # Before anything is written (WAL, migrations): another program's database is left as it was.
+        version = _check_is_joulepilot(db, target, empty_ok=not (read_only or must_exist))
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(f"database {target} has schema version {version}, newer than this joulepilot "
                                f"understands ({SCHEMA_VERSION}); upgrade joulepilot or point --db at another file")
+        if not read_only:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
         if migrate_schema and not read_only:
             migrate(db)
-        elif version == 0 and not _has_table(db, "runs"):
-            if read_only or must_exist:
-                raise DatabaseCorrupt(f"{target} is not a joulepilot database (no tables); check --db")
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise database_error(target, exc) from exc
@@ -151,8 +150,58 @@ def open_for_reading(path: str | os.PathLike | None = None) -> sqlite_utils.Data
                          f"that wrote it") from exc
 
 
-def _has_table(db: sqlite_utils.Database, name: str) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", [name]).fetchone() is not None
+@functools.cache
+def joulepilot_tables(version: int) -> frozenset[str]:
+    """The tables a joulepilot database of schema `version` holds (its migrations, replayed in memory)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        for step in MIGRATIONS[:version]:
+            step(conn)
+        return frozenset(row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    finally:
+        conn.close()
+
+
+def _schema_state(db: sqlite_utils.Database) -> tuple[int, list[str]]:
+    """The file's schema version and the names of what its schema holds, tables first (SQLite's own left
+    out), read in one snapshot so that a migration committing in another process is seen whole or not at
+    all."""
+    conn = db.conn
+    conn.execute("BEGIN")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
+                                                " ORDER BY type != 'table', name")]
+    finally:
+        conn.execute("COMMIT")
+    return version, names
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _check_is_joulepilot(db: sqlite_utils.Database, target: Path, *, empty_ok: bool) -> int:
+    """The schema version of a joulepilot database; DatabaseCorrupt for a SQLite file that holds something
+    else, and for an empty one unless `empty_ok` (a command that may create the database)."""
+    version, names = _schema_state(db)
+    if not names and version == 0:
+        if empty_ok:
+            return version
+        raise DatabaseCorrupt(f"{target} is an empty SQLite file, not a joulepilot database (no tables); check "
+                              f"--db / JOULEPILOT_DB (a new database is created by `joulepilot bench`, "
+                              f"`joulepilot runs import` or the daemon)")
+    # Each migration step commits its tables with its version, so a joulepilot file of version N holds
+    # every table of version N; of a newer version only the first schema's tables can be known here.
+    missing = joulepilot_tables(min(version, SCHEMA_VERSION) or 1) - set(names)
+    if version == 0 or missing:
+        lacking = ("joulepilot's tables and schema version" if version == 0
+                   else f"joulepilot's {_listed(sorted(missing))} of schema version {version}")
+        raise DatabaseCorrupt(f"{target} is not a joulepilot database (its schema holds {_listed(names)}, without "
+                              f"{lacking}); it was left unchanged: point --db / JOULEPILOT_DB at a joulepilot "
+                              f"database, or at a new file to create one")
+    return version
 
 
 def database_error(target: str | os.PathLike, exc: sqlite3.Error) -> StoreError:

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from sqlite_utils.db import Column
 
 from .compile_energy import has_parts, legacy_parts
 from .db import transaction
 from .errors import ExportFormatError
 from .files import write_file_atomic
+from .importcheck import checked_row
 from .jsonvalues import json_output, row_from_json
 
 PARTS = ("run", "workload", "config", "host")
@@ -31,6 +33,8 @@ _TABLES = {"run": "runs", "workload": "workloads", "config": "configs", "host": 
 # Which column of the run each other part must match.
 _LINKS = {"workload": "workload_id", "config": "config_id", "host": "host_id"}
 HOW_TO_EXPORT = "write one with `joulepilot runs export FILE`"
+# Checks one configs row; raises ValueError (or TypeError) naming what the configuration vocabulary refuses.
+ConfigCheck = Callable[[dict[str, Any]], object]
 
 
 def export_runs(db: sqlite_utils.Database, where: str | None = None, params: Iterable[Any] = (), *,
@@ -61,13 +65,21 @@ def export_runs(db: sqlite_utils.Database, where: str | None = None, params: Ite
             for run in db.query(sql, args)]
 
 
-def _required(db: sqlite_utils.Database, table: str) -> list[str]:
-    return [c.name for c in db[table].columns if c.notnull and c.default_value is None and not
+def _required(columns: Sequence[Column], table: str) -> list[str]:
+    return [c.name for c in columns if c.notnull and c.default_value is None and not
             (table == "runs" and c.name == "id")]
 
 
-def _normalised(db: sqlite_utils.Database, rec: Any, index: int, source: str) -> dict[str, dict[str, Any]]:
-    where = f"{source}: record {index}"
+def _record_name(rec: Any, index: int, source: str) -> str:
+    """'<file>: record <index> (run <id>)', the run's id as the file gives it."""
+    run = rec.get("run") if isinstance(rec, Mapping) else None
+    run_id = run.get("id") if isinstance(run, Mapping) else None
+    return f"{source}: record {index}" + (f" (run {run_id})" if run_id is not None else "")
+
+
+def _normalised(tables: Mapping[str, Sequence[Column]], rec: Any, index: int, source: str,
+                check_config: ConfigCheck | None) -> dict[str, dict[str, Any]]:
+    where = _record_name(rec, index, source)
     if not isinstance(rec, Mapping):
         raise ExportFormatError(f"{where} is a {type(rec).__name__}, not an object with {', '.join(PARTS)}; "
                                 f"{HOW_TO_EXPORT}")
@@ -77,14 +89,16 @@ def _normalised(db: sqlite_utils.Database, rec: Any, index: int, source: str) ->
         value = rec.get(part)
         if not isinstance(value, Mapping):
             raise ExportFormatError(f"{where}: '{part}' is missing or not an object; {HOW_TO_EXPORT}")
+        columns = tables[table]
         try:
-            row = row_from_json(value, db[table].columns_dict)
+            row = checked_row(table, row_from_json(value, [c.name for c in columns]), columns)
         except ValueError as exc:
             raise ExportFormatError(f"{where}: {part}.{exc}") from None
-        missing = [c for c in _required(db, table) if row.get(c) is None]
+        required = (["id"] if part in _LINKS else []) + _required(columns, table)
+        missing = [c for c in required if row.get(c) is None]
         if missing:
             raise ExportFormatError(f"{where}: {part}.{missing[0]} is missing (a {table} row needs "
-                                    f"{', '.join(_required(db, table))}); {HOW_TO_EXPORT}")
+                                    f"{', '.join(required)}); {HOW_TO_EXPORT}")
         out[part] = row
     run = out["run"]
     if not has_parts(rec["run"]):  # exported before the CPU part of compiles was metered
@@ -93,17 +107,28 @@ def _normalised(db: sqlite_utils.Database, rec: Any, index: int, source: str) ->
         if out["run"][column] != out[part]["id"]:
             raise ExportFormatError(f"{where}: run.{column} is {out['run'][column]!r} but {part}.id is "
                                     f"{out[part]['id']!r}; the record is inconsistent, export it again")
+    if check_config is not None:
+        try:
+            check_config(dict(out["config"]))
+        except (ValueError, TypeError) as exc:
+            raise ExportFormatError(f"{where}: config {out['config']['id']}: {exc}; correct the configuration "
+                                    f"or export the runs again") from None
     return out
 
 
-def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]], *,
-                source: str = "import") -> list[int]:
+def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]], *, source: str = "import",
+                check_config: ConfigCheck | None = None) -> list[int]:
     """Insert exported records in one transaction; returns the new run ids (skipped ones omitted).
 
-    Every record is checked before anything is written; a bad one raises ExportFormatError naming
-    `source`, the record's index and the field, and nothing is imported.
+    Every record is checked before anything is written: its structure, every value against the type of its
+    column and a run's status (`store.importcheck`), and, when `check_config` is given, its configuration row
+    (a function raising ValueError for a row the configuration vocabulary refuses; the store sits below the
+    compiler that owns the vocabulary, so the caller passes it, e.g. `CompileConfig.from_row`). A bad record
+    raises ExportFormatError naming `source`, the record's index and run id, the field and the problem, and
+    nothing is imported.
     """
-    normalised = [_normalised(db, rec, i, source) for i, rec in enumerate(records)]
+    tables = {table: db[table].columns for table in _TABLES.values()}
+    normalised = [_normalised(tables, rec, i, source, check_config) for i, rec in enumerate(records)]
     new_ids: list[int] = []
     with transaction(db):
         for rec in normalised:
@@ -173,7 +198,7 @@ def parse_export(text: str, source: str) -> list[dict]:
             try:
                 record[part] = row_from_json(rec[part], None)
             except ValueError as exc:
-                raise ExportFormatError(f"{source}: record {index}: {part}.{exc}") from None
+                raise ExportFormatError(f"{_record_name(rec, index, source)}: {part}.{exc}") from None
         records.append(record)
     return records
 

@@ -116,7 +116,8 @@ def row_from_json(row: Mapping[str, Any], columns: Iterable[str] | None) -> dict
     """One table row as stored, from its `json_output` shape or as stored already.
 
     Keeps only `columns` (None: the row's own keys, less the `_epoch` copies of its times); times come from `<name>_epoch` when present, else from the ISO text; objects in
-    JSON text columns are encoded again (sorted keys, as the store writes them); booleans become 0/1.
+    JSON text columns are encoded again (sorted keys, as the store writes them); booleans of flag columns
+    become 0/1 (a boolean anywhere else is kept, for the importer's checks to refuse).
     Raises ValueError naming the field when a time cannot be read.
     """
     if columns is None:
@@ -138,7 +139,7 @@ def row_from_json(row: Mapping[str, Any], columns: Iterable[str] | None) -> dict
                     raise ValueError(f"{key}: {value!r} is not an ISO 8601 time") from None
         elif key in JSON_TEXT_KEYS and isinstance(value, Mapping | list):
             value = json.dumps(value, sort_keys=True, default=str)
-        elif isinstance(value, bool):
+        elif key in FLAG_KEYS and isinstance(value, bool):
             value = int(value)
         out[key] = value
     return out

@@ -149,9 +149,10 @@ def test_a_record_missing_a_field_names_the_file_record_and_field(tmp_path):
     target = tmp_path / "t.db"
     result = CliRunner().invoke(main, ["runs", "import", str(out), "--db", str(target)])
     assert result.exit_code == 1
-    assert result.output.strip() == (f"Error: {out}: record 0: run.started_at: 'yesterday' is not an ISO 8601 time")
+    assert result.output.strip() == (f"Error: {out}: record 0 (run 1): run.started_at: 'yesterday' is not an ISO 8601 "
+                                     f"time")
     records[0]["run"]["started_at"] = "2024-05-01T00:00:00+00:00"
     out.write_text(json.dumps(records))
     result = CliRunner().invoke(main, ["runs", "import", str(out), "--db", str(target)])
-    assert result.exit_code == 1 and result.output.startswith(f"Error: {out}: record 1: config.label is missing")
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {out}: record 1 (run 2): config.label is missing")
     assert list_runs(open_db(target, read_only=True)) == []
