@@ -9,6 +9,7 @@ import click
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
 from joulepilot.policies import PolicyError, break_even_text, load_policy
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
+from joulepilot.store.safeio import shorten
 
 from .clikit import db_option, echo_json, echo_table, reading_store, table_width
 
@@ -16,7 +17,23 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 device_name_option = click.option(
     "--device-name", help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
                           "(default: this host's cuda:0 if present, else cpu).")
-torch_option = click.option("--torch-version", help="torch major.minor to decide for (default: installed).")
+
+
+def _torch_version(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """torch major.minor of --torch-version, checked before anything is decided or stored."""
+    if value is None:
+        return None
+    from joulepilot.policies.resolve import given_torch_minor
+
+    try:
+        return given_torch_minor(value)
+    except ValueError as exc:
+        raise click.ClickException(f"--torch-version {shorten(repr(value), 80)}: {exc}") from None
+
+
+torch_option = click.option("--torch-version", metavar="VERSION", callback=_torch_version,
+                            help="torch version to decide for, as major.minor (2.11) or in full (2.11.0+cu130); "
+                                 "default: the installed one.")
 
 
 def _device_kind(device_name: str | None) -> str:
