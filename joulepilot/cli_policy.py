@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -73,15 +74,39 @@ def fit_command(db: str | None, as_json: bool) -> None:
                ["target", "MAPE %", "median APE %", "R² (log)", "rows", "workloads", "folds"])
 
 
+# The plot formats `frontier --plot` writes, by file extension (each is tested): matplotlib lists more, some of
+# which need programs a host may lack (pgf needs LaTeX).
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def _plot_path(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--plot's file, refused before any work when its extension is no format the plot is written in, or its
+    folder does not exist."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    extension = path.suffix.lower().lstrip(".")
+    if extension not in PLOT_FORMATS:
+        found = f"'.{shorten(extension, 40)}'" if extension else "no extension"
+        raise click.ClickException(f"--plot {shorten(value, 200)}: expected a file name ending in "
+                                   f"{', '.join('.' + f for f in PLOT_FORMATS)} (the extension picks the format), "
+                                   f"found {found}")
+    if not path.parent.is_dir():
+        raise click.ClickException(f"--plot {shorten(value, 200)}: the folder {shorten(str(path.parent), 200)} "
+                                   f"does not exist; create it or write the plot elsewhere")
+    return value
+
+
 @click.command("frontier")
 @click.argument("workload")
 @db_option
 @click.option("--device-name", help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
-@click.option("--batch-size", type=int, help="Batch size; default: the one with most runs.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Batch size; default: the one with most runs.")
 @click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
               help="Predict the policy's search space (default: combinations of the knobs measured).")
 @click.option("--no-predict", is_flag=True, help="Measured points only.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=_plot_path,
+              help=f"Write a plot here; its extension picks the format: {', '.join(PLOT_FORMATS)}.")
 @json_option
 def frontier_command(workload: str, db: str | None, device_name: str | None, batch_size: int | None,
                      policy_file: str | None, no_predict: bool, plot_path: str | None, as_json: bool) -> None:

@@ -65,3 +65,69 @@ def test_each_spelling_of_a_torch_version_decides_for_its_major_minor(work, vers
     [stored] = decisions(work / "j.db")
     assert stored.torch_version == minor
     assert list(json.loads((work / "svc.lock.json").read_text())["entries"]["cpu"]) == [minor]
+
+
+# --- frontier --plot and --batch-size ----------------------------------------------------------------------------
+
+MAGIC = {"png": b"\x89PNG", "pdf": b"%PDF", "svg": b"<?xml"}
+
+
+@pytest.fixture
+def measured(tmp_path):
+    """A database with three runs of each of two configurations of the built-in mlp (batch 8)."""
+    from bill_factories import store_run
+
+    path = tmp_path / "runs.db"
+    database = open_db(path)
+    for mode, j_per_call in (("eager", 0.02), ("default", 0.01)):
+        for _ in range(3):
+            store_run(database, mode, "fp32", j_per_call)
+    database.close()
+    return str(path)
+
+
+def test_every_plot_format_offered_is_written(measured, tmp_path):
+    from joulepilot.cli_policy import PLOT_FORMATS
+
+    assert set(PLOT_FORMATS) <= set(MAGIC)
+    for extension in PLOT_FORMATS:
+        plot = tmp_path / f"front.{extension}"
+        result = invoke("frontier", "mlp", "--db", measured, "--no-predict", "--plot", str(plot), "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["plot"] == str(plot)
+        assert plot.read_bytes().startswith(MAGIC[extension])
+
+
+@pytest.mark.parametrize("name, found", [("fr.txt", "'.txt'"), ("fr", "no extension"), ("fr.pgf", "'.pgf'"),
+                                         ("fr.png.bak", "'.bak'")])
+def test_a_plot_file_of_no_known_format_is_refused_before_any_work(measured, tmp_path, name, found):
+    from joulepilot.cli_policy import PLOT_FORMATS
+
+    plot = tmp_path / name
+    result = invoke("frontier", "mlp", "--db", measured, "--no-predict", "--plot", str(plot))
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert line.startswith(f"Error: --plot {plot}: ") and f"found {found}" in line
+    assert all(f".{extension}" in line for extension in PLOT_FORMATS)
+    assert not plot.exists()
+    # before any work: a database that does not exist is not even looked at
+    missing = tmp_path / "missing.db"
+    result = invoke("frontier", "mlp", "--db", str(missing), "--plot", str(plot))
+    assert result.exit_code == 1 and "--plot" in result.output and "does not exist" not in result.output
+    assert not missing.exists()
+
+
+def test_a_plot_into_a_folder_that_does_not_exist_is_refused_before_any_work(measured, tmp_path):
+    plot = tmp_path / "nowhere" / "front.png"
+    result = invoke("frontier", "mlp", "--db", measured, "--plot", str(plot))
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"Error: --plot {plot}: the folder {plot.parent} does not exist; create it or write the plot elsewhere"]
+
+
+@pytest.mark.parametrize("batch_size", ["0", "-8"])
+def test_frontier_refuses_a_batch_size_below_one_as_bench_does(measured, batch_size):
+    assert invoke("frontier", "mlp", "--db", measured, "--no-predict").exit_code == 0
+    for command in (["frontier", "mlp", "--db", measured, "--no-predict"], ["bench", "mlp"]):
+        result = invoke(*command, "--batch-size", batch_size)
+        assert result.exit_code == 2
+        assert f"Invalid value for '--batch-size': {batch_size} is not in the range x>=1" in result.output
