@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
-from joulepilot.policies import PolicyError, break_even_text, load_policy
+from joulepilot.policies import PolicyError, break_even_text, find_policy, load_policy
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
+from joulepilot.store.safeio import shorten
 
 from .clikit import db_option, echo_json, echo_table, reading_store, table_width
 
@@ -16,7 +18,23 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 device_name_option = click.option(
     "--device-name", help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
                           "(default: this host's cuda:0 if present, else cpu).")
-torch_option = click.option("--torch-version", help="torch major.minor to decide for (default: installed).")
+
+
+def _torch_version(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """torch major.minor of --torch-version, checked before anything is decided or stored."""
+    if value is None:
+        return None
+    from joulepilot.policies.resolve import given_torch_minor
+
+    try:
+        return given_torch_minor(value)
+    except ValueError as exc:
+        raise click.ClickException(f"--torch-version {shorten(repr(value), 80)}: {exc}") from None
+
+
+torch_option = click.option("--torch-version", metavar="VERSION", callback=_torch_version,
+                            help="torch version to decide for, as major.minor (2.11) or in full (2.11.0+cu130); "
+                                 "default: the installed one.")
 
 
 def _device_kind(device_name: str | None) -> str:
@@ -56,15 +74,40 @@ def fit_command(db: str | None, as_json: bool) -> None:
                ["target", "MAPE %", "median APE %", "R² (log)", "rows", "workloads", "folds"])
 
 
+# The plot formats `frontier --plot` writes, by file extension (each is tested): matplotlib lists more, some of
+# which need programs a host may lack (pgf needs LaTeX).
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def _plot_path(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--plot's file, refused before any work when its extension is no format the plot is written in, or its
+    folder does not exist."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    extension = path.suffix.lower().lstrip(".")
+    if extension not in PLOT_FORMATS:
+        found = f"'.{shorten(extension, 40)}'" if extension else "no extension"
+        raise click.ClickException(f"--plot {shorten(value, 200)}: expected a file name ending in "
+                                   f"{', '.join('.' + f for f in PLOT_FORMATS)} (the extension picks the format), "
+                                   f"found {found}")
+    if not path.parent.is_dir():
+        raise click.ClickException(f"--plot {shorten(value, 200)}: the folder {shorten(str(path.parent), 200)} "
+                                   f"does not exist; create it or write the plot elsewhere")
+    return value
+
+
 @click.command("frontier")
 @click.argument("workload")
 @db_option
 @click.option("--device-name", help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
-@click.option("--batch-size", type=int, help="Batch size; default: the one with most runs.")
-@click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False),
-              help="Predict the policy's search space (default: combinations of the knobs measured).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Batch size; default: the one with most runs.")
+@click.option("--policy", "policy_file", metavar="POLICY",
+              help="Predict the search space of POLICY, a file or a name (see `joulepilot policy --help`); "
+                   "default: combinations of the knobs measured.")
 @click.option("--no-predict", is_flag=True, help="Measured points only.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=_plot_path,
+              help=f"Write a plot here; its extension picks the format: {', '.join(PLOT_FORMATS)}.")
 @json_option
 def frontier_command(workload: str, db: str | None, device_name: str | None, batch_size: int | None,
                      policy_file: str | None, no_predict: bool, plot_path: str | None, as_json: bool) -> None:
@@ -95,29 +138,48 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
         click.echo(f"plot written to {plot_path}")
 
 
-@click.group("policy")
+POLICY_ARGUMENT_HELP = (
+    "POLICY is a policy file or a policy's name. An argument that ends in .toml or holds a / is a file path; any "
+    "other is the file of that name when one exists here, else a name, looked up as <name>.toml in "
+    "$JOULEPILOT_POLICIES, then $JOULEPILOT_HOME/policies, then the current directory (the first found wins).")
+
+
+@click.group("policy", help=f"Validate policy files, explain and lock their decisions.\n\n{POLICY_ARGUMENT_HELP}")
 def policy_group() -> None:
-    """Validate policy files, explain and lock their decisions."""
+    pass
 
 
-def _load(path: str) -> Any:
+def _found(name_or_path: str) -> str:
+    """The policy file POLICY names (find_policy's rule, as the hook finds it); PolicyError when none. Something
+    there by that name that is no folder is taken as given: reading it says what is wrong with it (a FIFO)."""
+    given = Path(name_or_path).expanduser()
+    if given.exists() and not given.is_dir():
+        return str(given)
+    return str(find_policy(name_or_path))
+
+
+def _load(name_or_path: str) -> Any:
     try:
-        return load_policy(path)
+        return load_policy(_found(name_or_path))
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-@policy_group.command("check")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@policy_group.command("check", help=f"""Validate each POLICY and check that its workload resolves (without
+building it or running its code); exits 1 if any is invalid. A workload library not installed here is a
+warning.
+
+{POLICY_ARGUMENT_HELP}""")
+@click.argument("policies", metavar="POLICY...", nargs=-1, required=True)
 @json_option
-def check_command(files: tuple[str, ...], as_json: bool) -> None:
-    """Validate policy FILES and check that each workload resolves (without building it or running its
-    code); exits 1 if any is invalid. A workload library not installed here is a warning."""
+def check_command(policies: tuple[str, ...], as_json: bool) -> None:
     from joulepilot.policies.load import workload_problem
 
     results = []
-    for file in files:
+    for given in policies:
+        file = given
         try:
+            file = _found(given)
             policy = load_policy(file)
         except PolicyError as exc:
             results.append({"file": file, "ok": False, "problems": [p.to_dict() for p in exc.problems],
@@ -165,12 +227,11 @@ def _provenance_key(device_kind: str, torch_version: str) -> str | None:
         return None
 
 
-def _decide(file: str, db: str | None, device_name: str | None, torch_version: str | None, *, record: bool,
+def _decide(policy: Any, db: str | None, device_name: str | None, torch_version: str | None, *, record: bool,
             lock: bool, decided_by: str) -> tuple[Any, dict[str, Any] | None]:
     from joulepilot.controller.redecide import fit_or_none
     from joulepilot.policies import decide, default_lock_dir, torch_minor
 
-    policy = _load(file)
     # The database must exist (a typo must not decide on nothing); only a command that stores the
     # decision opens it for writing.
     database = open_db(db, must_exist=True) if record else open_for_reading(db)
@@ -295,7 +356,7 @@ def _echo_decision(decision: Any) -> None:
     _echo_estimate_line(c.figures.get("energy_source") for c in decision.candidates if c.source == "measured")
 
 
-def _graph_break_notes(file: str, db: str | None, decision: Any) -> list[dict[str, Any]]:
+def _graph_break_notes(policy: Any, db: str | None, decision: Any) -> list[dict[str, Any]]:
     """The graph breaks stored with the runs of the measured candidates, one note per distinct set."""
     from joulepilot.compiler.graph_breaks import doctor_command, graph_break_notes
     from joulepilot.store import workload_runs
@@ -303,7 +364,6 @@ def _graph_break_notes(file: str, db: str | None, decision: Any) -> list[dict[st
     wanted = {c.run_id for c in decision.candidates if c.source == "measured" and c.run_id is not None}
     if not wanted:
         return []
-    policy = _load(file)
     with reading_store(db) as database:
         runs = [r for wid in decision.workload_ids or [decision.workload_id]
                 for r in workload_runs(database, wid) if r.id in wanted]
@@ -347,23 +407,26 @@ def _echo_search(search: dict[str, Any] | None) -> None:
         line("skipped", f"{skipped['label']}: {skipped['reason']}")
 
 
-@policy_group.command("explain")
-@click.argument("file", type=click.Path(dir_okay=False))
+@policy_group.command("explain", help=f"""Resolve POLICY now and show the decision and every candidate with why
+it was kept or rejected.
+
+Decides as the daemon does: configurations that broke the envelope in a deployment are left out.
+
+{POLICY_ARGUMENT_HELP}""")
+@click.argument("name_or_path", metavar="POLICY")
 @db_option
 @device_name_option
 @torch_option
 @click.option("--record", is_flag=True, help="Also store the decision (the hook then uses it).")
 @json_option
-def explain_command(file: str, db: str | None, device_name: str | None, torch_version: str | None, record: bool,
-                    as_json: bool) -> None:
-    """Resolve FILE's policy now and show the decision and every candidate with why it was kept or rejected.
-
-    Decides as the daemon does: configurations that broke the envelope in a deployment are left out."""
-    decided, search = _decide(file, db, device_name, torch_version, record=record, lock=False,
+def explain_command(name_or_path: str, db: str | None, device_name: str | None, torch_version: str | None,
+                    record: bool, as_json: bool) -> None:
+    policy = _load(name_or_path)
+    decided, search = _decide(policy, db, device_name, torch_version, record=record, lock=False,
                               decided_by="policy explain --record")
     decision = decided.decision
     hint = _elsewhere_hint(decision)
-    breaks = _graph_break_notes(file, db, decision)
+    breaks = _graph_break_notes(policy, db, decision)
     if as_json:
         echo_json(decision.to_dict() | {"search": search, "graph_breaks": breaks})
     else:
@@ -374,17 +437,19 @@ def explain_command(file: str, db: str | None, device_name: str | None, torch_ve
         click.echo(f"note: {hint}", err=True)
 
 
-@policy_group.command("lock")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@policy_group.command("lock", help=f"""Decide POLICY as the daemon does, store the decision and write
+<stem>.lock.json beside the policy file (or, when that folder is read-only, <name>.lock.json in the lock
+directory).
+
+{POLICY_ARGUMENT_HELP}""")
+@click.argument("name_or_path", metavar="POLICY")
 @db_option
 @device_name_option
 @torch_option
 @json_option
-def lock_command(file: str, db: str | None, device_name: str | None, torch_version: str | None,
+def lock_command(name_or_path: str, db: str | None, device_name: str | None, torch_version: str | None,
                  as_json: bool) -> None:
-    """Decide FILE's policy as the daemon does, store the decision and write <stem>.lock.json beside the
-    policy (or, when that folder is read-only, <name>.lock.json in the lock directory)."""
-    decided, _search = _decide(file, db, device_name, torch_version, record=True, lock=True,
+    decided, _search = _decide(_load(name_or_path), db, device_name, torch_version, record=True, lock=True,
                                decided_by="policy lock")
     decision = decided.decision
     if decided.lock_error:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from joulepilot.controller.report import FORMATS, GRID_ENV, build_report, build_summary, render
+from joulepilot.store import default_db_path
 
 from .clikit import db_option, reading_store, since_option
 
@@ -50,7 +51,8 @@ def report_command(db: str | None, name: str | None, all_deployments: bool, sinc
             else:
                 data = build_report(store, name, since, grid_gco2_per_kwh=grid_gco2_per_kwh)
     except LookupError as exc:
-        raise click.ClickException(f"{exc} (database {db or 'default'}; list them with "
+        database = Path(db).expanduser() if db else default_db_path()
+        raise click.ClickException(f"{exc} (database {database}; list them with "
                                    "`joulepilot report --all`)") from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

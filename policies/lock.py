@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -33,12 +34,18 @@ from typing import Any
 from joulepilot.store.decisions import APPLICABLE_STATES
 from joulepilot.store.files import write_file_atomic
 from joulepilot.store.jsonvalues import strict_json_text
+from joulepilot.store.safeio import shorten
 
 from .resolve import Decision
 
 LOCK_FORMAT = 1
 LOCK_DIR_ENV = "JOULEPILOT_LOCK_DIR"
 LOCK_SUFFIX = ".lock.json"
+# A warning about damaged lock data lists this many of the dropped entries, each quoting at most this much.
+MAX_DROPPED_LISTED = 5
+DROPPED_QUOTE_CHARS = 60
+
+log = logging.getLogger("joulepilot.lock")
 
 
 class LockFileError(ValueError):
@@ -204,18 +211,78 @@ def lock_entry(decision: Decision) -> dict[str, Any]:
 
 
 def _write_into(file: Path, decision: Decision) -> Path:
+    """Merge the decision's entry into `file`. What cannot be read back as a lock entry (a damaged entry, or
+    the whole file when it is not a lock file at all) is dropped, and a warning names the file and what went."""
     try:
         document = read_lock_document(file)
     except LockFileError as exc:
         if isinstance(exc.__cause__, PermissionError):
             raise PermissionError(str(exc)) from exc
-        document = {}  # corrupt: nothing in it could be used; the new document replaces it
-    entries = document.get("entries", {})
+        entries: dict[str, dict[str, Any]] = {}  # nothing in it could be used; the new document replaces it
+        dropped = [f"the whole file: {_why_unusable(exc, file)}"]
+    else:
+        entries, dropped = _sound_entries(document.get("entries", {}))
     entries.setdefault(decision.device_kind, {})[decision.torch_version] = lock_entry(decision)
     new = {"format": LOCK_FORMAT, "policy": decision.policy, "entries": entries}
     text = strict_json_text(new, indent=2, sort_keys=True, default=str) + "\n"
     file.parent.mkdir(parents=True, exist_ok=True)
-    return write_file_atomic(file, text.encode())
+    written = write_file_atomic(file, text.encode())
+    if dropped:  # told once the new file is in place: a write that failed dropped nothing
+        listed = dropped[:MAX_DROPPED_LISTED]
+        if len(dropped) > MAX_DROPPED_LISTED:
+            listed.append(f"{len(dropped) - MAX_DROPPED_LISTED} more")
+        others = _entry_count(entries) - 1
+        log.warning("%s: dropped damaged lock data (%s); wrote the new decision for %s / torch %s%s", written,
+                    "; ".join(listed), _printable(decision.device_kind), decision.torch_version,
+                    f" and kept the {others} other entr{'y' if others == 1 else 'ies'}" if others else "")
+    return written
+
+
+def _sound_entries(entries: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The well-formed entries, by device kind and torch version, and a description of each one left out."""
+    kept: dict[str, dict[str, Any]] = {}
+    dropped: list[str] = []
+    for kind, by_torch in entries.items():
+        if not isinstance(by_torch, dict):
+            dropped.append(f"the entry for {_printable(kind)}: {_json_kind(by_torch)}, not a table of entries "
+                           f"by torch version")
+            continue
+        for torch_version, entry in by_torch.items():
+            if _well_formed(entry):
+                kept.setdefault(kind, {})[torch_version] = entry
+            else:
+                what = "no configuration or an unknown state" if isinstance(entry, dict) else _json_kind(entry)
+                dropped.append(f"the entry for {_printable(kind)} / torch {_printable(torch_version)}: {what}")
+    return kept, dropped
+
+
+def _well_formed(entry: Any) -> bool:
+    """Whether a lock entry can be applied: a configuration with an id, in a state a caller may apply."""
+    return (isinstance(entry, dict) and isinstance(entry.get("config"), dict) and bool(entry["config"].get("id"))
+            and entry.get("state") in APPLICABLE_STATES)
+
+
+def _entry_count(entries: dict[str, dict[str, Any]]) -> int:
+    return sum(len(by_torch) for by_torch in entries.values())
+
+
+def _why_unusable(exc: LockFileError, file: str | os.PathLike) -> str:
+    """What was wrong with a lock file, from the reader's error, without its file name and its fix."""
+    text = str(exc)
+    prefix = f"{os.fspath(file)}: "
+    return (text[len(prefix):] if text.startswith(prefix) else text).partition("; ")[0]
+
+
+def _json_kind(value: Any) -> str:
+    """'integer 5', 'array [1, 2]': a JSON value's type and a short quote of it."""
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+    name = "null" if value is None else kinds.get(type(value), type(value).__name__)
+    return name if value is None else f"{name} {shorten(json.dumps(value, default=str), DROPPED_QUOTE_CHARS)}"
+
+
+def _printable(text: str) -> str:
+    """A device kind or torch version from a file, fit for a one-line message."""
+    return shorten(text if text.isprintable() else repr(text), DROPPED_QUOTE_CHARS)
 
 
 def write_lock(policy_path: str | os.PathLike | None, decision: Decision, *,

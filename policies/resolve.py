@@ -57,6 +57,7 @@ from __future__ import annotations
 import importlib.metadata
 import itertools
 import math
+import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -124,6 +125,21 @@ REPEAT_LIMIT = 2
 def torch_minor(version: str | None = None) -> str:
     """'2.13' from '2.13.0+cpu'; the installed torch's when `version` is None (without importing torch)."""
     return torch_major_minor(importlib.metadata.version("torch") if version is None else version)
+
+
+# A torch version as `torch.__version__` and pip spell it: major.minor, an optional patch, pre-release,
+# post- and dev-release parts, and an optional local label (+cu130, +cpu, +git1a2b3c4).
+_TORCH_VERSION = re.compile(r"\d{1,4}\.\d{1,4}(?:\.\d{1,6})?(?:(?:a|b|rc)\d{1,6}|\.post\d{1,6}|\.dev\d{1,14})*"
+                            r"(?:\+[0-9A-Za-z]+(?:[._-][0-9A-Za-z]+)*)?")
+TORCH_VERSION_FORMS = "a torch version such as 2.11, 2.11.0 or 2.11.0+cu130"
+
+
+def given_torch_minor(text: str) -> str:
+    """torch major.minor of a version a user typed ('2.11', '2.11.0+cu130'); ValueError, naming the forms
+    accepted, for anything else (a decision stored under a version that cannot exist is never applied)."""
+    if len(text) > 64 or not _TORCH_VERSION.fullmatch(text):
+        raise ValueError(f"expected {TORCH_VERSION_FORMS}")
+    return torch_minor(text)
 
 
 @dataclass

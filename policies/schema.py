@@ -28,6 +28,14 @@ DEFAULT_EXPECTED_INFERENCES = 1_000_000
 QUOTED_VALUE_CHARS = 200
 QUOTED_TEXT_CHARS = 500
 MAX_PROBLEMS = 20
+# Upper bounds of the integer (and second) fields. Every stored integer must fit SQLite's signed 64 bits;
+# each bound below is far tighter, at the point where a value can only be a typo (an extra digit or ten).
+MAX_BATCH_SIZE = 1 << 20  # batch_size and [search] batch_sizes: 1,048,576 samples in one call
+MAX_SHAPE_SIZE = 1 << 20  # seq_len, image_size and [shapes] sizes and buckets: 1,048,576
+MAX_EXPECTED_INFERENCES = 10**15  # about a million calls a second for 30 years
+MAX_MEASUREMENTS = 100_000  # [search] max_measurements: months of measuring at a run a minute
+MAX_BUDGET_S = 366 * 24 * 3600  # [search] budget_s: a year of measuring
+MAX_GUARD_WINDOWS = 100_000  # [guard] windows: days of consecutive metered windows
 
 
 @dataclass(frozen=True)
@@ -187,16 +195,44 @@ def _optional_string(value: Any):
     return None, ("a string", _found(value), "")
 
 
-def _positive_int(value: Any):
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value, None
-    return None, ("a positive integer", _found(value), "")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_float(value: Any) -> float | None:
+    """A TOML number as a finite float; None for anything else, an integer too large for a float included."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _bounded_int(maximum: int, example: str) -> Check:
+    """An integer from 1 to `maximum`; the problem names the range and an example (`key = value`)."""
+    def check(value: Any):
+        if _is_int(value) and 1 <= value <= maximum:
+            return value, None
+        return None, (f"an integer from 1 to {maximum:,}", _found(value), f"e.g. {example}")
+
+    return check
 
 
 def _positive_number(value: Any):
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value), None
+    number = _as_float(value)
+    if number is not None and number > 0:
+        return number, None
     return None, ("a positive number", _found(value), "")
+
+
+def _budget_s(value: Any):
+    number = _as_float(value)
+    if number is not None and 0 < number <= MAX_BUDGET_S:
+        return number, None
+    return None, (f"a positive number of seconds, at most {MAX_BUDGET_S:,} (a year)", _found(value),
+                  "e.g. budget_s = 1800")
 
 
 def _min_repeats(value: Any):
@@ -220,8 +256,9 @@ def _choice(choices: tuple[str, ...]) -> Check:
 
 
 def _margin_pct(value: Any):
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 50:
-        return float(value), None
+    number = _as_float(value)
+    if number is not None and 0 <= number <= 50:
+        return number, None
     return None, ("a number from 0 to 50 (percent below each limit)", _found(value), "e.g. margin_pct = 5")
 
 
@@ -240,11 +277,11 @@ def _choices(choices: tuple[str, ...]) -> Check:
     return check
 
 
-def _positive_ints(value: Any):
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                 for v in value):
+def _batch_sizes(value: Any):
+    if isinstance(value, list) and value and all(_is_int(v) and 1 <= v <= MAX_BATCH_SIZE for v in value):
         return tuple(dict.fromkeys(value)), None
-    return None, ("a non-empty array of positive integers, e.g. [1, 8, 32]", _found(value), "")
+    return None, (f"a non-empty array of positive integers, each at most {MAX_BATCH_SIZE:,}", _found(value),
+                  "e.g. batch_sizes = [1, 8, 32]")
 
 
 _CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -256,16 +293,17 @@ def _class_name(value: Any):
     return None, ("a module class name, e.g. \"BertLayer\" or \"mypkg.model.Block\"", _found(value),
                   "leave regional_block out to compile the most repeated block class")
 def _sizes(value: Any):
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                 for v in value) and len(set(value)) == len(value):
+    if isinstance(value, list) and value and all(_is_int(v) and 1 <= v <= MAX_SHAPE_SIZE for v in value) \
+            and len(set(value)) == len(value):
         return tuple(value), None
-    return None, ("a non-empty array of distinct positive integers, e.g. [64, 128, 256, 512]", _found(value), "")
+    return None, (f"a non-empty array of distinct positive integers, each at most {MAX_SHAPE_SIZE:,}", _found(value),
+                  "e.g. [64, 128, 256, 512]")
 
 
 def _weights(value: Any):
-    if isinstance(value, list) and value and all(isinstance(v, int | float) and not isinstance(v, bool)
-                                                 and math.isfinite(v) and v > 0 for v in value):
-        return tuple(float(v) for v in value), None
+    numbers = [_as_float(v) for v in value] if isinstance(value, list) else []
+    if numbers and all(n is not None and n > 0 for n in numbers):
+        return tuple(numbers), None
     return None, ("a non-empty array of positive numbers, one per size, e.g. [4, 3, 2, 1]", _found(value),
                   "weights are relative: each size's share of the calls")
 
@@ -290,12 +328,13 @@ def schema() -> dict[str, Any]:
     return {
         "name": _string,
         "workload": _string,
-        "batch_size": _positive_int,
-        "seq_len": _positive_int,
-        "image_size": _positive_int,
+        "batch_size": _bounded_int(MAX_BATCH_SIZE, "batch_size = 32"),
+        "seq_len": _bounded_int(MAX_SHAPE_SIZE, "seq_len = 128"),
+        "image_size": _bounded_int(MAX_SHAPE_SIZE, "image_size = 224"),
         "description": _optional_string,
         "shapes": {"seq_len": _sizes, "image_size": _sizes, "weights": _weights, "buckets": _sizes},
-        "objective": {"minimize": _choice(OBJECTIVES), "expected_inferences": _positive_int},
+        "objective": {"minimize": _choice(OBJECTIVES),
+                      "expected_inferences": _bounded_int(MAX_EXPECTED_INFERENCES, "expected_inferences = 10_000_000")},
         "limits": {
             "max_avg_power_w": _positive_number,
             "max_peak_power_w": _positive_number,
@@ -311,10 +350,10 @@ def schema() -> dict[str, Any]:
             "dynamic": _bools,
             "padding": _choices(vocab["padding"]),
             "strategy": _choice(SEARCH_STRATEGIES),
-            "budget_s": _positive_number,
-            "max_measurements": _positive_int,
+            "budget_s": _budget_s,
+            "max_measurements": _bounded_int(MAX_MEASUREMENTS, "max_measurements = 12"),
             "min_repeats": _min_repeats,
-            "batch_sizes": _positive_ints,
+            "batch_sizes": _batch_sizes,
             "regional": _bools,
             "regional_block": _class_name,
         },
@@ -323,7 +362,7 @@ def schema() -> dict[str, Any]:
             "precision": _choice(vocab["precisions"]),
             "fusion": _choice(vocab["fusion"]),
         },
-        "guard": {"windows": _positive_int, "action": _choice(GUARD_ACTIONS)},
+        "guard": {"windows": _bounded_int(MAX_GUARD_WINDOWS, "windows = 3"), "action": _choice(GUARD_ACTIONS)},
     }
 
 

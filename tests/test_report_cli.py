@@ -70,3 +70,17 @@ def test_report_errors(store):
     assert both.exit_code == 2 and "either --deployment NAME or --all" in both.output
     bad_since = runner.invoke(main, ["report", "--db", store, "-d", "svc-a", "--since", "last week"])
     assert bad_since.exit_code == 1 and "--since 'last week'" in bad_since.output
+
+
+@pytest.mark.parametrize("how", ["default", "env", "flag"])
+def test_an_unknown_deployment_names_the_database_it_was_looked_up_in(tmp_path, monkeypatch, how):
+    from joulepilot.store import default_db_path
+
+    path = default_db_path() if how == "default" else tmp_path / "elsewhere.db"
+    open_db(path).close()
+    if how == "env":
+        monkeypatch.setenv("JOULEPILOT_DB", str(path))
+    args = ["--db", str(path)] if how == "flag" else []
+    result = CliRunner().invoke(main, ["report", *args, "-d", "nope"])
+    assert result.exit_code == 1
+    assert f"(database {path}; list them with `joulepilot report --all`)" in result.output
