@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import sqlite3
 import time
 import uuid
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 
 PENDING_SUFFIX = ".pending"
 LOCK_SLICE_MS = 200  # the longest a signal waits to be handled while a commit waits for the write lock
+CLAIM_MARK = ".claimed-"  # run-X.json.claimed-<pid>-<unix time>-<token>: being imported by that process
+CLAIM_STALE_S = 600.0  # a claim this old is taken over even if its pid is alive (a reused pid, a hung importer)
 
 
 class RunNotStored(StoreError):
@@ -211,46 +215,119 @@ def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | Non
     return None if row is None else int(row[0])
 
 
+def _claimed_name(path: Path) -> Path:
+    return path.with_name(f"{path.name}{CLAIM_MARK}{os.getpid()}-{int(time.time())}-{secrets.token_hex(3)}")
+
+
+def _unclaimed_name(path: Path) -> Path:
+    return path.with_name(path.name.split(CLAIM_MARK, 1)[0])
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _claim_is_stale(path: Path, now: float) -> bool:
+    """A claim whose importer is gone, or so old that it cannot be a working importer's (a pid reused)."""
+    try:
+        pid, claimed_at, _token = path.name.split(CLAIM_MARK, 1)[1].split("-")
+        return now - int(claimed_at) > CLAIM_STALE_S or not _process_alive(int(pid))
+    except ValueError:  # not a name this module writes
+        return False
+
+
 def pending_files(db: sqlite_utils.Database) -> list[Path]:
+    """The side files waiting to be imported: those nobody claimed, then stale claims (their importer died)."""
     folder = pending_dir(db)
     if folder is None or not folder.is_dir():
         return []
-    return sorted(folder.glob("run-*.json"))
+    now = time.time()
+    stale = [p for p in folder.glob(f"run-*.json{CLAIM_MARK}*") if _claim_is_stale(p, now)]
+    return sorted(folder.glob("run-*.json")) + sorted(stale)
 
 
-def import_pending_runs(db: sqlite_utils.Database) -> list[PendingImport]:
-    """Commit every side file left by an earlier failed commit and remove it; returns what happened to each.
+def _claim(path: Path) -> Path | None:
+    """Rename the side file to a name of this process's: of several importers renaming it at once, exactly
+    one succeeds; None for the others (the file is theirs to import, or already imported)."""
+    claimed = _claimed_name(_unclaimed_name(path))
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    return claimed
 
-    A job named in a side file is finished with its run unless it was done meanwhile. A file that cannot
-    be imported is kept (its `error` says why) and tried again at the next start."""
-    imported: list[PendingImport] = []
-    for path in pending_files(db):
-        try:
-            record = json.loads(path.read_text())
-            pending_id = record["pending_id"]
-            run = record["run"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            imported.append(PendingImport(path, None, error=f"unreadable side file: {exc}"))
-            continue
-        job_id = record.get("job_id")
-        existing = _stored_pending_run(db, pending_id)
-        if existing is not None:
-            path.unlink(missing_ok=True)
-            imported.append(PendingImport(path, existing, job_id, already_stored=True))
-            continue
-        job = get_job(db, job_id) if job_id is not None else None
-        finish = job_id if job is not None and job.state != "done" else None
-        try:
+
+def _give_back(claimed: Path, name: Path) -> None:
+    """Return a file this process could not import to its own name, for the next start."""
+    try:
+        os.rename(claimed, name)
+    except FileNotFoundError:  # taken over meanwhile by another importer (we were too slow)
+        pass
+
+
+def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: Callable[[], bool] | None
+                    ) -> PendingImport:
+    try:
+        record = json.loads(claimed.read_text())
+        pending_id = record["pending_id"]
+        run = record["run"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return PendingImport(name, None, error=f"unreadable side file: {exc}")
+    job_id = record.get("job_id")
+    try:
+        with _write_transaction(db, stop):
+            # In the transaction: another importer of the same run (a copy of the file, a claim taken over
+            # from a slow importer) may have committed it while this one waited for the write lock.
+            existing = _stored_pending_run(db, pending_id)
+            if existing is not None:
+                return PendingImport(name, existing, job_id, already_stored=True)
+            job = get_job(db, job_id) if job_id is not None else None
+            finish = job_id if job is not None and job.state != "done" else None
             run_id = commit_run(db, run, record.get("samples") or (), host=record.get("host"),
                                 devices=record.get("devices") or (), workload=record.get("workload"),
                                 config=record.get("config"), job_id=finish,
                                 further=[(more["run"], more.get("samples") or ())
                                          for more in record.get("further") or ()])
-        except (sqlite3.Error, ValueError) as exc:
-            imported.append(PendingImport(path, None, job_id, error=str(exc)))
+    except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+        return PendingImport(name, None, job_id, error=str(exc))
+    return PendingImport(name, run_id, job_id)
+
+
+def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None) -> list[PendingImport]:
+    """Commit every side file left by an earlier failed commit and remove it; returns what happened to each.
+
+    Each file is first claimed (renamed to a name of this process's), so of several processes importing at
+    once (two bench starts, a bench start and a daemon pass) only one imports it; the others skip it, and
+    files claimed by another live importer are not listed. A file whose claimer died, or that was claimed
+    more than CLAIM_STALE_S ago, is claimed again. A job named in a side file is finished with its run
+    unless it was done meanwhile. A file that cannot be imported is given back (its `error` says why) and
+    tried again at the next start; so is one whose import is interrupted (SIGTERM, Ctrl-C). `stop()`
+    returning True ends a wait for the write lock (the file is given back)."""
+    imported: list[PendingImport] = []
+    for path in pending_files(db):
+        name = _unclaimed_name(path)
+        claimed = _claim(path)
+        if claimed is None:
             continue
-        path.unlink(missing_ok=True)
-        imported.append(PendingImport(path, run_id, job_id))
+        item = None
+        try:
+            item = _import_claimed(db, claimed, name, stop)
+        finally:
+            if item is not None and item.run_id is not None:
+                claimed.unlink(missing_ok=True)
+            else:
+                _give_back(claimed, name)
+        imported.append(item)
     return imported
 
 
