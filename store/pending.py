@@ -8,6 +8,12 @@ imports them (`import_pending_runs`). Every run committed here carries a `pendin
 same as its side file's, so a run whose commit did go through just before an interruption, or a kill between
 an import's commit and the file's removal, is never imported twice.
 
+Several processes may import at once (two `bench` starts, a bench start and a daemon pass). Each file is
+claimed first by renaming it to `run-*.json.claimed-<pid>-<time>-<token>`: a rename is atomic, so one
+importer wins and the others skip the file. A claim whose process is gone, or older than CLAIM_STALE_S, is
+claimed again by the next importer; the run's `pending_id` is looked up inside the import's transaction, so
+an importer that was only slow, or a copy of the file, stores nothing a second time.
+
 The wait for another process's write lock is taken in slices of LOCK_SLICE_MS, up to the connection's busy
 timeout in all: SQLite waits in C code, where Python cannot run a signal handler, so one long wait would
 hold off a SIGTERM until it ended.
@@ -61,7 +67,7 @@ class PendingImport:
     run_id: int | None  # None when the file could not be imported (it is kept)
     job_id: int | None = None
     error: str = ""
-    already_stored: bool = False  # an earlier import committed it but was stopped before removing the file
+    already_stored: bool = False  # another import (or the commit itself) stored it before this one could
 
 
 def database_file(db: sqlite_utils.Database) -> Path | None:
@@ -315,18 +321,21 @@ def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | No
     returning True ends a wait for the write lock (the file is given back)."""
     imported: list[PendingImport] = []
     for path in pending_files(db):
+        if stop is not None and stop():
+            break
         name = _unclaimed_name(path)
         claimed = _claim(path)
         if claimed is None:
             continue
-        item = None
         try:
             item = _import_claimed(db, claimed, name, stop)
-        finally:
-            if item is not None and item.run_id is not None:
-                claimed.unlink(missing_ok=True)
-            else:
-                _give_back(claimed, name)
+        except BaseException:  # SIGTERM, Ctrl-C: the transaction was rolled back; the next start imports it
+            _give_back(claimed, name)
+            raise
+        if item.run_id is not None:
+            claimed.unlink(missing_ok=True)
+        else:
+            _give_back(claimed, name)
         imported.append(item)
     return imported
 

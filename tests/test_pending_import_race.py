@@ -214,3 +214,23 @@ def test_sigterm_while_an_import_waits_gives_the_file_back(tmp_path):
     (item,) = import_pending_runs(db)
     assert item.run_id is not None and side_files(path) == []
     db.close()
+
+
+def test_a_stop_request_ends_an_import_waiting_for_the_lock(tmp_path):
+    path = tmp_path / "stop.db"
+    side = _database_with_side_file(path)
+    db = open_db(path)
+    db.execute("PRAGMA busy_timeout = 10000")
+    stop = threading.Event()
+    with write_lock_held(path):
+        timer = threading.Timer(0.3, stop.set)
+        started = time.monotonic()
+        timer.start()
+        (item,) = import_pending_runs(db, stop=stop.is_set)
+        waited_s = time.monotonic() - started
+    assert item.run_id is None and "locked" in item.error and waited_s < 1.5
+    assert side_files(path) == [side]
+    assert import_pending_runs(db, stop=stop.is_set) == []  # asked to stop: nothing more is tried
+    (item,) = import_pending_runs(db)
+    assert item.run_id is not None and side_files(path) == []
+    db.close()
