@@ -41,7 +41,8 @@ def schema_version(db: sqlite_utils.Database) -> int:
 
 
 def migrate(db: sqlite_utils.Database) -> int:
-    """Bring the database to SCHEMA_VERSION; each step commits with its version number."""
+    """Bring the database to SCHEMA_VERSION; each step commits with its version number, so a step that
+    fails (a full disk) leaves the database whole at the version before it, and raises its own error."""
     conn = db.conn
     current = schema_version(db)
     if current > SCHEMA_VERSION:
@@ -60,9 +61,21 @@ def migrate(db: sqlite_utils.Database) -> int:
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _roll_back_keeping_error(conn)
             raise
     return schema_version(db)
+
+
+def _roll_back_keeping_error(conn: sqlite3.Connection) -> None:
+    """Undo a failed migration step without hiding why it failed: SQLite may already have rolled the
+    transaction back itself (a full disk, an I/O error at COMMIT), and a ROLLBACK that fails in turn is
+    not the error to report (closing the connection rolls back what is left)."""
+    if not conn.in_transaction:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
 
 
 def _connect(target: Path, *, read_only: bool) -> sqlite3.Connection:

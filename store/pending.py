@@ -1,19 +1,35 @@
-"""Runs that could not be committed (disk full, I/O error, a lock held too long) are kept in side files.
+"""Runs that could not be committed (disk full, I/O error, a lock held too long, a signal) are kept in side
+files.
 
-A finished measurement is expensive; when its COMMIT fails, the run, its samples, the rows it
-references and its job id go to `<db>.pending/run-*.json` (written atomically), and the next `bench`
-or daemon start imports them (`import_pending_runs`). Each side file carries a `pending_id` that is
-stored in the run's `extra`, so a kill between the import's commit and the file's removal never
-imports a run twice.
+A finished measurement is expensive; when its commit fails or is interrupted (SIGTERM, Ctrl-C, any error
+raised meanwhile), the run, its samples, the rows it references and its job id go to
+`<db>.pending/run-*.json` (written atomically) before the error goes on, and the next `bench` or daemon start
+imports them (`import_pending_runs`). Every run committed here carries a `pending_id` in its `extra`, the
+same as its side file's, so a run whose commit did go through just before an interruption, or a kill between
+an import's commit and the file's removal, is never imported twice.
+
+Several processes may import at once (two `bench` starts, a bench start and a daemon pass). Each file is
+claimed first by renaming it to `run-*.json.claimed-<pid>-<time>-<token>`: a rename is atomic, so one
+importer wins and the others skip the file. A claim whose process is gone, or older than CLAIM_STALE_S, is
+claimed again by the next importer; the run's `pending_id` is looked up inside the import's transaction, so
+an importer that was only slow, or a copy of the file, stores nothing a second time.
+
+The wait for another process's write lock is taken in slices of LOCK_SLICE_MS, up to the connection's busy
+timeout in all: SQLite waits in C code, where Python cannot run a signal handler, so one long wait would
+hold off a SIGTERM until it ended.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import secrets
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,10 +38,16 @@ import sqlite_utils
 
 from .commit import commit_run
 from .daemon_state import get_job
+from .db import _write_lock
 from .errors import StoreError
 from .files import write_file_atomic
 
+log = logging.getLogger(__name__)
+
 PENDING_SUFFIX = ".pending"
+LOCK_SLICE_MS = 200  # the longest a signal waits to be handled while a commit waits for the write lock
+CLAIM_MARK = ".claimed-"  # run-X.json.claimed-<pid>-<unix time>-<token>: being imported by that process
+CLAIM_STALE_S = 600.0  # a claim this old is taken over even if its pid is alive (a reused pid, a hung importer)
 
 
 class RunNotStored(StoreError):
@@ -45,7 +67,7 @@ class PendingImport:
     run_id: int | None  # None when the file could not be imported (it is kept)
     job_id: int | None = None
     error: str = ""
-    already_stored: bool = False  # an earlier import committed it but was stopped before removing the file
+    already_stored: bool = False  # another import (or the commit itself) stored it before this one could
 
 
 def database_file(db: sqlite_utils.Database) -> Path | None:
@@ -67,41 +89,131 @@ def _write_side_file(folder: Path, record: Mapping[str, Any]) -> Path:
     return write_file_atomic(target, json.dumps(record, default=str).encode("utf-8"))
 
 
-def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
-                            samples: Sequence[Sequence[Any]] = (), *, host: Mapping[str, Any] | None = None,
-                            devices: Iterable[Mapping[str, Any]] = (), workload: Mapping[str, Any] | None = None,
-                            config: Mapping[str, Any] | None = None, job_id: int | None = None,
-                            further: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[Any]]]] = ()
-                            ) -> StoreOutcome:
-    """`commit_run`, and when SQLite refuses the commit, the same data in a side file beside the database.
+def _waits_for_lock(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused because another connection holds the lock (worth waiting for)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
 
-    Raises RunNotStored when the side file cannot be written either (its message names both errors)."""
-    devices = list(devices)
-    pending_id = uuid.uuid4().hex
-    run = dict(run)
-    extra = run.get("extra")
-    extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
+
+def _begin_write(conn: sqlite3.Connection, stop: Callable[[], bool] | None) -> None:
+    """BEGIN IMMEDIATE, waiting for another process's write lock as long as the connection's busy timeout
+    allows, slice by slice: between slices Python handles signals, and `stop()` returning True ends the wait
+    (raising SQLite's 'database is locked')."""
+    total_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    deadline = time.monotonic() + total_ms / 1000
+    conn.execute(f"PRAGMA busy_timeout = {min(LOCK_SLICE_MS, total_ms)}")
     try:
-        return StoreOutcome(commit_run(db, run, samples, host=host, devices=devices, workload=workload,
-                                       config=config, job_id=job_id, further=further))
-    except sqlite3.OperationalError as exc:
-        error = str(exc)
-    extra["pending_id"] = pending_id
-    record = {"pending_id": pending_id, "written_at": time.time(), "error": error, "job_id": job_id,
-              "run": {**run, "extra": extra}, "samples": [list(s) for s in samples], "host": host,
-              "devices": devices, "workload": workload, "config": config,
-              "further": [{"run": dict(more), "samples": [list(x) for x in more_samples]}
-                          for more, more_samples in further]}
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _waits_for_lock(exc) or time.monotonic() >= deadline or (stop is not None and stop()):
+                    raise
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {total_ms}")
+
+
+@contextmanager
+def _write_transaction(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None) -> Iterator[None]:
+    """`store.transaction`, but its wait for the write lock is taken in slices (see `_begin_write`); the
+    writes inside (commit_run's own transaction) join it."""
+    conn = db.conn
+    with _write_lock(db):
+        if conn.in_transaction:  # inside the caller's transaction, which owns the commit
+            yield
+            return
+        _begin_write(conn, stop)
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            # SQLite may have rolled back already (SQLITE_FULL, SQLITE_IOERR); keep the original error.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            raise
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, sqlite3.Error):
+        return str(exc)
+    if isinstance(exc, SystemExit):
+        return f"exit {exc.code} during the commit"
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C during the commit"
+    return f"{type(exc).__name__} during the commit: {exc}"
+
+
+def _keep_aside(db: sqlite_utils.Database, record: Mapping[str, Any]) -> Path:
+    """Write the side file. A second interruption while it is written (Ctrl-C twice) is held back until the
+    file is whole, then raised."""
+    error = record["error"]
     folder = pending_dir(db)
     if folder is None:
         raise RunNotStored(f"the run could not be stored ({error}) and an in-memory database has no folder "
                            "to keep it in")
+    interrupted: BaseException | None = None
+    for _attempt in range(3):
+        try:
+            path = _write_side_file(folder, record)
+            break
+        except OSError as exc:
+            raise RunNotStored(f"the run could not be stored in {database_file(db)} ({error}) nor kept in "
+                               f"{folder} ({exc.strerror or exc}); free space on that disk") from exc
+        except BaseException as exc:
+            interrupted = exc
+    else:
+        assert interrupted is not None
+        raise interrupted
+    if interrupted is not None:
+        raise interrupted
+    return path
+
+
+def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
+                            samples: Sequence[Sequence[Any]] = (), *, host: Mapping[str, Any] | None = None,
+                            devices: Iterable[Mapping[str, Any]] = (), workload: Mapping[str, Any] | None = None,
+                            config: Mapping[str, Any] | None = None, job_id: int | None = None,
+                            further: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[Any]]]] = (),
+                            stop: Callable[[], bool] | None = None) -> StoreOutcome:
+    """`commit_run`, and when SQLite refuses the commit, the same data in a side file beside the database.
+
+    Anything else raised during the commit (SystemExit from a SIGTERM handler, KeyboardInterrupt, a bug)
+    also sets the run aside first, then propagates. The wait for the write lock is taken in short slices
+    (signals are handled between them) up to the connection's busy timeout; `stop()` returning True ends
+    it early (a daemon asked to stop), setting the run aside.
+
+    Raises RunNotStored when the side file cannot be written either (its message names both errors)."""
+    devices = list(devices)
+    pending_id = uuid.uuid4().hex
+    extra = run.get("extra")
+    extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
+    run = {**run, "extra": {**extra, "pending_id": pending_id}}
+    samples = [list(s) for s in samples]
+    further = [(dict(more), [list(x) for x in more_samples]) for more, more_samples in further]
     try:
-        path = _write_side_file(folder, record)
-    except OSError as exc:
-        raise RunNotStored(f"the run could not be stored in {database_file(db)} ({error}) nor kept in "
-                           f"{folder} ({exc.strerror or exc}); free space on that disk") from exc
-    return StoreOutcome(None, path, error)
+        with _write_transaction(db, stop):
+            run_id = commit_run(db, run, samples, host=host, devices=devices, workload=workload, config=config,
+                                job_id=job_id, further=further)
+        return StoreOutcome(run_id)
+    except BaseException as exc:
+        error = _why(exc)
+        record = {"pending_id": pending_id, "written_at": time.time(), "error": error, "job_id": job_id,
+                  "run": run, "samples": samples, "host": host, "devices": devices, "workload": workload,
+                  "config": config, "further": [{"run": more, "samples": more_samples}
+                                                for more, more_samples in further]}
+        path = _keep_aside(db, record)
+        if isinstance(exc, sqlite3.Error):
+            return StoreOutcome(None, path, error)
+        log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
+                    "or the daemon opens this database", database_file(db), error, path)
+        raise
 
 
 def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | None:
@@ -109,46 +221,122 @@ def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | Non
     return None if row is None else int(row[0])
 
 
+def _claimed_name(path: Path) -> Path:
+    return path.with_name(f"{path.name}{CLAIM_MARK}{os.getpid()}-{int(time.time())}-{secrets.token_hex(3)}")
+
+
+def _unclaimed_name(path: Path) -> Path:
+    return path.with_name(path.name.split(CLAIM_MARK, 1)[0])
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _claim_is_stale(path: Path, now: float) -> bool:
+    """A claim whose importer is gone, or so old that it cannot be a working importer's (a pid reused)."""
+    try:
+        pid, claimed_at, _token = path.name.split(CLAIM_MARK, 1)[1].split("-")
+        return now - int(claimed_at) > CLAIM_STALE_S or not _process_alive(int(pid))
+    except ValueError:  # not a name this module writes
+        return False
+
+
 def pending_files(db: sqlite_utils.Database) -> list[Path]:
+    """The side files waiting to be imported: those nobody claimed, then stale claims (their importer died)."""
     folder = pending_dir(db)
     if folder is None or not folder.is_dir():
         return []
-    return sorted(folder.glob("run-*.json"))
+    now = time.time()
+    stale = [p for p in folder.glob(f"run-*.json{CLAIM_MARK}*") if _claim_is_stale(p, now)]
+    return sorted(folder.glob("run-*.json")) + sorted(stale)
 
 
-def import_pending_runs(db: sqlite_utils.Database) -> list[PendingImport]:
-    """Commit every side file left by an earlier failed commit and remove it; returns what happened to each.
+def _claim(path: Path) -> Path | None:
+    """Rename the side file to a name of this process's: of several importers renaming it at once, exactly
+    one succeeds; None for the others (the file is theirs to import, or already imported)."""
+    claimed = _claimed_name(_unclaimed_name(path))
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    return claimed
 
-    A job named in a side file is finished with its run unless it was done meanwhile. A file that cannot
-    be imported is kept (its `error` says why) and tried again at the next start."""
-    imported: list[PendingImport] = []
-    for path in pending_files(db):
-        try:
-            record = json.loads(path.read_text())
-            pending_id = record["pending_id"]
-            run = record["run"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            imported.append(PendingImport(path, None, error=f"unreadable side file: {exc}"))
-            continue
-        job_id = record.get("job_id")
-        existing = _stored_pending_run(db, pending_id)
-        if existing is not None:
-            path.unlink(missing_ok=True)
-            imported.append(PendingImport(path, existing, job_id, already_stored=True))
-            continue
-        job = get_job(db, job_id) if job_id is not None else None
-        finish = job_id if job is not None and job.state != "done" else None
-        try:
+
+def _give_back(claimed: Path, name: Path) -> None:
+    """Return a file this process could not import to its own name, for the next start."""
+    try:
+        os.rename(claimed, name)
+    except FileNotFoundError:  # taken over meanwhile by another importer (we were too slow)
+        pass
+
+
+def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: Callable[[], bool] | None
+                    ) -> PendingImport:
+    try:
+        record = json.loads(claimed.read_text())
+        pending_id = record["pending_id"]
+        run = record["run"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return PendingImport(name, None, error=f"unreadable side file: {exc}")
+    job_id = record.get("job_id")
+    try:
+        with _write_transaction(db, stop):
+            # In the transaction: another importer of the same run (a copy of the file, a claim taken over
+            # from a slow importer) may have committed it while this one waited for the write lock.
+            existing = _stored_pending_run(db, pending_id)
+            if existing is not None:
+                return PendingImport(name, existing, job_id, already_stored=True)
+            job = get_job(db, job_id) if job_id is not None else None
+            finish = job_id if job is not None and job.state != "done" else None
             run_id = commit_run(db, run, record.get("samples") or (), host=record.get("host"),
                                 devices=record.get("devices") or (), workload=record.get("workload"),
                                 config=record.get("config"), job_id=finish,
                                 further=[(more["run"], more.get("samples") or ())
                                          for more in record.get("further") or ()])
-        except (sqlite3.Error, ValueError) as exc:
-            imported.append(PendingImport(path, None, job_id, error=str(exc)))
+    except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+        return PendingImport(name, None, job_id, error=str(exc))
+    return PendingImport(name, run_id, job_id)
+
+
+def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None) -> list[PendingImport]:
+    """Commit every side file left by an earlier failed commit and remove it; returns what happened to each.
+
+    Each file is first claimed (renamed to a name of this process's), so of several processes importing at
+    once (two bench starts, a bench start and a daemon pass) only one imports it; the others skip it, and
+    files claimed by another live importer are not listed. A file whose claimer died, or that was claimed
+    more than CLAIM_STALE_S ago, is claimed again. A job named in a side file is finished with its run
+    unless it was done meanwhile. A file that cannot be imported is given back (its `error` says why) and
+    tried again at the next start; so is one whose import is interrupted (SIGTERM, Ctrl-C). `stop()`
+    returning True ends a wait for the write lock (the file is given back)."""
+    imported: list[PendingImport] = []
+    for path in pending_files(db):
+        if stop is not None and stop():
+            break
+        name = _unclaimed_name(path)
+        claimed = _claim(path)
+        if claimed is None:
             continue
-        path.unlink(missing_ok=True)
-        imported.append(PendingImport(path, run_id, job_id))
+        try:
+            item = _import_claimed(db, claimed, name, stop)
+        except BaseException:  # SIGTERM, Ctrl-C: the transaction was rolled back; the next start imports it
+            _give_back(claimed, name)
+            raise
+        if item.run_id is not None:
+            claimed.unlink(missing_ok=True)
+        else:
+            _give_back(claimed, name)
+        imported.append(item)
     return imported
 
 
