@@ -27,7 +27,12 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
     One daemon per database. SIGTERM/SIGINT stop it within seconds (the running measurements are
     re-queued); SIGHUP re-reads the config.
     """
-    from joulepilot.controller.daemon import Daemon, DaemonAlreadyRunning, DaemonConfigError
+    from joulepilot.controller.daemon import (
+        Daemon,
+        DaemonAlreadyRunning,
+        DaemonConfigError,
+        DeviceUnavailable,
+    )
 
     try:
         daemon = Daemon.from_cli(config_path=config_path, db=db, policies=policy_dirs)
@@ -42,7 +47,7 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
                 result = daemon.run(once=True)
         else:
             result = daemon.run(once=False)
-    except (DaemonAlreadyRunning, StoreError) as exc:
+    except (DaemonAlreadyRunning, DeviceUnavailable, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the lock file or scratch folder beside the database cannot be written
         raise click.ClickException(f"{exc}; the daemon needs write access to the database's folder "
