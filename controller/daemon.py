@@ -154,6 +154,7 @@ class Daemon:
         self._logged_policy_errors: dict[str, str] = {}
         self._logged_device_errors: dict[str, str] = {}
         self._logged_no_device = False  # the last pass was skipped for want of a device, and said so
+        self._logged_no_policy_folder = False  # the default policy folder is missing, and the log said so
         self._logged_refusals: set[Any] = set()
         self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
         # This pass's exhaustive policies (name -> the configurations that broke their envelope), whose
@@ -419,7 +420,7 @@ class Daemon:
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
         self._import_pending()
-        policies, errors = load_policy_folders(self.cfg.policies)
+        policies, errors = load_policy_folders(self._policy_folders())
         summary["policies"], summary["policy_errors"] = len(policies), errors
         self._log_policy_errors(errors)
         by_name = {p.name: p for p in policies}
@@ -541,6 +542,21 @@ class Daemon:
         if not self.stop_event.is_set():
             self.heartbeat("idle", "pass skipped: no device can be metered")
         return summary
+
+    def _policy_folders(self) -> tuple[Path, ...]:
+        """The policy folders a pass reads. A folder named in the config or with --policies must exist (a
+        missing one is a policy error); the default one (<JOULEPILOT_HOME>/policies), which a new install does
+        not have yet, counts as no policies while it is missing, with a notice saying where to put them."""
+        if self.cfg.policies_given:
+            return self.cfg.policies
+        present = tuple(folder for folder in self.cfg.policies if folder.is_dir())
+        missing = [str(folder) for folder in self.cfg.policies if folder not in present]
+        if missing and not self._logged_no_policy_folder:
+            log.warning("no policies yet: the default policy folder %s does not exist; put policy files (*.toml, "
+                        "see examples/policies) there, or name a folder with --policies DIR or `policies` in the "
+                        "daemon config", ", ".join(missing))
+        self._logged_no_policy_folder = bool(missing)
+        return present
 
     def _log_policy_errors(self, errors: list[dict[str, str]]) -> None:
         """Each skipped file's error is logged when it first appears or changes, not every pass."""

@@ -17,7 +17,8 @@ from .clikit import ProgressReport, db_option, echo_json, echo_table, progress, 
               help="Daemon TOML config (see deploy/daemon.toml); without it, the defaults.")
 @db_option
 @click.option("--policies", "policy_dirs", multiple=True, type=click.Path(file_okay=False),
-              help="Policy folder (repeatable); overrides the config's `policies`.")
+              help="Policy folder (repeatable; it must exist); overrides the config's `policies`. Default: "
+                   "<JOULEPILOT_HOME>/policies, no policies while it does not exist.")
 @click.option("--once", is_flag=True, help="Run one pass (measure, decide, lock) and exit.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the pass summary as JSON.")
 def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[str, ...], once: bool,
