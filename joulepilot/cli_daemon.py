@@ -20,7 +20,9 @@ from .clikit import ProgressReport, db_option, echo_json, echo_table, progress, 
               help="Policy folder (repeatable; it must exist); overrides the config's `policies`. Default: "
                    "<JOULEPILOT_HOME>/policies, no policies while it does not exist.")
 @click.option("--once", is_flag=True, help="Run one pass (measure, decide, lock) and exit.")
-@click.option("--json", "as_json", is_flag=True, help="With --once: print the pass summary as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the pass summary as JSON on stdout; needs --once (a running daemon's state: "
+                   "`joulepilot status --json`).")
 def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[str, ...], once: bool,
                    as_json: bool) -> None:
     """Keep every policy's decision current: benchmark while the device is idle, refit, re-decide.
@@ -28,6 +30,9 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
     One daemon per database. SIGTERM/SIGINT stop it within seconds (the running measurements are
     re-queued); SIGHUP re-reads the config.
     """
+    if as_json and not once:
+        raise click.ClickException("--json needs --once: it prints the summary of that one pass; a daemon that "
+                                   "keeps running logs to stderr, and `joulepilot status --json` gives its state")
     from joulepilot.controller.daemon import (
         Daemon,
         DaemonAlreadyRunning,
