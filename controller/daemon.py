@@ -76,7 +76,7 @@ from joulepilot.store.decisions import latest_decision
 from joulepilot.store.runs import further_window_run_ids
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
-from .device_probe import DeviceProbe, allowed_devices, probe_device
+from .device_probe import DeviceProbe, DeviceUnavailable, allowed_devices, check_devices, probe_devices
 from .gpu_scheduler import WORKER_STARTED, GpuScheduler, assign_jobs
 from .guided import GuidedPlan, plan_guided
 from .idle import IdleTracker, LoadProbe, own_process_tree
@@ -92,7 +92,8 @@ from .redecide import (
     request_policy_name,
 )
 
-__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "load_policy_folders"]
+__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "DeviceUnavailable",
+           "load_policy_folders"]
 
 log = logging.getLogger("joulepilot.daemon")
 
@@ -151,6 +152,9 @@ class Daemon:
         self._paused = False
         self._exporter: Any = None
         self._logged_policy_errors: dict[str, str] = {}
+        self._logged_device_errors: dict[str, str] = {}
+        self._logged_no_device = False  # the last pass was skipped for want of a device, and said so
+        self._logged_no_policy_folder = False  # the default policy folder is missing, and the log said so
         self._logged_refusals: set[Any] = set()
         self._guided: dict[str, GuidedState] = {}  # this pass's guided policies
         # This pass's exhaustive policies (name -> the configurations that broke their envelope), whose
@@ -250,7 +254,10 @@ class Daemon:
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def run(self, *, once: bool = False) -> DaemonResult:
+        """Raises DeviceUnavailable (before anything is opened) when a device of `devices` cannot be metered,
+        and DaemonAlreadyRunning when another daemon serves the database."""
         _configure_logging(self.cfg.log_level)
+        check_devices(self.cfg.devices, str(self.cfg.source or "the daemon's defaults (no --config)"))
         lock = InstanceLock(self.cfg.db)
         lock.acquire()  # raises DaemonAlreadyRunning naming the holder's pid
         previous = self._install_signals()
@@ -273,7 +280,8 @@ class Daemon:
                 except Exception as exc:
                     log.exception("pass failed")
                     return DaemonResult(2, {**self.last_pass, "error": f"{type(exc).__name__}: {exc}"})
-                return DaemonResult(1 if self.last_pass.get("policy_errors") else 0, self.last_pass)
+                skipped = self.last_pass.get("policy_errors") or self.last_pass.get("device_errors")
+                return DaemonResult(1 if skipped else 0, self.last_pass)
             self._start_exporter()
             self._loop()
             return DaemonResult(exit_code, self.last_pass)
@@ -358,23 +366,36 @@ class Daemon:
     def _device_idle(self, device: str) -> bool:
         return self._tracker(device).poll(own_process_tree())
 
-    def _devices_like(self, devices: list[str], probe: DeviceProbe) -> list[str]:
-        """The devices whose measurements count for the pass's device kind and provenance (the first
-        device's): the others (a CPU, another GPU model) are left out, with a warning."""
-        usable = [devices[0]]
-        for device in devices[1:]:
-            try:
-                other = probe_device(device)
-            except Exception as exc:  # an unreadable GPU is not used; the pass goes on with the others
-                log.warning("%s is not used: %s: %s", device, type(exc).__name__, exc)
-                continue
-            if other.provenance_key == probe.provenance_key:
-                usable.append(device)
+    def _pass_devices(self) -> tuple[list[str], DeviceProbe | None, dict[str, str]]:
+        """The devices this pass measures on, the probe of the first (whose kind and provenance the pass
+        measures for), and the devices that cannot be metered now with the reason. Devices of another kind
+        or provenance (a CPU, another GPU model) are left out with a warning; one that cannot be metered (a
+        GPU lost or gone since the start) is logged once while it stays so, and the pass goes on without it."""
+        probes, errors = probe_devices(allowed_devices(self.cfg.devices))
+        self._log_device_errors(errors)
+        if not probes:
+            return [], None, errors
+        first = probes[0]
+        usable = [first.device]
+        for other in probes[1:]:
+            if other.provenance_key == first.provenance_key:
+                usable.append(other.device)
             else:
                 log.warning("%s (%s) is not used: this pass measures for %s (%s), the first of `devices`; "
-                            "list one kind of device in `devices`", device, other.device_kind, devices[0],
-                            probe.device_kind)
-        return usable
+                            "list one kind of device in `devices`", other.device, other.device_kind, first.device,
+                            first.device_kind)
+        return usable, first, errors
+
+    def _log_device_errors(self, errors: dict[str, str]) -> None:
+        """A device that cannot be metered is logged when it first fails (or fails otherwise), and when it is
+        back, not at every pass."""
+        for device, error in errors.items():
+            if self._logged_device_errors.get(device) != error:
+                log.error("%s skipped: %s; the daemon goes on with the other devices and tries it again each pass",
+                          device, error)
+        for device in self._logged_device_errors.keys() - errors.keys():
+            log.info("%s can be metered again", device)
+        self._logged_device_errors = dict(errors)
 
     # --- one pass -----------------------------------------------------------------------------------
     def run_pass(self) -> dict[str, Any]:
@@ -399,16 +420,18 @@ class Daemon:
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
         self._import_pending()
-        policies, errors = load_policy_folders(self.cfg.policies)
+        policies, errors = load_policy_folders(self._policy_folders())
         summary["policies"], summary["policy_errors"] = len(policies), errors
         self._log_policy_errors(errors)
         by_name = {p.name: p for p in policies}
 
-        devices = allowed_devices(self.cfg.devices)
-        probe = probe_device(devices[0])
-        devices = self._devices_like(devices, probe)
-        summary["device"], summary["device_kind"] = devices[0], probe.device_kind
+        devices, probe, device_errors = self._pass_devices()
+        summary["device_errors"] = [{"device": d, "error": e} for d, e in device_errors.items()]
         summary["devices"] = devices
+        if probe is None:
+            return self._skip_pass(summary, started)
+        self._logged_no_device = False
+        summary["device"], summary["device_kind"] = devices[0], probe.device_kind
         summary["provenance_key"] = probe.provenance_key
 
         # 1. requests and stale decisions. Only the daemon's own policies are served: a request naming
@@ -504,6 +527,36 @@ class Daemon:
             self.heartbeat("paused" if summary["paused"] else "idle",
                            "paused: production load" if summary["paused"] else "pass finished")
         return summary
+
+    def _skip_pass(self, summary: dict[str, Any], started: float) -> dict[str, Any]:
+        """End a pass that has no device to measure on: nothing is measured or decided; the next pass tries
+        the devices again."""
+        summary["finished_at"] = time.time()
+        summary["duration_s"] = round(summary["finished_at"] - started, 2)
+        summary["queue"] = queue_counts(self.db)
+        self.last_pass = summary
+        if not self._logged_no_device:
+            self._logged_no_device = True
+            log.warning("passes skipped: no device of `devices` can be metered now; nothing is measured or decided "
+                        "until one can")
+        if not self.stop_event.is_set():
+            self.heartbeat("idle", "pass skipped: no device can be metered")
+        return summary
+
+    def _policy_folders(self) -> tuple[Path, ...]:
+        """The policy folders a pass reads. A folder named in the config or with --policies must exist (a
+        missing one is a policy error); the default one (<JOULEPILOT_HOME>/policies), which a new install does
+        not have yet, counts as no policies while it is missing, with a notice saying where to put them."""
+        if self.cfg.policies_given:
+            return self.cfg.policies
+        present = tuple(folder for folder in self.cfg.policies if folder.is_dir())
+        missing = [str(folder) for folder in self.cfg.policies if folder not in present]
+        if missing and not self._logged_no_policy_folder:
+            log.warning("no policies yet: the default policy folder %s does not exist; put policy files (*.toml, "
+                        "see examples/policies) there, or name a folder with --policies DIR or `policies` in the "
+                        "daemon config", ", ".join(missing))
+        self._logged_no_policy_folder = bool(missing)
+        return present
 
     def _log_policy_errors(self, errors: list[dict[str, str]]) -> None:
         """Each skipped file's error is logged when it first appears or changes, not every pass."""

@@ -5,7 +5,9 @@ Every key is optional. `deploy/daemon.toml` is the annotated example; the README
 
 from __future__ import annotations
 
+import codecs
 import difflib
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -14,6 +16,11 @@ from typing import Any
 
 from joulepilot.policies.lock import default_lock_dir
 from joulepilot.store.db import default_db_path, default_home
+from joulepilot.store.safeio import QUOTE_CHARS, FileRefused, read_regular_file, shorten
+
+MAX_CONFIG_BYTES = 1 << 20  # the annotated example is 4 KB; a megabyte is a mistake, not a config
+# Every key takes a plain value or a flat list: the document, a section and a list are three levels.
+MAX_NESTING = 3
 
 
 class DaemonConfigError(ValueError):
@@ -59,6 +66,9 @@ class DaemonConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
     source: Path | None = None  # the file it was read from, None for defaults
+    # True when the file or --policies named the folders (one that is missing is an error); False for the
+    # default folder, which a new install does not have yet (no policies, with a notice).
+    policies_given: bool = False
 
     def with_overrides(self, *, db: str | os.PathLike | None = None,
                        policies: tuple[str | os.PathLike, ...] | list | None = None) -> DaemonConfig:
@@ -67,13 +77,14 @@ class DaemonConfig:
         if db:
             cfg = replace(cfg, db=Path(db).expanduser())
         if policies:
-            cfg = replace(cfg, policies=tuple(Path(p).expanduser() for p in policies))
+            cfg = replace(cfg, policies=tuple(Path(p).expanduser() for p in policies), policies_given=True)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "db": str(self.db),
             "policies": [str(p) for p in self.policies],
+            "policies_given": self.policies_given,
             "lock_dir": str(self.lock_dir),
             "interval_s": self.interval_s,
             "max_decision_age_s": self.max_decision_age_s,
@@ -89,19 +100,53 @@ class DaemonConfig:
 _TOP = {"db", "policies", "lock_dir", "interval_s", "max_decision_age_s", "devices", "log_level", "idle", "bench", "exporter"}
 _SECTIONS = {"idle": IdleConfig, "bench": BenchConfig, "exporter": ExporterConfig}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Every number's range, inclusive, and its unit: finite, and within what the daemon can use (a pass at least
+# daily, a poll that cannot spin, bench's own floor for the timed window). The README's table lists them.
+NUMBER_RANGES: dict[str, tuple[float, float, str]] = {
+    "interval_s": (1, 86_400, "seconds"),
+    "max_decision_age_s": (60, 31_536_000, "seconds"),
+    "idle.max_utilization_pct": (1, 100, "percent"),
+    "idle.min_idle_s": (0, 86_400, "seconds"),
+    "idle.poll_s": (0.1, 300, "seconds"),
+    "idle.cpu_max_load_pct": (1, 100, "percent; 100 = never busy"),
+    "bench.min_seconds": (0.05, 3_600, "seconds"),
+    "bench.budget_s": (1, 86_400, "seconds"),
+    "bench.max_attempts": (1, 100, "attempts"),
+    "exporter.port": (0, 65_535, "a TCP port; 0 = any free one"),
+}
+
+
+def _quote(value: Any) -> str:
+    """A value as an error may quote it: its repr, cut short (a config value may be a megabyte)."""
+    return shorten(repr(value), QUOTE_CHARS)
 
 
 def _unknown(where: str, key: str, valid: set[str]) -> DaemonConfigError:
-    close = difflib.get_close_matches(key, sorted(valid), n=1)
+    close = difflib.get_close_matches(key, sorted(valid), n=1) if len(key) <= 100 else []
     hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
-    return DaemonConfigError(f"{where}: unknown key {key!r}{hint}")
+    return DaemonConfigError(f"{where}: unknown key {_quote(key)}{hint}")
 
 
-def _number(where: str, key: str, value: Any, *, minimum: float = 0.0, integer: bool = False) -> float | int:
+def _figure(value: float) -> str:
+    """86400 -> '86,400', 0.05 -> '0.05'."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def _default_of(label: str) -> Any:
+    section, _, key = label.rpartition(".")
+    return getattr(_SECTIONS[section]() if section else DaemonConfig, key)
+
+
+def _number(where: str, label: str, value: Any, *, integer: bool = False) -> float | int:
+    """`value` checked against NUMBER_RANGES[label]: a finite number (an integer where `integer`) in range."""
+    low, high, unit = NUMBER_RANGES[label]
     ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok_type or value < minimum:
+    finite = ok_type and not isinstance(value, bool) and (isinstance(value, int) or math.isfinite(value))
+    if not finite or not low <= value <= high:
         kind = "an integer" if integer else "a number"
-        raise DaemonConfigError(f"{where}: {key} must be {kind} >= {minimum:g}, found {value!r}")
+        raise DaemonConfigError(f"{where}: {label} must be {kind} from {_figure(low)} to {_figure(high)} ({unit}), "
+                                f"found {_quote(value)}; set it in range, or remove it for the default "
+                                f"{_figure(_default_of(label))}")
     return int(value) if integer else float(value)
 
 
@@ -114,82 +159,133 @@ def _devices(where: str, value: Any) -> tuple[str, ...]:
         elif isinstance(item, str) and item.lower() in ("auto", "all", "cpu"):
             out.append("auto" if item.lower() in ("auto", "all") else "cpu")
         elif isinstance(item, str) and item.startswith(("cuda:", "gpu:")) and item.split(":", 1)[1].isdigit():
-            out.append(item.split(":", 1)[1])
+            out.append(str(int(item.split(":", 1)[1])))
         else:
             raise DaemonConfigError(
-                f"{where}: devices must be \"auto\", \"cpu\" or a list of GPU indices like [0, 1], found {value!r}"
+                f"{where}: devices must be \"auto\", \"cpu\" or a list of GPU indices like [0, 1], found {_quote(value)}"
             )
     if not out:
         raise DaemonConfigError(f"{where}: devices is empty; use \"auto\" to let the daemon use every visible GPU")
+    repeated = list(dict.fromkeys(d for d in out if out.count(d) > 1))
+    if repeated:
+        names = ", ".join(d if d in ("auto", "cpu") else f"GPU {d}" for d in repeated)
+        raise DaemonConfigError(f"{where}: devices names {names} more than once, found {_quote(value)}; list each "
+                                "device once (one measurement per GPU at a time)")
     return tuple(out)
+
+
+def _too_deep(data: dict[str, Any]) -> str | None:
+    """The dotted key of the first value nested deeper than MAX_NESTING, if any (iteratively: a pathological
+    document must not exhaust the stack)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, key, depth = stack.pop()
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_NESTING:
+            return key
+        if isinstance(value, dict):
+            stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
+        else:
+            stack.extend((v, key, depth + 1) for v in value)
+    return None
 
 
 def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> DaemonConfig:
     where = str(source) if source else "daemon config"
     base = source.parent if source else Path.cwd()
+    deep = _too_deep(data)
+    if deep is not None:
+        raise DaemonConfigError(f"{where}: {shorten(deep, QUOTE_CHARS)} nests tables or arrays too deeply; each key "
+                                "takes a plain value or a flat list (see deploy/daemon.toml)")
     for key in data:
         if key not in _TOP:
             raise _unknown(where, key, _TOP)
     kwargs: dict[str, Any] = {"source": source}
     if "db" in data:
         if not isinstance(data["db"], str) or not data["db"]:
-            raise DaemonConfigError(f"{where}: db must be a file path string, found {data['db']!r}")
+            raise DaemonConfigError(f"{where}: db must be a file path string, found {_quote(data['db'])}")
         kwargs["db"] = (base / Path(data["db"]).expanduser())
     if "policies" in data:
         value = data["policies"]
         items = value if isinstance(value, list) else [value]
         if not items or not all(isinstance(p, str) and p for p in items):
-            raise DaemonConfigError(f"{where}: policies must be a folder path or a list of them, found {value!r}")
+            raise DaemonConfigError(f"{where}: policies must be a folder path or a list of them, found {_quote(value)}")
         kwargs["policies"] = tuple(base / Path(p).expanduser() for p in items)
+        kwargs["policies_given"] = True
     if "lock_dir" in data:
         if not isinstance(data["lock_dir"], str) or not data["lock_dir"]:
-            raise DaemonConfigError(f"{where}: lock_dir must be a folder path string, found {data['lock_dir']!r}")
+            raise DaemonConfigError(f"{where}: lock_dir must be a folder path string, found {_quote(data['lock_dir'])}")
         kwargs["lock_dir"] = base / Path(data["lock_dir"]).expanduser()
-    if "interval_s" in data:
-        kwargs["interval_s"] = _number(where, "interval_s", data["interval_s"], minimum=1)
-    if "max_decision_age_s" in data:
-        kwargs["max_decision_age_s"] = _number(where, "max_decision_age_s", data["max_decision_age_s"], minimum=1)
+    for key in ("interval_s", "max_decision_age_s"):
+        if key in data:
+            kwargs[key] = _number(where, key, data[key])
     if "devices" in data:
         kwargs["devices"] = _devices(where, data["devices"])
     if "log_level" in data:
-        level = str(data["log_level"]).upper()
-        if level not in _LOG_LEVELS:
-            raise DaemonConfigError(f"{where}: log_level must be one of {', '.join(_LOG_LEVELS)}, found {data['log_level']!r}")
-        kwargs["log_level"] = level
+        level = data["log_level"]
+        if not isinstance(level, str) or level.upper() not in _LOG_LEVELS:
+            raise DaemonConfigError(f"{where}: log_level must be one of {', '.join(_LOG_LEVELS)}, found "
+                                    f"{_quote(level)}")
+        kwargs["log_level"] = level.upper()
     for name, cls in _SECTIONS.items():
-        if name not in data:
-            continue
-        section = data[name]
-        if not isinstance(section, dict):
-            raise DaemonConfigError(f"{where}: [{name}] must be a table, found {section!r}")
-        defaults = cls()
-        valid = set(vars(defaults))
-        values: dict[str, Any] = {}
-        for key, value in section.items():
-            if key not in valid:
-                raise _unknown(f"{where} [{name}]", key, valid)
-            default = getattr(defaults, key)
-            label = f"{name}.{key}"
-            if isinstance(default, bool):
-                if not isinstance(value, bool):
-                    raise DaemonConfigError(f"{where}: {label} must be true or false, found {value!r}")
-                values[key] = value
-            elif isinstance(default, int):
-                values[key] = _number(where, label, value, minimum=1 if key != "port" else 0, integer=True)
-                if key == "port" and values[key] > 65535:
-                    raise DaemonConfigError(f"{where}: {label} must be a TCP port 0-65535, found {value!r}")
-            elif isinstance(default, float):
-                values[key] = _number(where, label, value)
-            else:
-                if not isinstance(value, str) or not value:
-                    raise DaemonConfigError(f"{where}: {label} must be a string, found {value!r}")
-                values[key] = value
-        if name == "idle":
-            for key in ("max_utilization_pct", "cpu_max_load_pct"):
-                if values.get(key, 0) > 100:
-                    raise DaemonConfigError(f"{where}: idle.{key} is a percentage 0-100, found {values[key]!r}")
-        kwargs[name] = cls(**values)
+        if name in data:
+            kwargs[name] = _section(where, name, cls, data[name])
     return DaemonConfig(**kwargs)
+
+
+def _section(where: str, name: str, cls: type, section: Any) -> Any:
+    if not isinstance(section, dict):
+        raise DaemonConfigError(f"{where}: [{name}] must be a table, found {_quote(section)}")
+    defaults = cls()
+    valid = set(vars(defaults))
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in valid:
+            raise _unknown(f"{where} [{name}]", key, valid)
+        default = getattr(defaults, key)
+        label = f"{name}.{key}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise DaemonConfigError(f"{where}: {label} must be true or false, found {_quote(value)}")
+            values[key] = value
+        elif isinstance(default, int | float):
+            values[key] = _number(where, label, value, integer=isinstance(default, int))
+        else:
+            if not isinstance(value, str) or not value:
+                raise DaemonConfigError(f"{where}: {label} must be a string, found {_quote(value)}")
+            values[key] = value
+    return cls(**values)
+
+
+def _decode(where: str, data: bytes) -> str:
+    """TOML is UTF-8 (a UTF-8 byte-order mark is tolerated); anything else gets the fix spelled out."""
+    fix = "save it as UTF-8 (in most editors: Save with Encoding -> UTF-8)"
+    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        raise DaemonConfigError(f"{where}: the file is UTF-32 text, not UTF-8; {fix}")
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DaemonConfigError(f"{where}: the file is UTF-16 text, not UTF-8; {fix}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DaemonConfigError(f"{where}: byte 0x{data[exc.start]:02x} at line {line} is not UTF-8; {fix}") from None
+
+
+def _deep_key(text: str) -> str:
+    """Which key of a document too deep for the TOML parser nests: 'idle.allow_other_processes (line 2)', or
+    'a value' when no one line shows it (a nesting spread over many lines)."""
+    section = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]") and "=" not in stripped:
+            section = stripped.strip("[] ")
+            continue
+        if max(line.count("["), line.count("{")) > MAX_NESTING:
+            key = line.split("=", 1)[0].strip() if "=" in line else ""
+            dotted = f"{section}.{key}" if section and key else key
+            return f"{shorten(dotted, 100)} (line {number})" if dotted else f"line {number}"
+    return "a value"
 
 
 def load_daemon_config(path: str | os.PathLike | None = None) -> DaemonConfig:
@@ -198,12 +294,20 @@ def load_daemon_config(path: str | os.PathLike | None = None) -> DaemonConfig:
         return DaemonConfig()
     source = Path(path).expanduser()
     try:
-        text = source.read_text()
+        data = read_regular_file(source, max_bytes=MAX_CONFIG_BYTES)
+    except FileRefused as exc:
+        raise DaemonConfigError(f"cannot read daemon config {source}: {exc.reason}; a daemon config is a short "
+                                "TOML text file: pass that file to --config") from None
     except OSError as exc:
         raise DaemonConfigError(f"cannot read daemon config {source}: {exc.strerror or exc}; "
                                 "pass an existing file to --config or leave it out for the defaults") from exc
+    source = source.resolve()
+    text = _decode(str(source), data)
     try:
-        data = tomllib.loads(text)
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DaemonConfigError(f"{source}: not valid TOML: {exc}") from exc
-    return parse_daemon_config(data, source.resolve())
+    except RecursionError:
+        raise DaemonConfigError(f"{source}: {_deep_key(text)} nests tables or arrays too deeply; each key takes a "
+                                "plain value or a flat list (see deploy/daemon.toml)") from None
+    return parse_daemon_config(document, source)

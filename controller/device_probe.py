@@ -14,8 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from joulepilot.store.devicekind import device_kind
+from joulepilot.store.safeio import shorten
 
 log = logging.getLogger(__name__)
+DEVICE_ERROR_CHARS = 300  # what a device's error may take in a log line, a heartbeat or the pass summary
+
+
+class DeviceUnavailable(RuntimeError):
+    """A device of the config's `devices` that cannot be metered; the message names it, why, and the fix."""
 
 
 @dataclass(frozen=True)
@@ -82,3 +88,35 @@ def probe_device(device: str) -> DeviceProbe:
         origin = provenance(device, name=cpu_name())
     kind = device_kind({"device": device, "device_name": origin.get("device_name")})
     return DeviceProbe(device=device, device_kind=kind, provenance_key=origin["provenance_key"], provenance=origin)
+
+
+def device_error(exc: BaseException) -> str:
+    """Why a device cannot be probed, in one short line."""
+    text = str(exc).strip().splitlines()
+    return shorten(text[0] if text else type(exc).__name__, DEVICE_ERROR_CHARS)
+
+
+def probe_devices(devices: Sequence[str]) -> tuple[list[DeviceProbe], dict[str, str]]:
+    """Each device probed in order; those that cannot be (a GPU that NVML does not list, or that is lost) come
+    back apart with the reason, never raised."""
+    probes: list[DeviceProbe] = []
+    errors: dict[str, str] = {}
+    for device in devices:
+        try:
+            probes.append(probe_device(device))
+        except Exception as exc:  # MeterUnavailable, an NVML error, a driver gone: the device is left out
+            errors[device] = device_error(exc)
+    return probes, errors
+
+
+def check_devices(spec: Sequence[str], where: str) -> list[DeviceProbe]:
+    """At the daemon's start: every device of `spec` (the config's `devices`) can be metered, else
+    DeviceUnavailable naming the first one that cannot, why, and the fix."""
+    probes, errors = probe_devices(allowed_devices(spec))
+    if errors:
+        device, why = next(iter(errors.items()))
+        count = visible_gpu_count()
+        seen = f"GPUs here: {', '.join(map(str, range(count)))}" if count else "no GPU is visible here"
+        raise DeviceUnavailable(f"{where}: devices: {device} cannot be used: {why}; list only devices this host can "
+                                f"meter in `devices` ({seen}), or use \"auto\"")
+    return probes

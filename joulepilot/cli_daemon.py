@@ -17,9 +17,12 @@ from .clikit import ProgressReport, db_option, echo_json, echo_table, progress, 
               help="Daemon TOML config (see deploy/daemon.toml); without it, the defaults.")
 @db_option
 @click.option("--policies", "policy_dirs", multiple=True, type=click.Path(file_okay=False),
-              help="Policy folder (repeatable); overrides the config's `policies`.")
+              help="Policy folder (repeatable; it must exist); overrides the config's `policies`. Default: "
+                   "<JOULEPILOT_HOME>/policies, no policies while it does not exist.")
 @click.option("--once", is_flag=True, help="Run one pass (measure, decide, lock) and exit.")
-@click.option("--json", "as_json", is_flag=True, help="With --once: print the pass summary as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the pass summary as JSON on stdout; needs --once (a running daemon's state: "
+                   "`joulepilot status --json`).")
 def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[str, ...], once: bool,
                    as_json: bool) -> None:
     """Keep every policy's decision current: benchmark while the device is idle, refit, re-decide.
@@ -27,7 +30,15 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
     One daemon per database. SIGTERM/SIGINT stop it within seconds (the running measurements are
     re-queued); SIGHUP re-reads the config.
     """
-    from joulepilot.controller.daemon import Daemon, DaemonAlreadyRunning, DaemonConfigError
+    if as_json and not once:
+        raise click.ClickException("--json needs --once: it prints the summary of that one pass; a daemon that "
+                                   "keeps running logs to stderr, and `joulepilot status --json` gives its state")
+    from joulepilot.controller.daemon import (
+        Daemon,
+        DaemonAlreadyRunning,
+        DaemonConfigError,
+        DeviceUnavailable,
+    )
 
     try:
         daemon = Daemon.from_cli(config_path=config_path, db=db, policies=policy_dirs)
@@ -42,7 +53,7 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
                 result = daemon.run(once=True)
         else:
             result = daemon.run(once=False)
-    except (DaemonAlreadyRunning, StoreError) as exc:
+    except (DaemonAlreadyRunning, DeviceUnavailable, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the lock file or scratch folder beside the database cannot be written
         raise click.ClickException(f"{exc}; the daemon needs write access to the database's folder "

@@ -73,8 +73,8 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path):
         ("[idle]\nmax_utilisation_pct = 5", "did you mean 'max_utilization_pct'?"),
         ("interval_s = 'often'", "interval_s must be a number"),
         ("devices = 'gpu'", 'devices must be "auto", "cpu" or a list of GPU indices'),
-        ("[exporter]\nport = 70000", "exporter.port must be a TCP port"),
-        ("[idle]\nmax_utilization_pct = 150", "is a percentage 0-100"),
+        ("[exporter]\nport = 70000", "exporter.port must be an integer from 0 to 65,535 (a TCP port"),
+        ("[idle]\nmax_utilization_pct = 150", "idle.max_utilization_pct must be a number from 1 to 100 (percent)"),
         ("interval_s = = 3", "not valid TOML"),
     ],
 )

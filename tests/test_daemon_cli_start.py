@@ -1,0 +1,85 @@
+"""`joulepilot daemon` as a new install meets it: with no configuration the default policy folder may not exist
+yet (no policies, and a notice saying where to put them), while a folder the user named must exist; `--json`
+means something only with `--once`, and is refused without it.
+
+NVML is the fake with no GPU, so `devices = "auto"` is the CPU on any host; no policy means no worker starts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+from daemon_factories import daemon_cmd
+from fakes import fake_pynvml
+
+from joulepilot.cli import main
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    fake_pynvml.install_everywhere(monkeypatch, [])
+
+
+def daemon(*args: str):
+    logging.getLogger("joulepilot").handlers.clear()  # the daemon logs to the stderr of this invocation
+    return CliRunner().invoke(main, ["daemon", *args])
+
+
+def test_a_missing_default_policy_folder_is_no_policies_with_a_notice(_isolated_home):
+    result = daemon("--once", "--json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["policies"] == 0 and summary["policy_errors"] == []
+    folder = _isolated_home / "policies"
+    notices = [line for line in result.stderr.splitlines() if "no policies yet" in line]
+    assert len(notices) == 1 and "WARNING" in notices[0]
+    assert f"the default policy folder {folder} does not exist; put policy files (*.toml" in notices[0]
+    assert "--policies DIR" in notices[0]
+    assert not folder.exists()  # the daemon says where, and creates nothing there
+
+
+def test_the_default_folder_is_read_once_it_exists(_isolated_home):
+    folder = _isolated_home / "policies"
+    folder.mkdir()
+    (folder / "broken.toml").write_text("name = \n")
+    result = daemon("--once", "--json")
+    assert result.exit_code == 1  # the folder is read: its bad file is reported
+    assert [e["file"] for e in json.loads(result.stdout)["policy_errors"]] == [str(folder / "broken.toml")]
+    assert "no policies yet" not in result.stderr
+
+
+def test_a_named_folder_that_does_not_exist_is_still_an_error(_isolated_home, tmp_path):
+    missing = tmp_path / "nope"
+    by_option = daemon("--once", "--json", "--policies", str(missing))
+    config = tmp_path / "daemon.toml"
+    config.write_text(f'policies = "{missing}"\n')
+    by_config = daemon("--once", "--json", "--config", str(config))
+    for result in (by_option, by_config):
+        assert result.exit_code == 1
+        (error,) = json.loads(result.stdout)["policy_errors"]
+        assert error["file"] == str(missing) and error["error"].startswith("policy folder does not exist")
+        assert "no policies yet" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["--policies", "somewhere"]])
+def test_json_without_once_is_refused_in_one_line(_isolated_home, tmp_path, args):
+    """In a process of its own, under a time limit: a daemon that ignored --json would run for good."""
+    config = tmp_path / "daemon.toml"
+    config.write_text("[exporter]\nenabled = false\n")
+    result = subprocess.run(daemon_cmd("--json", "--config", str(config), *args), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: --json needs --once: it prints the summary of that one pass; a daemon that keeps running logs to "
+        "stderr, and `joulepilot status --json` gives its state"]
+    assert not (_isolated_home / "joulepilot.db").exists()  # refused before the daemon started
+
+
+def test_the_help_says_json_needs_once():
+    result = CliRunner().invoke(main, ["daemon", "--help"])
+    assert "needs --once" in " ".join(result.stdout.split())
