@@ -573,7 +573,7 @@ class Daemon:
 
     def _import_pending(self) -> None:
         """Runs whose commit failed earlier (disk full) wait in side files; store them now."""
-        for item in import_pending_runs(self.db):
+        for item in import_pending_runs(self.db, stop=self.stop_event.is_set):
             (log.info if item.run_id is not None else log.warning)("%s", describe_import(item))
 
     def _has_open_jobs(self, policy: str) -> bool:
@@ -955,8 +955,9 @@ class Daemon:
         measured.row["extra"].update({**job_fields, "job_wall_s": round(job_wall_s, 3)})
         outcome.extra["status"] = measured.status
         try:
+            # A stop request ends the wait for a locked store at once: the run goes to its side file.
             stored = commit_run_or_set_aside(self.db, measured.row, measured.samples, **measured.references(),
-                                             job_id=job.id)
+                                             job_id=job.id, stop=self.stop_event.is_set)
         except RunNotStored as exc:
             log.error("job %d: %s; the job is measured again after a restart. Lost: %s", job.id, exc,
                       {k: measured.row.get(k) for k in ("status", "reason", "energy_j_per_inference",

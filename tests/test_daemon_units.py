@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,7 @@ from joulepilot.controller.instance_lock import (
     DaemonAlreadyRunning,
     InstanceLock,
     lock_is_held,
+    lock_path_for,
     read_lock_pid,
 )
 from joulepilot.controller.job_runner import JobRunner
@@ -120,6 +122,20 @@ def test_lock_names_the_holder_pid_and_is_released_on_death(tmp_path):
     with InstanceLock(db) as lock:
         assert lock.held and read_lock_pid(lock.path) == os.getpid()
     assert not lock_is_held(tmp_path / "j.db.daemon.lock")
+
+
+def test_two_paths_to_one_database_share_its_lock(tmp_path, monkeypatch):
+    db = tmp_path / "daemon.db"
+    db.write_bytes(b"")
+    alias = tmp_path / "alias.db"
+    alias.symlink_to(db)
+    monkeypatch.chdir(tmp_path)
+    with InstanceLock(db) as lock:
+        assert lock.held
+        for other in (alias, Path("daemon.db"), Path("alias.db")):
+            with pytest.raises(DaemonAlreadyRunning):
+                InstanceLock(other).acquire()
+        assert lock_is_held(lock_path_for(alias))
 
 
 # --- queue, heartbeats, requests --------------------------------------------------------------------
