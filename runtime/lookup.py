@@ -9,8 +9,13 @@
      decision whose configuration did not break the envelope applies (`policies.applicable_decision`),
      with a note, until the daemon decides again. A decision made for other policy content is ignored.
 
-Problems met on the way (a lock file or store that cannot be read) are collected as one-line notes
-naming the file and the fix; nothing here raises because of joulepilot's own files. This is the hot
+A decision this joulepilot cannot apply (a lock entry or stored row naming an unknown mode or precision,
+options that are not JSON or that the installed torch does not know, a lock file of a newer format) is
+skipped and the next source tried: the other lock file, the store, else none (the hook's fallback). So
+the configuration of a decision returned here always parses (`CompileConfig.from_row`) and applies.
+
+Problems met on the way (a lock file or store that cannot be read, a decision skipped) are collected as
+one-line notes naming the file and the fix; nothing here raises because of joulepilot's own files. This is the hot
 path of `joulepilot.compile`: policies are cached per file and modification time, stores per path.
 """
 
@@ -26,7 +31,7 @@ from typing import Any
 
 from joulepilot.policies.decide import applicable_decision
 from joulepilot.policies.load import find_policy, load_policy
-from joulepilot.policies.lock import default_lock_dir, find_locked
+from joulepilot.policies.lock import RELOCK_HINT, config_problem, default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, database_error, default_db_path, open_db
@@ -128,6 +133,17 @@ def _read_database(db: Any) -> tuple[Any, str | None]:
     return database, None
 
 
+def _torch_problem(config: dict[str, Any]) -> str | None:
+    """Why the installed torch cannot apply a (parsed) configuration row's Inductor options, or None."""
+    from joulepilot.compiler import CompileConfig, checked_config
+
+    try:
+        checked_config(CompileConfig.from_row(config))
+    except (ValueError, TypeError, KeyError) as exc:  # ConfigError is a ValueError
+        return f"names a configuration this torch cannot apply ({' '.join(str(exc).split())[:300]})"
+    return None
+
+
 def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> AppliedDecision | None:
     locked, problems = find_locked(policy.path, policy.name, kind, torch_version, policy_hash=policy.hash,
                                    lock_dir=default_lock_dir())
@@ -135,6 +151,11 @@ def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> 
     if locked is None:
         return None
     entry = locked.entry
+    problem = _torch_problem(entry["config"])
+    if problem:
+        found.notes.append(f"ignoring lock file {locked.path}: the entry for {kind} / torch {torch_version} "
+                           f"{problem}; {RELOCK_HINT}")
+        return None
     return AppliedDecision(policy.name, kind, torch_version, entry["config"], entry["state"], "lock",
                            entry.get("reason", ""), entry.get("policy_hash", ""), entry.get("decision_id"),
                            entry.get("workload_id"), {**entry, "lock_file": locked.path})
@@ -150,6 +171,7 @@ def _violation_note(policy: Policy, violated: dict[str, Any], replacement: dict[
 
 
 def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: Lookup) -> AppliedDecision | None:
+    where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
     database, problem = _read_database(db)
     if problem is not None:
         found.notes.append(problem)
@@ -160,7 +182,6 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
     try:
         applicable = applicable_decision(database, policy.name, kind, torch_version)
     except sqlite3.Error as exc:  # a truncated or damaged file is often found only when read
-        where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
         found.notes.append(str(database_error(where, exc)))
         found.store_unusable = True
         return None
@@ -172,12 +193,16 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
         return None
     details = row["details"]
     config = details.get("config")
-    if not isinstance(config, dict) or not config.get("id"):
-        found.notes.append(f"decision {row['id']} in the store names no configuration; ignored "
-                           f"(`joulepilot policy lock` or the daemon will decide again)")
+    problem = config_problem(config) or _torch_problem(config)
+    if problem:
+        found.notes.append(f"decision {row['id']} for policy {policy.name!r} in database {where} {problem}; ignored: "
+                           "upgrade joulepilot here if a newer version made it, or decide again with this one "
+                           "(`joulepilot policy lock` on the policy, or the daemon)")
         return None
+    workload_id = details.get("workload_id")
     return AppliedDecision(policy.name, kind, torch_version, config, row["state"], "store",
-                           row["reason"] or "", row["policy_hash"], row["id"], details.get("workload_id"),
+                           row["reason"] or "", row["policy_hash"], row["id"],
+                           workload_id if isinstance(workload_id, str) else None,
                            {"measured": details.get("measured", {}), "proposed": details.get("proposed")})
 
 
