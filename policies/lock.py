@@ -13,6 +13,11 @@ reads policies from /etc), the file goes to the lock directory instead, as `<pol
 `$JOULEPILOT_LOCK_DIR`, else `<JOULEPILOT_HOME>/locks` (the daemon's `lock_dir` key). The hook reads
 both places and takes the newest entry made for the policy's current content.
 
+A file of a newer `format` than LOCK_FORMAT (written by a newer joulepilot) is not read as if it were ours,
+and an entry this version cannot use (an unknown mode or precision, options that are not JSON, a decided_at
+that is not a time, ...) is not used: each is a problem naming the file and the fix, and the other file
+is tried.
+
 Writing merges with the entries already there (other device kinds and torch versions are kept) and
 replaces the file atomically, with ordinary permissions (the umask decides), so a serving process
 running as another user can read it.
@@ -24,6 +29,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import stat
@@ -50,6 +56,10 @@ log = logging.getLogger("joulepilot.lock")
 
 class LockFileError(ValueError):
     """A lock file exists but cannot be used; the message names the file and the fix."""
+
+
+class LockFormatTooNew(LockFileError):
+    """A lock file written by a newer joulepilot, in a format this one does not read."""
 
 
 class LockWriteError(RuntimeError):
@@ -93,6 +103,73 @@ def _regenerate_hint(path: str | os.PathLike) -> str:
     return f"delete {path} and run `joulepilot policy lock` on the policy (or let the daemon rewrite it)"
 
 
+RELOCK_HINT = ("re-lock the policy with this joulepilot (`joulepilot policy lock` on it, or let the daemon rewrite "
+                "the file), or upgrade joulepilot here if a newer version wrote it")
+
+
+def config_problem(row: Any) -> str | None:
+    """Why this joulepilot cannot apply a decided configuration row (a lock entry's or a stored decision's
+    `config`), or None when it can. Torch-free: raw Inductor options are checked against torch where applied."""
+    if not isinstance(row, dict) or not row.get("id"):
+        return "names no configuration"
+    if "mode" not in row:
+        return "names a configuration with no mode"
+    batch = row.get("batch_size")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)):
+        return f"names a configuration whose batch_size {batch!r} is not a whole number"
+    options = row.get("options")
+    if isinstance(options, str) and options.strip():
+        try:
+            decoded = json.loads(options)
+        except ValueError as exc:  # RecursionError included: nothing decoded that deep is an options table
+            return f"names a configuration whose options are not JSON ({exc})"
+        if not isinstance(decoded, dict):
+            return "names a configuration whose options are not a JSON object"
+    from joulepilot.compiler import CompileConfig  # here: reading a lock file loads no compiler
+
+    try:
+        CompileConfig.from_row(row)
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:  # ConfigError is a ValueError
+        return f"names a configuration this joulepilot cannot use ({' '.join(str(exc).split())[:300]})"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """Why a lock entry cannot be used, or None. Checked where the hook relies on it."""
+    if not isinstance(entry, dict):
+        return "is not a table"
+    if entry.get("state") not in APPLICABLE_STATES:
+        return f"has a state this joulepilot does not know ({entry.get('state')!r})"
+    problem = config_problem(entry.get("config"))
+    if problem:
+        return problem
+    if entry.get("decided_at") is not None and not _is_number(entry["decided_at"]):
+        return f"has a decided_at that is not a time in seconds ({entry['decided_at']!r})"
+    for key, kinds in (("policy_hash", str), ("reason", str), ("workload_id", str), ("decision_id", int),
+                       ("measured", dict)):
+        value = entry.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            return f"has a {key} of the wrong type ({type(value).__name__})"
+    return None
+
+
+def _check_format(document: dict[str, Any], file: str) -> None:
+    """A document of a format this joulepilot reads (no `format` at all: the first one), else LockFileError."""
+    if "format" not in document:
+        return
+    fmt = document["format"]
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
+        raise LockFileError(f"{file}: its format {fmt!r} is not a lock file format version; {_regenerate_hint(file)}")
+    if fmt > LOCK_FORMAT:
+        raise LockFormatTooNew(f"{file}: written by a newer joulepilot (lock file format {fmt}; this one reads format "
+                               f"{LOCK_FORMAT}); upgrade joulepilot here, or re-lock the policy with this version "
+                               f"(`joulepilot policy lock` on it)")
+
+
 def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
     """One lock file's document ({} when there is none). An unreadable, non-UTF-8, corrupt or absurdly
     nested file raises LockFileError naming it and the fix."""
@@ -122,21 +199,25 @@ def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
         raise LockFileError(f"{file}: not valid JSON ({exc}); {_regenerate_hint(file)}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("entries", {}), dict):
         raise LockFileError(f"{file}: expected an object with an 'entries' table; {_regenerate_hint(file)}")
+    _check_format(data, file)
     return data
 
 
 def _entry(document: dict[str, Any], device_kind: str, torch_version: str,
-           file: str | os.PathLike) -> dict[str, Any] | None:
+           file: str | os.PathLike, policy_hash: str | None = None) -> dict[str, Any] | None:
+    """The entry for this device kind and torch (None: none, or one made for other policy content than
+    `policy_hash`, which is never applied and so not checked); LockFileError when it cannot be used."""
     by_torch = document.get("entries", {}).get(device_kind)
     if by_torch is None:
         return None
     entry = by_torch.get(torch_version) if isinstance(by_torch, dict) else by_torch
     if entry is None:
         return None
-    if not (isinstance(entry, dict) and isinstance(entry.get("config"), dict) and entry["config"].get("id")
-            and entry.get("state") in APPLICABLE_STATES):
-        raise LockFileError(f"{file}: the entry for {device_kind} / torch {torch_version} is malformed "
-                            f"(no configuration or an unknown state); {_regenerate_hint(file)}")
+    if policy_hash is not None and isinstance(entry, dict) and entry.get("policy_hash") != policy_hash:
+        return None
+    problem = _entry_problem(entry)
+    if problem:
+        raise LockFileError(f"{file}: the entry for {device_kind} / torch {torch_version} {problem}; {RELOCK_HINT}")
     return entry
 
 
@@ -172,13 +253,13 @@ def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_
     for file in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
                                  lock_dir and os.fspath(lock_dir)):
         try:
-            entry = _entry(read_lock_document(file), device_kind, torch_version, file)
+            entry = _entry(read_lock_document(file), device_kind, torch_version, file, policy_hash)
         except LockFileError as exc:
             problems.append(str(exc))
             continue
-        if entry is None or (policy_hash is not None and entry.get("policy_hash") != policy_hash):
+        if entry is None:
             continue
-        if best is None or float(entry.get("decided_at") or 0) > float(best.entry.get("decided_at") or 0):
+        if best is None or (entry.get("decided_at") or 0) > (best.entry.get("decided_at") or 0):  # numbers: checked
             best = LockedEntry(file, entry)
     return best, problems
 

@@ -7,10 +7,13 @@ per process, without a warning). With no decision: the policy's [fallback] confi
 benchmarks the model.
 
 The hook never raises because of joulepilot's own files: a lock file it cannot read (permissions,
-not UTF-8, corrupt), a store that is missing, read-only, corrupt or of a newer schema, and a policy
-file that cannot be found or parsed all end in one warning naming the file and the fix. An unusable
-policy runs the model uncompiled in fp32 (there is no [fallback] to read). A deployment whose store
-cannot be used is served unmetered.
+not UTF-8, corrupt, of a newer format), a decision this joulepilot cannot apply (see `runtime.lookup`),
+a store that is missing, read-only, corrupt, of a newer schema or locked, and a policy file that cannot
+be found or parsed all end in one warning naming the file and the fix. An unusable policy runs the model
+uncompiled in fp32 (there is no [fallback] to read). A deployment whose store cannot be used is served
+unmetered. The store is used with a short busy timeout (`lookup.SERVING_BUSY_TIMEOUT_MS`), so a store
+another process holds locked costs about a second per use (the lookup, a benchmark request, registering
+a deployment), never the store's 30 s.
 
 `torch_compile_kwargs` are merged over the decided ones: `options` entries override the decided
 Inductor options one by one; `mode` replaces the decided mode and options; anything else (`fullgraph`,
@@ -43,11 +46,12 @@ from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy
-from joulepilot.store import StoreError, host_identity, open_db
+from joulepilot.store import StoreError, database_error, host_identity, open_db
 from joulepilot.store.daemon_state import add_host_request
 
 from .attach import attach
 from .lookup import (
+    SERVING_BUSY_TIMEOUT_MS,
     AppliedDecision,
     Lookup,
     cached_policy,
@@ -64,14 +68,23 @@ _write_databases: dict[str, Any] = {}
 
 
 def _write_database(db: Any) -> Any:
-    """An open store to write a request to (created and migrated if needed), cached per path."""
+    """An open store to write a request or register a deployment in (created and migrated if needed), cached
+    per path; it waits SERVING_BUSY_TIMEOUT_MS for another process's lock."""
     if db is not None and not isinstance(db, str | os.PathLike):
         return db
     path = db_path(db)
     key = str(path.resolve())
     if key not in _write_databases:
-        _write_databases[key] = open_db(path)
+        _write_databases[key] = open_db(path, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS)
     return _write_databases[key]
+
+
+def _store_problem(db: Any, exc: BaseException) -> str:
+    """One line for an error met using the store, naming the file."""
+    if isinstance(exc, sqlite3.Error):
+        where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
+        return str(database_error(where, exc, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS))
+    return str(exc)
 
 
 def _request_benchmark(policy: Policy, kind: str, torch_version: str, db: Any) -> None:
@@ -83,7 +96,7 @@ def _request_benchmark(policy: Policy, kind: str, torch_version: str, db: Any) -
         add_host_request(_write_database(db), policy.name, workload=policy.workload, host=host_identity(),
                          note=note)
     except Exception as exc:  # a read-only or locked store must not stop the model from running
-        log.warning("could not record a benchmark request for %s: %s", policy.name, exc)
+        log.warning("could not record a benchmark request for %s: %s", policy.name, _store_problem(db, exc))
 
 
 def _warn_once(key: tuple[str, ...], message: str) -> bool:
@@ -263,10 +276,12 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     if deployment is None or found.store_unusable:
         return compiled
     try:
-        return attach(compiled, deployment, policy=pol, decision=applied, db=db, device=dev, base_model=model,
-                      workload_id=measured_under or applied.workload_id, config_id=applied.config_id,
-                      device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
+        # The hook's own connection (short busy timeout): the metering thread opens the file again for itself.
+        return attach(compiled, deployment, policy=pol, decision=applied, db=_write_database(db), device=dev,
+                      base_model=model, workload_id=measured_under or applied.workload_id,
+                      config_id=applied.config_id, device_kind=applied.device_kind,
+                      flush_on_sigterm=flush_on_sigterm)
     except (StoreError, sqlite3.Error, OSError) as exc:  # serve unmetered rather than not at all
-        _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")
+        _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {_store_problem(db, exc)}")
         return compiled
 

@@ -5,12 +5,21 @@
      policy folder is read-only). The newest entry made for this exact policy content (same policy
      hash) wins;
   2. the store's newest decision that names a configuration (the database is opened read-only, once
-     per process). After the envelope guard marked the newest decision `violated`, the newest earlier
+     per process; a WAL database in a folder this user cannot write is opened immutable, for one lookup). After the envelope guard marked the newest decision `violated`, the newest earlier
      decision whose configuration did not break the envelope applies (`policies.applicable_decision`),
      with a note, until the daemon decides again. A decision made for other policy content is ignored.
 
-Problems met on the way (a lock file or store that cannot be read) are collected as one-line notes
-naming the file and the fix; nothing here raises because of joulepilot's own files. This is the hot
+A decision this joulepilot cannot apply (a lock entry or stored row naming an unknown mode or precision,
+options that are not JSON or that the installed torch does not know, a lock file of a newer format) is
+skipped and the next source tried: the other lock file, the store, else none (the hook's fallback). So
+the configuration of a decision returned here always parses (`CompileConfig.from_row`) and applies.
+
+The serving path (this lookup, and the hook's benchmark request and deployment registration) waits
+SERVING_BUSY_TIMEOUT_MS for another process's lock on the store, not the store's 30 s: a store the daemon
+holds locked costs `joulepilot.compile` about a second per use, and the note says the database is locked.
+
+Problems met on the way (a lock file or store that cannot be read, a decision skipped) are collected as
+one-line notes naming the file and the fix; nothing here raises because of joulepilot's own files. This is the hot
 path of `joulepilot.compile`: policies are cached per file and modification time, stores per path.
 """
 
@@ -26,10 +35,15 @@ from typing import Any
 
 from joulepilot.policies.decide import applicable_decision
 from joulepilot.policies.load import find_policy, load_policy
-from joulepilot.policies.lock import default_lock_dir, find_locked
+from joulepilot.policies.lock import RELOCK_HINT, config_problem, default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, database_error, default_db_path, open_db
+from joulepilot.store.db import is_busy, opened_immutable
+
+# How long the serving path waits for another process's lock on the store, per statement (the store's own
+# default is 30 s): a serving process starts on a lock file or the fallback rather than stall on the daemon.
+SERVING_BUSY_TIMEOUT_MS = 1_000
 
 _policies: dict[str, tuple[int, Policy]] = {}
 _read_databases: dict[str, Any] = {}
@@ -109,23 +123,44 @@ def db_path(db: Any) -> Path:
     return Path(db).expanduser() if db is not None else default_db_path()
 
 
-def _read_database(db: Any) -> tuple[Any, str | None]:
+def _locked_note(where: Any) -> str:
+    return (f"database {where} is locked by another process (still locked after {SERVING_BUSY_TIMEOUT_MS / 1000:g} "
+            "s), so the decision in it could not be read; retry when the lock is released, or lock the decision "
+            "into a file (`joulepilot policy lock` on the policy), which the hook reads without the database")
+
+
+def _read_database(db: Any) -> tuple[Any, str | None, bool]:
     """(an open store to read, or None when there is no database file; a problem line when it cannot
-    be opened). Opened read-only and cached per path: reading needs no write access and no migration."""
+    be opened; whether to close it after this lookup). Opened read-only and cached per path: reading needs
+    no write access and no migration. An immutable connection (see `open_db`) is not cached: it would
+    never see a later decision."""
     if db is not None and not isinstance(db, str | os.PathLike):
-        return db, None
+        return db, None, False
     path = db_path(db)
     key = str(path.resolve())
     if key in _read_databases:
-        return _read_databases[key], None
+        return _read_databases[key], None, False
     if not path.exists():
-        return None, None
+        return None, None, False
     try:
-        database = open_db(path, read_only=True)
+        database = open_db(path, read_only=True, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS)
     except StoreError as exc:
-        return None, str(exc)
+        return None, _locked_note(path) if is_busy(exc.__cause__) else str(exc), False
+    if opened_immutable(database):
+        return database, None, True
     _read_databases[key] = database
-    return database, None
+    return database, None, False
+
+
+def _torch_problem(config: dict[str, Any]) -> str | None:
+    """Why the installed torch cannot apply a (parsed) configuration row's Inductor options, or None."""
+    from joulepilot.compiler import CompileConfig, checked_config
+
+    try:
+        checked_config(CompileConfig.from_row(config))
+    except (ValueError, TypeError, KeyError) as exc:  # ConfigError is a ValueError
+        return f"names a configuration this torch cannot apply ({' '.join(str(exc).split())[:300]})"
+    return None
 
 
 def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> AppliedDecision | None:
@@ -135,6 +170,11 @@ def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> 
     if locked is None:
         return None
     entry = locked.entry
+    problem = _torch_problem(entry["config"])
+    if problem:
+        found.notes.append(f"ignoring lock file {locked.path}: the entry for {kind} / torch {torch_version} "
+                           f"{problem}; {RELOCK_HINT}")
+        return None
     return AppliedDecision(policy.name, kind, torch_version, entry["config"], entry["state"], "lock",
                            entry.get("reason", ""), entry.get("policy_hash", ""), entry.get("decision_id"),
                            entry.get("workload_id"), {**entry, "lock_file": locked.path})
@@ -150,7 +190,8 @@ def _violation_note(policy: Policy, violated: dict[str, Any], replacement: dict[
 
 
 def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: Lookup) -> AppliedDecision | None:
-    database, problem = _read_database(db)
+    where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
+    database, problem, temporary = _read_database(db)
     if problem is not None:
         found.notes.append(problem)
         found.store_unusable = True
@@ -160,10 +201,12 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
     try:
         applicable = applicable_decision(database, policy.name, kind, torch_version)
     except sqlite3.Error as exc:  # a truncated or damaged file is often found only when read
-        where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
-        found.notes.append(str(database_error(where, exc)))
+        found.notes.append(_locked_note(where) if is_busy(exc) else str(database_error(where, exc)))
         found.store_unusable = True
         return None
+    finally:
+        if temporary:
+            database.close()
     row = applicable.row
     if applicable.violated is not None:
         found.notes.append(_violation_note(policy, applicable.violated,
@@ -172,12 +215,16 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
         return None
     details = row["details"]
     config = details.get("config")
-    if not isinstance(config, dict) or not config.get("id"):
-        found.notes.append(f"decision {row['id']} in the store names no configuration; ignored "
-                           f"(`joulepilot policy lock` or the daemon will decide again)")
+    problem = config_problem(config) or _torch_problem(config)
+    if problem:
+        found.notes.append(f"decision {row['id']} for policy {policy.name!r} in database {where} {problem}; ignored: "
+                           "upgrade joulepilot here if a newer version made it, or decide again with this one "
+                           "(`joulepilot policy lock` on the policy, or the daemon)")
         return None
+    workload_id = details.get("workload_id")
     return AppliedDecision(policy.name, kind, torch_version, config, row["state"], "store",
-                           row["reason"] or "", row["policy_hash"], row["id"], details.get("workload_id"),
+                           row["reason"] or "", row["policy_hash"], row["id"],
+                           workload_id if isinstance(workload_id, str) else None,
                            {"measured": details.get("measured", {}), "proposed": details.get("proposed")})
 
 

@@ -78,8 +78,26 @@ def _roll_back_keeping_error(conn: sqlite3.Connection) -> None:
         pass
 
 
-def _connect(target: Path, *, read_only: bool) -> sqlite3.Connection:
-    timeout = BUSY_TIMEOUT_MS / 1000
+class _ImmutableConnection(sqlite3.Connection):
+    """A connection opened with `immutable=1`: it sees the file as it was, not what the WAL holds."""
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Whether a sqlite error means another connection holds a lock (SQLITE_BUSY / SQLITE_LOCKED)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower()
+
+
+def opened_immutable(db: sqlite_utils.Database) -> bool:
+    """Whether `open_db(read_only=True)` had to open this database immutable (a WAL database in a folder this
+    user cannot write): such a connection never sees later commits, so keep it for one read, not longer."""
+    return isinstance(db.conn, _ImmutableConnection)
+
+
+def _connect(target: Path, *, read_only: bool, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite3.Connection:
+    timeout = busy_timeout_ms / 1000
     if not read_only:
         return sqlite3.connect(str(target), timeout=timeout, isolation_level=None, check_same_thread=False)
     uri = target.resolve().as_uri()
@@ -88,21 +106,24 @@ def _connect(target: Path, *, read_only: bool) -> sqlite3.Connection:
                                check_same_thread=False)
         conn.execute("PRAGMA user_version").fetchone()
         return conn
-    except sqlite3.OperationalError:
+    except sqlite3.OperationalError as exc:
+        if is_busy(exc):  # locked by a writer: immutable would read around the lock (and the WAL); say so
+            raise
         # A WAL database in a folder we cannot write (no -shm to create): read it as immutable.
         return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, isolation_level=None,
-                               check_same_thread=False)
+                               check_same_thread=False, factory=_ImmutableConnection)
 
 
 def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = True, must_exist: bool = False,
-            read_only: bool = False) -> sqlite_utils.Database:
+            read_only: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite_utils.Database:
     """Open the joulepilot database at `path` or the default location.
 
     By default the file is created if needed and migrated to this version's schema. `must_exist`
     refuses a missing file (read commands given a mistyped --db); `read_only` opens it without writing
     anything (no migration, no journal-mode change), which also works on a read-only file or folder.
     Every failure is a StoreError (subclasses: DatabaseMissing, DatabaseCorrupt, SchemaTooNew) whose
-    message names the file and the fix.
+    message names the file and the fix. `busy_timeout_ms`: how long each statement waits for another
+    process's lock (the serving hook waits less than the default, see `runtime.lookup`).
     """
     target = Path(path).expanduser() if path else default_db_path()
     if (must_exist or read_only) and not target.is_file():
@@ -111,13 +132,13 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
     try:
         if not read_only:
             target.parent.mkdir(parents=True, exist_ok=True)
-        conn = _connect(target, read_only=read_only)
+        conn = _connect(target, read_only=read_only, busy_timeout_ms=busy_timeout_ms)
     except sqlite3.DatabaseError as exc:
-        raise database_error(target, exc) from exc
+        raise database_error(target, exc, busy_timeout_ms=busy_timeout_ms) from exc
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"cannot open database {target}: {exc}; pass --db or set JOULEPILOT_DB") from exc
     try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         if read_only:
             conn.execute("PRAGMA query_only = ON")
         db = sqlite_utils.Database(conn)
@@ -134,7 +155,7 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
             migrate(db)
     except sqlite3.DatabaseError as exc:
         conn.close()
-        raise database_error(target, exc) from exc
+        raise database_error(target, exc, busy_timeout_ms=busy_timeout_ms) from exc
     except StoreError:
         conn.close()
         raise
@@ -217,8 +238,10 @@ def _check_is_joulepilot(db: sqlite_utils.Database, target: Path, *, empty_ok: b
     return version
 
 
-def database_error(target: str | os.PathLike, exc: sqlite3.Error) -> StoreError:
-    """A StoreError naming the file and the fix for an error sqlite raised on it."""
+def database_error(target: str | os.PathLike, exc: sqlite3.Error, *,
+                   busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> StoreError:
+    """A StoreError naming the file and the fix for an error sqlite raised on it (`busy_timeout_ms`: how long
+    the connection waited for a lock)."""
     text = str(exc)
     lowered = text.lower()
     if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
@@ -233,7 +256,7 @@ def database_error(target: str | os.PathLike, exc: sqlite3.Error) -> StoreError:
     if "disk is full" in lowered or "disk i/o" in lowered:
         return StoreError(f"database {target}: {text}; free space on its disk and retry")
     if "locked" in lowered or "busy" in lowered:
-        return StoreError(f"database {target} stayed locked for {BUSY_TIMEOUT_MS // 1000} s ({text}); "
+        return StoreError(f"database {target} stayed locked for {busy_timeout_ms / 1000:g} s ({text}); "
                           f"another process holds a long write; retry")
     return StoreError(f"database {target}: {text}")
 
