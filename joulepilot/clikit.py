@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -40,6 +41,26 @@ db_option = click.option(
     callback=_remember_db,
     help="SQLite database (default: $JOULEPILOT_DB, else joulepilot.db under $JOULEPILOT_HOME).",
 )
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option's type: a finite number, optionally within bounds as click.FloatRange takes them.
+
+    click.FloatRange alone lets 'nan' and 'inf' through ('nan' compares false with every bound), which
+    turned a time limit off or made a window never end; here they get click's usual usage error."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+    def _describe_range(self) -> str:
+        if self.min is None and self.max is None:
+            return "finite"
+        return super()._describe_range()
 
 
 def _since(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
