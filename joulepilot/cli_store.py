@@ -33,7 +33,7 @@ workload_option = click.option("--workload", help="Only runs of this workload sp
 @workload_option
 @click.option("--status", type=click.Choice(["ok", "failed"]), help="Only runs with this status.")
 @since_option("runs started")
-@click.option("--limit", type=int, default=50, show_default=True, help="Newest N runs (0 for all).")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Newest N runs (0 for all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def runs_command(ctx: click.Context, db: str | None, workload: str | None, status: str | None, since: float | None,

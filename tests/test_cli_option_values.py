@@ -1,8 +1,9 @@
 """Numbers the CLI's options refuse at the door: nan and inf (which click.FloatRange lets through), values out
-of range; each is click's usage error naming the option, and nothing runs."""
+of range, and a negative `runs --limit`; each is click's usage error naming the option, and nothing runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,3 +61,14 @@ def test_a_window_that_would_never_end_is_refused(tmp_path, value):
     assert proc.returncode == 2, proc.stderr
     assert f"Error: Invalid value for '--min-seconds': {value} is not a finite number." in proc.stderr
     assert not db.exists()
+
+
+def test_runs_limit_refuses_a_negative_count(tmp_path):
+    db = tmp_path / "j.db"
+    open_db(db).close()
+    runner = CliRunner()
+    assert_usage_error(runner.invoke(main, ["runs", "--db", str(db), "--limit", "-1"]), "--limit",
+                       "-1 is not in the range x>=0")
+    result = runner.invoke(main, ["runs", "--db", str(db), "--limit", "0", "--json"])  # 0 stays "all"
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == []
