@@ -120,6 +120,10 @@ def known_error_message(exc: BaseException, db_path: str | None) -> str | None:
 
     if isinstance(exc, PolicyError):
         return str(exc)
+    from joulepilot.telemetry import TelemetryError
+
+    if isinstance(exc, TelemetryError):  # a meter or its setting (e.g. JOULEPILOT_ESTIMATE_W_PER_CORE)
+        return str(exc)
     return None
 
 
