@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .clikit import db_option, echo_json, echo_table, progress
+from .clikit import FiniteFloat, db_option, echo_json, echo_table, progress
 
 SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_s", "latency_ms_p50",
                    "latency_ms_p95", "throughput_per_s", "energy_j_per_inference", "avg_power_w", "peak_power_w",
@@ -143,9 +143,9 @@ def _sigterm_as_exit() -> Iterator[None]:
                    "(--dynamic: dynamic only), unpadded and padded to buckets.")
 @click.option("--buckets", metavar="SIZE,...",
               help="Padding buckets for --shapes (default: powers of two).")
-@click.option("--min-seconds", type=click.FloatRange(min=0.05),
+@click.option("--min-seconds", type=FiniteFloat(min=0.05),
               help="Length of each energy window (default 5 on a GPU, 2 on CPU).")
-@click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
+@click.option("--budget-s", type=FiniteFloat(min=1), default=600, show_default=True,
               help="Budget of each configuration's first forward calls (eager reference + cold compile); the "
                    "worker's other phases get an allowance derived from --min-seconds (README: budget model). "
                    "An overrun is recorded as a failed run.")

@@ -9,11 +9,11 @@ from typing import Any
 
 import click
 
-from .clikit import ProgressReport, db_option, echo_json, echo_table, progress, reading_store
+from .clikit import FilePath, ProgressReport, db_option, echo_json, echo_table, progress, reading_store
 
 
 @click.command("daemon")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", type=FilePath("--config", "give the daemon's TOML file (see deploy/daemon.toml)"),
               help="Daemon TOML config (see deploy/daemon.toml); without it, the defaults.")
 @db_option
 @click.option("--policies", "policy_dirs", multiple=True, type=click.Path(file_okay=False),

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .clikit import echo_json, echo_table, progress
+from .clikit import FiniteFloat, echo_json, echo_table, progress
 
 
 def _place(file: str | None, line: int | None) -> str:
@@ -93,7 +93,7 @@ def _echo_report(found: dict[str, Any]) -> None:
 @click.option("--backend", type=click.Choice(["inductor", "eager"]), default="inductor", show_default=True,
               help="What compiles Dynamo's graphs. 'eager' finds the same graph breaks without Inductor's compile "
                    "time, but then graph time is uncompiled.")
-@click.option("--budget-s", type=click.FloatRange(min=1), default=600, show_default=True,
+@click.option("--budget-s", type=FiniteFloat(min=1), default=600, show_default=True,
               help="Budget of the calls that compile (the first, and any that recompile); an overrun stops the "
                    "analysis.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (progress stays on stderr).")

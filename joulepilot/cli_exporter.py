@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 
 import click
@@ -20,6 +22,25 @@ def _log_to_stderr() -> logging.Handler | None:
     handler.setFormatter(logging.Formatter("%(asctime)s joulepilot-exporter[%(process)d] %(levelname)s %(message)s"))
     root.addHandler(handler)
     return handler
+
+
+# Errors that say the address is wrong (not resolvable, not on this host, not of a family this host serves).
+_ADDRESS_ERRNOS = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EINVAL)
+
+
+def listen_error(bind: str, port: int, exc: OSError) -> str:
+    """One line for a failed listen, whose fix names the option at fault: --bind for the address, --port for
+    a port that is taken or privileged."""
+    where = f"cannot listen on {bind}:{port}: {exc.strerror or exc}"
+    if isinstance(exc, socket.gaierror) or exc.errno in _ADDRESS_ERRNOS:
+        return (f"{where}; pass --bind with an address of this host (127.0.0.1 for this host only, 0.0.0.0 for "
+                f"every interface, or one that `ip addr` lists)")
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{where}; pass --port with a free port (the daemon serves the same endpoint unless its config "
+                f"sets [exporter] enabled = false)")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{where}; ports below 1024 need root or CAP_NET_BIND_SERVICE: pass --port 1024 or above"
+    return f"{where}; check --bind and --port"
 
 
 @click.command("exporter")
@@ -49,9 +70,7 @@ def exporter_command(db: str | None, bind: str, port: int) -> None:
     try:
         serve_exporter(path, port=port, bind=bind, on_ready=ready)
     except OSError as exc:
-        raise click.ClickException(
-            f"cannot listen on {bind}:{port}: {exc.strerror or exc}; pass --port with a free port (the daemon "
-            f"serves the same endpoint unless its config sets [exporter] enabled = false)") from exc
+        raise click.ClickException(listen_error(bind, port, exc)) from exc
     finally:
         if handler is not None:
             logging.getLogger("joulepilot").removeHandler(handler)

@@ -19,7 +19,7 @@ from joulepilot.store import (
 from joulepilot.store.exchange import write_export
 from joulepilot.store.timevalues import local_minute
 
-from .clikit import DB_META_KEY, db_option, echo_json, echo_table, reading_store, since_option
+from .clikit import DB_META_KEY, FilePath, db_option, echo_json, echo_table, reading_store, since_option
 
 RUN_COLUMNS = ("id", "date", "workload", "config_label", "status", "latency_ms_p50", "energy_j_per_inference",
                "avg_power_w", "energy_source")
@@ -33,7 +33,7 @@ workload_option = click.option("--workload", help="Only runs of this workload sp
 @workload_option
 @click.option("--status", type=click.Choice(["ok", "failed"]), help="Only runs with this status.")
 @since_option("runs started")
-@click.option("--limit", type=int, default=50, show_default=True, help="Newest N runs (0 for all).")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Newest N runs (0 for all).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def runs_command(ctx: click.Context, db: str | None, workload: str | None, status: str | None, since: float | None,
@@ -65,7 +65,8 @@ def _group_db(ctx: click.Context, db: str | None) -> str | None:
 
 
 @runs_command.command("export")
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file", type=FilePath("export file", "give the path of the JSON file to write (or - for stdout)",
+                                      allow_dash=True))
 @db_option
 @workload_option
 @since_option("runs started")
@@ -89,7 +90,9 @@ def export_command(ctx: click.Context, file: str, db: str | None, workload: str 
 
 
 @runs_command.command("import")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.argument("files", nargs=-1, required=True,
+                type=FilePath("export file", "give a JSON file that `joulepilot runs export` wrote (or - for stdin)",
+                              exists=True, allow_dash=True))
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
 @click.pass_context

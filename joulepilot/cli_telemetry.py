@@ -15,7 +15,7 @@ from joulepilot.telemetry import (
     parse_device,
 )
 
-from .clikit import echo_json, echo_table
+from .clikit import FiniteFloat, echo_json, echo_table
 
 # What a shell exits with when it cannot run a command: not found, found but not executable.
 EXIT_NOT_FOUND = 127
@@ -62,9 +62,10 @@ def _exit_status(code: int) -> int:
               help="Print the report as JSON on stdout; the command's own stdout then goes to stderr.")
 @click.option("--device", default=None,
               help="'cpu', 'cuda:N', or all measured devices (default). CPU-only hosts without RAPL get an estimate.")
-@click.option("--idle-s", type=float, default=0.0, show_default=True,
-              help="Seconds of idle baseline to measure first, for energy above idle.")
-@click.option("--sample-hz", type=float, default=10.0, show_default=True, help="Power sampler rate (<= 10).")
+@click.option("--idle-s", type=FiniteFloat(min=0), default=0.0, show_default=True,
+              help="Seconds of idle baseline to measure first, for energy above idle (0: none).")
+@click.option("--sample-hz", type=FiniteFloat(min=0, min_open=True, max=10), default=10.0, show_default=True,
+              help="Power sampler rate in Hz.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def measure_cli(as_json: bool, device: str | None, idle_s: float, sample_hz: float, cmd: tuple[str, ...]) -> None:
     """Run CMD and report the energy it used per device; exits with CMD's exit code (127 when CMD is

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO
 
 import click
@@ -27,19 +29,94 @@ from joulepilot.store.timevalues import SINCE_HELP
 DB_META_KEY = "joulepilot.db"
 
 
-def _remember_db(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    # The error boundary names this file when SQLite fails in the middle of a command.
-    ctx.meta[DB_META_KEY] = value or str(default_db_path())
-    return value
+DB_ENV = "JOULEPILOT_DB"
+HOME_ENV = "JOULEPILOT_HOME"
+
+
+def db_setting(value: str | None) -> tuple[Path, str]:
+    """The database file a command uses given --db's `value`, and the setting it came from: '--db',
+    'JOULEPILOT_DB', 'JOULEPILOT_HOME', or 'default' (the platform's user data folder)."""
+    if value:
+        return Path(value).expanduser(), "--db"
+    if os.environ.get(DB_ENV):
+        return default_db_path(), DB_ENV
+    return default_db_path(), HOME_ENV if os.environ.get(HOME_ENV) else "default"
+
+
+def db_folder_message(path: Path, setting: str) -> str:
+    """One line for a database path that is a folder: the path, the setting it came from, and the fix."""
+    example = path / "joulepilot.db"
+    if setting == "--db":
+        return f"--db {path} is a folder, not a database file; pass --db with a file's path, e.g. --db {example}"
+    if setting == DB_ENV:
+        raw = os.environ.get(DB_ENV, "")
+        shown = raw if raw == str(path) else f"{raw} ({path})"
+        return (f"{DB_ENV}={shown} is a folder, not a database file; set {DB_ENV} to a file's path, e.g. "
+                f"{example}, or unset it")
+    origin = (f"joulepilot.db under {HOME_ENV}={os.environ.get(HOME_ENV)}" if setting == HOME_ENV
+              else f"the default database, as neither --db, {DB_ENV} nor {HOME_ENV} is set")
+    return (f"database {path} ({origin}) is a folder, not a file; move it aside, set {HOME_ENV} to another "
+            f"folder, or pass --db with a file's path")
+
+
+def _resolve_db(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--db's callback: --db, else $JOULEPILOT_DB, else None (the default under $JOULEPILOT_HOME). A folder
+    where the database file should be is refused in one line naming the setting it came from. The file is
+    remembered for the error boundary, which names it when SQLite fails in the middle of a command."""
+    path, setting = db_setting(value)
+    # A config file given to the command (the daemon's --config) may name the database in place of the default.
+    # click processes the options given on the command line before those left out, so it is known here.
+    configured = ctx.params.get("config_path") is not None
+    if path.is_dir() and not (setting in (HOME_ENV, "default") and configured):
+        raise click.ClickException(db_folder_message(path, setting))
+    ctx.meta[DB_META_KEY] = str(path)
+    return value or os.environ.get(DB_ENV) or None
 
 
 db_option = click.option(
     "--db",
-    type=click.Path(dir_okay=False),
-    envvar="JOULEPILOT_DB",
-    callback=_remember_db,
+    type=click.Path(),
+    callback=_resolve_db,
     help="SQLite database (default: $JOULEPILOT_DB, else joulepilot.db under $JOULEPILOT_HOME).",
 )
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option's type: a finite number, optionally within bounds as click.FloatRange takes them.
+
+    click.FloatRange alone lets 'nan' and 'inf' through ('nan' compares false with every bound), which
+    turned a time limit off or made a window never end; here they get click's usual usage error."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+    def _describe_range(self) -> str:
+        if self.min is None and self.max is None:
+            return "finite"
+        return super()._describe_range()
+
+
+class FilePath(click.Path):
+    """A file argument or option (never a folder; with `exists`, one that exists). Unlike click.Path, a bad
+    path is one line, `Error: <what> <path> is a folder, not a file; <fix>`, not a usage block."""
+
+    def __init__(self, what: str, fix: str, *, exists: bool = False, allow_dash: bool = False) -> None:
+        super().__init__(exists=exists, dir_okay=False, allow_dash=allow_dash)
+        self.what = what
+        self.fix = fix
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not (self.allow_dash and value == "-"):
+            if os.path.isdir(value):
+                raise click.ClickException(f"{self.what} {value} is a folder, not a file; {self.fix}")
+            if self.exists and not os.path.exists(value):
+                raise click.ClickException(f"{self.what} {value} does not exist; {self.fix}")
+        return super().convert(value, param, ctx)
 
 
 def _since(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
@@ -98,6 +175,10 @@ def known_error_message(exc: BaseException, db_path: str | None) -> str | None:
     from joulepilot.policies import PolicyError
 
     if isinstance(exc, PolicyError):
+        return str(exc)
+    from joulepilot.telemetry import TelemetryError
+
+    if isinstance(exc, TelemetryError):  # a meter or its setting (e.g. JOULEPILOT_ESTIMATE_W_PER_CORE)
         return str(exc)
     return None
 

@@ -152,14 +152,13 @@ class Measurement:
 
     @property
     def peak_power_w(self) -> float | None:
-        """Peak of the summed power of all devices at one sampler tick (per-device peaks are on each device)."""
-        if not self.samples:
-            peaks = [d.peak_power_w for d in self.devices if d.peak_power_w is not None]
-            return max(peaks) if peaks else None
+        """Peak of the summed power of all devices: the highest sum at one sampler tick, at least any one
+        device's peak and the window's mean power (which bound it from below); None without a sampler."""
         by_tick: dict[float, float] = {}
         for t_s, _device, power_w in self.samples:
             by_tick[t_s] = by_tick.get(t_s, 0.0) + power_w
-        return max(by_tick.values())
+        peaks = [*by_tick.values(), *(d.peak_power_w for d in self.devices if d.peak_power_w is not None)]
+        return max(*peaks, self.avg_power_w) if peaks else None
 
     def by_kind(self, kind_prefix: str) -> list[DeviceEnergy]:
         return [d for d in self.devices if d.device.startswith(kind_prefix + ":")]

@@ -17,6 +17,7 @@ away from the tree (daemonised grandchildren) are lost when they exit.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -30,16 +31,18 @@ ENV_W_PER_CORE = "JOULEPILOT_ESTIMATE_W_PER_CORE"
 
 
 def w_per_core_from_env() -> float:
+    """JOULEPILOT_ESTIMATE_W_PER_CORE, else DEFAULT_W_PER_CORE; anything but a finite number above 0 is refused."""
     raw = os.environ.get(ENV_W_PER_CORE)
     if raw is None or raw.strip() == "":
         return DEFAULT_W_PER_CORE
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise TelemetryError(f"{ENV_W_PER_CORE}={raw!r} is not a positive number of watts per busy core; "
-                             f"unset it to use the default {DEFAULT_W_PER_CORE:g} W")
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise TelemetryError(f"{ENV_W_PER_CORE}={raw!r} is not a finite number of watts per busy core above 0; "
+                             f"set it to one (e.g. {ENV_W_PER_CORE}=12.5) or unset it to use the default "
+                             f"{DEFAULT_W_PER_CORE:g} W")
     return value
 
 

@@ -221,13 +221,21 @@ class EnergyMeter:
             if e0 is None:
                 continue
             powers = [p for _, d, p in relative if d == device_id]
+            energy_j = max(0.0, e1 - e0)
+            peak_w = max(powers) if powers else None
+            if self._sampler is not None and duration_s > 0:
+                # The window's mean power bounds its peak from below. The samples alone can fall short of it:
+                # they start at the sampler's first tick (its second for a power derived from energy) and end
+                # at its last, and a derived one is itself a mean over a tick, quantised as its counter is.
+                mean_w = energy_j / duration_s
+                peak_w = mean_w if peak_w is None else max(peak_w, mean_w)
             devices.append(DeviceEnergy(
                 device=device_id,
                 source=self._source_of.get(device_id, ""),
-                energy_j=max(0.0, e1 - e0),
+                energy_j=energy_j,
                 duration_s=duration_s,
                 idle_power_w=self._idle_w.get(device_id),
-                peak_power_w=max(powers) if powers else None,
+                peak_power_w=peak_w,
                 samples=len(powers),
                 method=self._method_of.get(device_id, ""),
             ))

@@ -136,6 +136,62 @@ def test_import_creates_the_database_it_is_given(work, export_file):
     assert len(list_runs(open_db(fresh))) == len(read_export(export_file))
 
 
+def folder_commands(folder: Path, export: Path) -> list[list[str]]:
+    """Every command that opens the database, read or write."""
+    return [*read_commands(folder), *write_commands(folder, export), ["bench", "mlp", "--device", "cpu"],
+            ["daemon", "--once"], ["exporter", "--port", "0"]]
+
+
+def test_a_folder_given_as_the_database_is_one_line_naming_where_it_came_from(work, export_file, monkeypatch):
+    folder = work / "dir.db"
+    folder.mkdir()
+    runner = CliRunner()
+    for command in folder_commands(work, export_file):
+        line = assert_one_line_error(runner.invoke(main, [*command, "--db", str(folder)]),
+                                     f"--db {folder} is a folder, not a database file",
+                                     f"pass --db with a file's path, e.g. --db {folder / 'joulepilot.db'}")
+        assert "JOULEPILOT" not in line, command
+    monkeypatch.setenv("JOULEPILOT_DB", str(folder))
+    for command in folder_commands(work, export_file):
+        line = assert_one_line_error(runner.invoke(main, command), f"JOULEPILOT_DB={folder} is a folder",
+                                     "set JOULEPILOT_DB to a file's path", "or unset it")
+        assert "--db" not in line, command  # the variable is at fault, not an option nobody gave
+    monkeypatch.delenv("JOULEPILOT_DB")
+    home = work / "home"
+    (home / "joulepilot.db").mkdir(parents=True)
+    monkeypatch.setenv("JOULEPILOT_HOME", str(home))
+    for command in folder_commands(work, export_file):
+        line = assert_one_line_error(runner.invoke(main, command),
+                                     f"database {home / 'joulepilot.db'} (joulepilot.db under JOULEPILOT_HOME={home}) "
+                                     "is a folder, not a file", "set JOULEPILOT_HOME to another folder")
+        assert "does not exist" not in line, command
+    assert not any(folder.iterdir()) and not any((home / "joulepilot.db").iterdir())  # nothing written into them
+
+
+def test_the_daemon_takes_its_database_from_its_config_over_a_default_that_is_a_folder(work, monkeypatch):
+    home = work / "home"
+    (home / "joulepilot.db").mkdir(parents=True)
+    monkeypatch.setenv("JOULEPILOT_HOME", str(home))
+    config = work / "daemon.toml"
+    config.write_text(f'db = "{work / "daemon.db"}"\n')
+    result = CliRunner().invoke(main, ["daemon", "--once", "--config", str(config)])
+    assert "is a folder" not in result.output, result.output
+    assert (work / "daemon.db").is_file(), result.output
+
+
+def test_a_folder_or_a_missing_file_given_as_an_export_file_is_one_line(work, export_file):
+    runner = CliRunner()
+    db = _seeded(work / "jp.db")
+    assert_one_line_error(runner.invoke(main, ["runs", "import", str(work), "--db", str(db)]),
+                          f"export file {work} is a folder, not a file", "`joulepilot runs export` wrote")
+    assert_one_line_error(runner.invoke(main, ["runs", "import", str(work / "nope.json"), "--db", str(db)]),
+                          f"export file {work / 'nope.json'} does not exist", "`joulepilot runs export` wrote")
+    assert_one_line_error(runner.invoke(main, ["runs", "export", str(work), "--db", str(db)]),
+                          f"export file {work} is a folder, not a file", "the JSON file to write")
+    assert_one_line_error(runner.invoke(main, ["daemon", "--once", "--config", str(work), "--db", str(db)]),
+                          f"--config {work} is a folder, not a file", "the daemon's TOML file")
+
+
 @contextmanager
 def unwritable(folder: Path):
     """Make `folder` and its files unwritable: chmod for a normal user; root ignores permission bits, so

@@ -3,6 +3,7 @@ gauge, source/gpu/UUID labels, the documented series and their cardinality, and 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -186,7 +187,26 @@ def test_port_in_use_is_one_clean_line(tmp_path):
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0] and "--port" in lines[0]
+    assert "--bind" not in lines[0]  # the address is fine: the port is the fix
     assert not (tmp_path / "j.db").exists()
+
+
+@pytest.mark.parametrize("bind", ["999.1.1.1", "no-such-host.invalid", "192.0.2.1"])  # 192.0.2.1: TEST-NET-1
+def test_an_address_that_cannot_be_bound_names_bind_as_the_fix(tmp_path, bind):
+    result = CliRunner().invoke(main, ["exporter", "--db", str(tmp_path / "j.db"), "--bind", bind, "--port", "0"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: cannot listen on {bind}:0: "), result.output
+    assert "pass --bind with an address of this host" in lines[0] and "--port" not in lines[0]
+
+
+def test_a_privileged_port_names_port_as_the_fix():
+    from joulepilot.cli_exporter import listen_error
+
+    denied = OSError(errno.EACCES, os.strerror(errno.EACCES))  # what bind() gives a user below port 1024
+    line = listen_error("127.0.0.1", 80, denied)
+    assert line.startswith("cannot listen on 127.0.0.1:80: Permission denied;") and "--port 1024 or above" in line
+    assert "--bind" not in line
 
 
 def test_a_missing_database_is_not_created_and_still_serves_up_and_the_error(tmp_path, caplog):

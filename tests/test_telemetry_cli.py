@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 from fakes.powercap import FakePowercap
 
@@ -107,3 +108,16 @@ def test_measure_has_no_db_option_and_says_so(tmp_path):
     assert result.exit_code == 2
     assert "measure has no option '--db'" in result.output and "measurements are not stored" in result.output
     assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "0", "inf"])
+def test_a_bad_watts_per_core_setting_is_one_clean_line_in_every_command(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "absent"))  # the estimate meters the CPU here
+    monkeypatch.setenv("JOULEPILOT_ESTIMATE_W_PER_CORE", value)
+    for args in (["telemetry"], ["telemetry", "--json"], ["measure", "--", "true"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1, (args, result.output)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1, (args, result.output)
+        assert lines[0].startswith(f"Error: JOULEPILOT_ESTIMATE_W_PER_CORE={value!r} is not a finite number"), lines
+        assert "unset it to use the default 10 W" in lines[0] and "unexpected" not in lines[0]

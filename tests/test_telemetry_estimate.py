@@ -56,6 +56,10 @@ def test_default_and_environment_watts_per_core(monkeypatch):
     monkeypatch.setenv("JOULEPILOT_ESTIMATE_W_PER_CORE", "lots")
     with pytest.raises(TelemetryError, match="JOULEPILOT_ESTIMATE_W_PER_CORE='lots'"):
         EstimateMeter()
+    for value in ("inf", "-inf", "nan", "0", "-2"):  # only finite watts above 0
+        monkeypatch.setenv("JOULEPILOT_ESTIMATE_W_PER_CORE", value)
+        with pytest.raises(TelemetryError, match=f"JOULEPILOT_ESTIMATE_W_PER_CORE='{value}' is not a finite number"):
+            EstimateMeter()
 
 
 def test_estimate_is_labelled_everywhere(monkeypatch, tmp_path):

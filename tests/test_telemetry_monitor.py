@@ -166,3 +166,53 @@ def test_sampler_stays_off_the_callers_path():
     # every reading that opens or closes a window comes right after a device sync
     reads = [i for i, e in enumerate(meter_impl.events) if e == "energy"]
     assert reads and all(meter_impl.events[i - 1] == "sync" for i in reads)
+
+
+def test_peak_is_never_below_the_windows_mean_with_instant_power(monkeypatch):
+    # One sampler tick a second: the only sample is read as the window opens, at 100 W; the GPU then draws 500 W
+    # for the rest of the window, which the energy counter sees and no sample does.
+    trace = lambda t: 100.0 if t < 0.45 else 500.0  # noqa: E731
+    fake = fake_pynvml.install(monkeypatch, [FakeGpu(power_w=trace, counter_step_s=0.01)])
+    with EnergyMeter("cuda:0", sample_hz=1.0) as meter:
+        _wait_until(fake, 0.3)
+        with meter.window("step") as w:
+            _wait_until(fake, 1.0)
+    m = w.measurement
+    d = m.devices[0]
+    sampled = [p for _, _, p in m.samples]
+    assert sampled and max(sampled) < d.avg_power_w  # the samples alone miss the 500 W stretch
+    assert d.avg_power_w > 300.0
+    assert d.peak_power_w >= d.avg_power_w and m.peak_power_w >= m.avg_power_w
+
+
+def test_peak_is_never_below_the_windows_mean_with_the_estimate(tmp_path, monkeypatch):
+    # Power derived from CPU time, a tick every 2 s: the one sample covers the first two seconds, spent asleep;
+    # the CPU is busy only after them, until the window closes (well before the next tick, even on a busy host).
+    monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "absent"))
+    with EnergyMeter("cpu", sample_hz=0.5) as meter:
+        assert meter.primary_source == "estimate"
+        with meter.window("late") as w:
+            time.sleep(2.05)
+            t = time.process_time()
+            while time.process_time() - t < 0.3:
+                pass
+    m = w.measurement
+    d = m.devices[0]
+    sampled = [p for _, _, p in m.samples]
+    assert sampled and max(sampled) < d.avg_power_w  # the samples alone read the quiet second
+    assert d.peak_power_w >= d.avg_power_w and m.peak_power_w >= m.avg_power_w
+
+
+def test_a_window_shorter_than_a_tick_has_its_mean_as_its_peak(tmp_path, monkeypatch):
+    # A power derived from CPU time needs two ticks: a window inside one tick has no sample, and its peak is
+    # then what it surely reached, its mean, rather than none.
+    monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "absent"))
+    with EnergyMeter("cpu", sample_hz=1.0) as meter:
+        with meter.window("short") as w:
+            t = time.process_time()
+            while time.process_time() - t < 0.3:
+                pass
+    m = w.measurement
+    d = m.devices[0]
+    assert d.samples == 0 and m.samples == [] and d.avg_power_w > 0
+    assert d.peak_power_w == d.avg_power_w and m.peak_power_w == m.avg_power_w
