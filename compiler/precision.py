@@ -81,10 +81,12 @@ class _Frame:
 # The settings in force, innermost last. A thread asking for the setting in force joins it; one asking for the
 # other waits until the frame in force is left by all (so a strict fp32 reference never runs with another
 # thread's TF32 on); a thread that already holds a frame never waits (it would wait on itself): it sets its
-# own frame on top, as nested scopes in one thread always did.
+# own frame on top, as nested scopes in one thread always did (the other holders then run under it until it is
+# left: the switches are the process's). While threads wait for one setting, newcomers asking for the other
+# queue behind them, so a stream of overlapping tf32 calls cannot keep a strict fp32 reference waiting forever.
 _switch = threading.Condition(threading.Lock())
 _frames: list[_Frame] = []
-_waiting = {True: 0, False: 0}  # threads waiting for each setting; while any wait, newcomers of the other queue
+_waiting = {True: 0, False: 0}  # threads waiting, by the setting they asked for
 
 
 def _may_enter(enabled: bool, thread: int) -> bool:
