@@ -10,17 +10,25 @@ and Triton cache folders: the cache entries name them but do not carry them, so 
 start rebuilds every C++ kernel with the system compiler, and a GPU one Triton's launchers (the Triton
 kernels themselves travel inside the entries). Loading unpacks them into this process's cache folders,
 where Inductor and Triton find them by the hash of their source and skip the build.
+
+torch checks the `.bin` itself; the tar's SHA-256 is recorded at save in `<key>.kernels.tar.sha256` (the
+format `sha256sum -c` reads) and checked before anything is unpacked: a damaged binary in the cache folder
+would be loaded by every later process. A tar that fails the check is not used (the kernels are built
+again); one saved before digests were recorded is used, reported unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
+import secrets
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from joulepilot.store import default_home, stable_id
 from joulepilot.store.files import write_file_atomic
@@ -30,6 +38,8 @@ from .provenance import package_version
 log = logging.getLogger("joulepilot.artifacts")
 
 KERNELS_SUFFIX = ".kernels.tar"
+DIGEST_SUFFIX = ".sha256"
+VERIFIED, UNVERIFIED, REFUSED = "verified", "unverified", "refused"
 KERNEL_SUFFIXES = (".so",)
 # Kernel binaries are tens of kilobytes each; a cache folder holding more than this is not packed whole.
 MAX_KERNELS_BYTES = 512 * 1024 * 1024
@@ -44,6 +54,11 @@ class ArtifactsInfo:
     entries: dict[str, int] = field(default_factory=dict)
     kernels: int = 0
     precompile_error: str | None = None  # why Dynamo's precompiled frames were left out of a save
+    # The kernel binaries' tar against its recorded digest, on load: VERIFIED, UNVERIFIED (saved before digests
+    # were recorded: used), REFUSED (not used: `kernels_error` says why); None with no tar.
+    kernels_integrity: str | None = None
+    kernels_error: str | None = None
+    kernels_sha256: str | None = None  # the tar's, as recorded at save (and checked on load)
 
     @property
     def precompile(self) -> bool:
@@ -55,7 +70,14 @@ class ArtifactsInfo:
                                   "precompile": self.precompile}
         if self.precompile_error:
             out["precompile_error"] = self.precompile_error
+        for name in ("kernels_integrity", "kernels_error", "kernels_sha256"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
         return out
+
+
+class KernelsDigestMismatch(ValueError):
+    """A kernel binaries' tar whose content is not what was saved (its SHA-256 differs from the recorded one)."""
 
 
 def artifacts_dir() -> Path:
@@ -83,6 +105,12 @@ def kernels_path(artifacts_path: str | os.PathLike) -> Path:
     """The kernel binaries' file beside an artifacts file (`<key>.bin` -> `<key>.kernels.tar`)."""
     path = Path(artifacts_path)
     return path.with_name(path.stem + KERNELS_SUFFIX)
+
+
+def kernels_digest_path(artifacts_path: str | os.PathLike) -> Path:
+    """The recorded SHA-256 of the kernel binaries' tar (`<key>.bin` -> `<key>.kernels.tar.sha256`)."""
+    kernels = kernels_path(artifacts_path)
+    return kernels.with_name(kernels.name + DIGEST_SUFFIX)
 
 
 def inductor_cache_dir() -> Path:
@@ -151,6 +179,22 @@ def _serialise_caches() -> tuple[tuple[bytes, object] | None, str | None]:
             return torch.compiler.save_cache_artifacts(), reason
 
 
+def write_kernels(artifacts_path: str | os.PathLike, packed: bytes | None) -> str | None:
+    """The kernel binaries' tar beside `artifacts_path` and its SHA-256 (returned), each written atomically; with
+    None, any earlier ones removed (they came from an earlier compile of this configuration: these entries do
+    not name them)."""
+    kernels, digest_path = kernels_path(artifacts_path), kernels_digest_path(artifacts_path)
+    if packed is None:
+        digest_path.unlink(missing_ok=True)
+        kernels.unlink(missing_ok=True)
+        return None
+    digest = hashlib.sha256(packed).hexdigest()
+    # The tar first: a reader between the two writes finds the old digest, refuses the tar and builds the kernels.
+    write_file_atomic(kernels, packed)
+    write_file_atomic(digest_path, f"{digest}  {kernels.name}\n".encode())
+    return digest
+
+
 def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path] | None = None
                     ) -> ArtifactsInfo | None:
     """Write everything this process compiled to `path` (torch.compiler.save_cache_artifacts), each file
@@ -166,12 +210,9 @@ def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path]
     target.parent.mkdir(parents=True, exist_ok=True)
     written = write_file_atomic(target, blob)
     packed = _pack_kernels(kernels_from) if kernels_from is not None else None
-    kernels = kernels_path(written)
-    if packed:
-        write_file_atomic(kernels, packed[0])
-    elif kernels.exists():
-        kernels.unlink()  # from an earlier compile of this configuration; these entries do not name them
-    return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0, precompile_error)
+    digest = write_kernels(written, packed[0] if packed else None)
+    return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0, precompile_error,
+                         kernels_sha256=digest)
 
 
 def save_artifacts(path: str | os.PathLike, *, kernels_from: Mapping[str, Path] | None = None) -> Path | None:
@@ -189,23 +230,125 @@ def _member_target(member: tarfile.TarInfo, caches: Mapping[str, Path]) -> tuple
     return caches[name.parts[0]], PurePosixPath(*name.parts[1:]).as_posix()
 
 
-def unpack_kernels(path: str | os.PathLike, caches: Mapping[str, Path] | None = None) -> int:
+def _file_sha256(fh: io.BufferedIOBase) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def recorded_kernels_digest(artifacts_path: str | os.PathLike) -> str | None:
+    """The SHA-256 recorded for the kernel binaries' tar at save; None when none was (saved by an older joulepilot).
+    Raises KernelsDigestMismatch for a digest file that holds no digest, OSError for one that cannot be read."""
+    path = kernels_digest_path(artifacts_path)
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        return None
+    recorded = text.split()[0].lower() if text.split() else ""
+    if len(recorded) != 64 or any(c not in "0123456789abcdef" for c in recorded):
+        raise KernelsDigestMismatch(f"{path} holds no SHA-256 digest")
+    return recorded
+
+
+def _inside(cache: Path, relative: str) -> Path | None:
+    """`cache / relative`, unless a link in the cache folder leads it elsewhere."""
+    target = cache / relative
+    root, parent = os.path.realpath(cache), os.path.realpath(target.parent)
+    return target if parent == root or parent.startswith(root.rstrip(os.sep) + os.sep) else None
+
+
+def _same_content(path: Path, data: bytes) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _write_kernel(target: Path, data: bytes, executable: bool) -> None:
+    """`data` to `target` through a temporary name beside it, synced, then renamed over it: a crash leaves the
+    old file or a complete new one (and at most a `.tmp` file, which nothing loads), never a part of a binary.
+    A process that has the old file loaded keeps its copy."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)  # less the umask
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def unpack_kernels(path: str | os.PathLike, caches: Mapping[str, Path] | None = None, *,
+                   expected_sha256: str | None = None) -> int:
     """Unpack kernel binaries from `path` into the cache folders they came from (by default this process's,
-    `kernel_cache_dirs`); files already there are kept. Returns how many were written."""
+    `kernel_cache_dirs`), each through a temporary name. Returns how many files were written.
+
+    With `expected_sha256` the whole tar is checked first, and KernelsDigestMismatch raised (nothing written)
+    when it differs; its binaries then replace files of the same name whose content differs (a damaged binary
+    left by an earlier unpack would otherwise be loaded by every process). Without it (a tar saved before
+    digests were recorded) nothing vouches for the binaries: files already there are kept, with a warning
+    when they differ."""
     caches = kernel_cache_dirs() if caches is None else caches
-    written = 0
-    with tarfile.open(path, mode="r") as tar:
-        for member in tar.getmembers():
-            target = _member_target(member, caches)
-            if target is None or (target[0] / target[1]).exists():
-                continue
-            member.name = target[1]
-            if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
-                tar.extract(member, target[0], filter="data")
-            else:
-                tar.extract(member, target[0])
-            written += 1
+    written, kept = 0, []
+    with open(path, "rb") as fh:
+        if expected_sha256 is not None:
+            actual = _file_sha256(fh)
+            if actual != expected_sha256.lower():
+                raise KernelsDigestMismatch(f"{path} is damaged: its SHA-256 is {actual}, {expected_sha256} was "
+                                            "recorded when it was saved")
+            fh.seek(0)  # the same open file: a tar replaced meanwhile is not the one checked
+        with tarfile.open(fileobj=fh, mode="r:") as tar:
+            for member in tar:
+                found = _member_target(member, caches)
+                target = _inside(*found) if found else None
+                source = tar.extractfile(member) if target else None
+                if source is None:
+                    continue
+                data = source.read()
+                if target.exists() or target.is_symlink():
+                    if _same_content(target, data):
+                        continue
+                    if expected_sha256 is None:
+                        kept.append(target)
+                        continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write_kernel(target, data, executable=bool(member.mode & 0o111))
+                written += 1
+    if kept:
+        log.warning("%d kernel binaries already in the cache folders differ from those in %s, which has no "
+                    "recorded digest (saved by an older joulepilot): kept %s%s; if the first call fails, delete "
+                    "them, or run bench again to save the artifacts with a digest", len(kept), path, kept[0],
+                    f" and {len(kept) - 1} more" if len(kept) > 1 else "")
     return written
+
+
+class KernelsLoaded(NamedTuple):
+    written: int  # kernel files written into the cache folders
+    integrity: str | None  # VERIFIED, UNVERIFIED or REFUSED; None with no tar
+    error: str | None = None  # why a REFUSED tar was not used
+    sha256: str | None = None  # the recorded digest it matched
+
+
+def load_kernels(artifacts_path: str | os.PathLike, caches: Mapping[str, Path] | None = None) -> KernelsLoaded:
+    """The kernel binaries beside `artifacts_path` unpacked into `caches` (default: this process's) once their
+    tar is verified. A tar that fails its digest, or cannot be read, is refused with a warning naming it: the
+    kernels are then built again, as on a cold start. One saved before digests were recorded is used."""
+    kernels = kernels_path(artifacts_path)
+    if not kernels.is_file():
+        return KernelsLoaded(0, None)
+    try:
+        expected = recorded_kernels_digest(artifacts_path)
+        written = unpack_kernels(kernels, caches, expected_sha256=expected)
+    except (OSError, tarfile.TarError, KernelsDigestMismatch) as exc:
+        error = str(exc) if isinstance(exc, KernelsDigestMismatch) else f"{kernels}: {type(exc).__name__}: {exc}"
+        log.warning("kernel binaries not used, they will be built again: %s; run bench for this configuration "
+                    "again to save them anew, or delete %s", error, kernels)
+        return KernelsLoaded(0, REFUSED, error)
+    return KernelsLoaded(written, VERIFIED, sha256=expected) if expected else KernelsLoaded(written, UNVERIFIED)
 
 
 def _resolve(key_or_path: str | os.PathLike) -> Path:
@@ -219,22 +362,18 @@ def load_warm_start(key_or_path: str | os.PathLike) -> ArtifactsInfo | None:
     """Load saved artifacts into this process's caches, kernel binaries first; call before compiling.
 
     Accepts a key (as from artifact_key) or a file path. None when there is nothing to load. A kernel
-    file that cannot be unpacked only costs the kernels' build."""
+    file that fails its digest or cannot be unpacked only costs the kernels' build (`load_kernels`)."""
     import torch
 
     path = _resolve(key_or_path)
     if not path.is_file():
         return None
-    kernels = 0
-    if kernels_path(path).is_file():
-        try:
-            kernels = unpack_kernels(kernels_path(path))
-        except (OSError, tarfile.TarError) as exc:
-            log.warning("could not unpack kernel binaries %s: %s", kernels_path(path), exc)
+    kernels = load_kernels(path)
     info = torch.compiler.load_cache_artifacts(path.read_bytes())
     if info is None:
         return None
-    return ArtifactsInfo(path, _entry_counts(info), kernels)
+    return ArtifactsInfo(path, _entry_counts(info), kernels.written, kernels_integrity=kernels.integrity,
+                         kernels_error=kernels.error, kernels_sha256=kernels.sha256)
 
 
 def load_artifacts(key_or_path: str | os.PathLike) -> bool:

@@ -1,12 +1,27 @@
-"""The kernel binaries packed beside saved compile artifacts: what is packed, and that unpacking writes only
-kernel files, each into the cache folder it came from, and keeps those already there."""
+"""The kernel binaries packed beside saved compile artifacts: what is packed; that unpacking writes only kernel
+files, each into the cache folder it came from, whole or not at all; and that a tar is checked against the digest
+recorded when it was saved before anything is unpacked (tests/test_artifacts_integrity.py runs the same on real
+compiled artifacts)."""
 
 from __future__ import annotations
 
 import io
+import logging
 import tarfile
 
-from joulepilot.compiler.artifacts import _pack_kernels, count_kernels, kernels_path, unpack_kernels
+import pytest
+from joulepilot.compiler.artifacts import (
+    REFUSED,
+    UNVERIFIED,
+    VERIFIED,
+    _pack_kernels,
+    count_kernels,
+    kernels_digest_path,
+    kernels_path,
+    load_kernels,
+    unpack_kernels,
+    write_kernels,
+)
 
 
 def _tar(members: dict[str, bytes]) -> bytes:
@@ -57,3 +72,135 @@ def test_unpacking_writes_kernels_inside_their_cache_and_nothing_else(tmp_path):
     assert (inductor / "ab" / "cabc.so").read_bytes() == b"already here"
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert files == ["a.kernels.tar", "cache/ab/cabc.so", "cache/cd/ccd.so", "triton/KEY/cuda_utils.so"]
+
+
+KERNELS = {"inductor/ab/cabc.so": b"A" * 3000, "inductor/cd/ccd.so": b"C" * 2000, "triton/KEY/cuda_utils.so": b"L" * 500}
+
+
+def damage(tar_path, members=None) -> None:
+    """Overwrite the middle of each member's data (or of those named), leaving every header intact."""
+    with tarfile.open(tar_path) as tar:
+        spans = [(m.offset_data, m.size) for m in tar.getmembers() if members is None or m.name in members]
+    with open(tar_path, "r+b") as fh:
+        for offset, size in spans:
+            fh.seek(offset + size // 3)
+            fh.write(b"\xff" * (size // 3))
+
+
+def cache_files(caches) -> dict[str, bytes]:
+    return {f"{name}/{p.relative_to(root).as_posix()}": p.read_bytes()
+            for name, root in caches.items() if root.is_dir() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def caches(tmp_path):
+    return {"inductor": tmp_path / "inductor-cache", "triton": tmp_path / "triton-cache"}
+
+
+def test_saving_records_the_tar_digest_in_the_sha256sum_format(tmp_path):
+    import hashlib
+
+    digest = write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    packed = kernels_path(tmp_path / "k.bin").read_bytes()
+    assert digest == hashlib.sha256(packed).hexdigest()
+    assert kernels_digest_path(tmp_path / "k.bin").read_text() == f"{digest}  k.kernels.tar\n"
+    assert write_kernels(tmp_path / "k.bin", None) is None  # a compile without kernels: the old ones go
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_verified_tar_is_unpacked_whole(tmp_path, caches):
+    digest = write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    loaded = load_kernels(tmp_path / "k.bin", caches)
+    assert loaded == (3, VERIFIED, None, digest)
+    assert cache_files(caches) == KERNELS
+
+
+def test_a_damaged_tar_is_refused_before_anything_is_unpacked(tmp_path, caches, caplog):
+    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    damage(kernels_path(tmp_path / "k.bin"), members={"triton/KEY/cuda_utils.so"})  # the last member only
+    with caplog.at_level(logging.WARNING, logger="joulepilot.artifacts"):
+        loaded = load_kernels(tmp_path / "k.bin", caches)
+    assert loaded.written == 0 and loaded.integrity == REFUSED
+    assert str(kernels_path(tmp_path / "k.bin")) in loaded.error and "SHA-256" in loaded.error
+    assert cache_files(caches) == {}  # not even the intact members before it
+    assert [r.getMessage() for r in caplog.records if str(kernels_path(tmp_path / "k.bin")) in r.getMessage()]
+
+
+@pytest.mark.parametrize("recorded", [b"", b"not a digest\n", b"0" * 63 + b"\n"])
+def test_a_digest_file_without_a_digest_refuses_the_tar(tmp_path, caches, recorded):
+    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    kernels_digest_path(tmp_path / "k.bin").write_bytes(recorded)
+    loaded = load_kernels(tmp_path / "k.bin", caches)
+    assert loaded.integrity == REFUSED and "holds no SHA-256 digest" in loaded.error
+    assert cache_files(caches) == {}
+
+
+def test_a_verified_tar_replaces_a_differing_file_and_leaves_an_identical_one(tmp_path, caches):
+    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    damaged = caches["inductor"] / "ab" / "cabc.so"  # as an earlier unpack of a damaged tar left it
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"A" * 1000 + b"\xff" * 1000 + b"A" * 1000)
+    same = caches["inductor"] / "cd" / "ccd.so"
+    same.parent.mkdir(parents=True)
+    same.write_bytes(KERNELS["inductor/cd/ccd.so"])
+    same_inode = same.stat().st_ino
+    loaded = load_kernels(tmp_path / "k.bin", caches)
+    assert loaded.integrity == VERIFIED and loaded.written == 2  # the replaced one and the missing one
+    assert cache_files(caches) == KERNELS
+    assert same.stat().st_ino == same_inode  # an identical file is left alone
+    leftovers = [p.name for root in caches.values() for p in root.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_a_tar_saved_before_digests_is_used_unverified_and_keeps_what_differs(tmp_path, caches, caplog):
+    kernels_path(tmp_path / "old.bin").write_bytes(_tar(KERNELS))  # no .sha256 beside it, as older joulepilot saved
+    local = caches["inductor"] / "ab" / "cabc.so"
+    local.parent.mkdir(parents=True)
+    local.write_bytes(b"built here")
+    with caplog.at_level(logging.WARNING, logger="joulepilot.artifacts"):
+        loaded = load_kernels(tmp_path / "old.bin", caches)
+    assert loaded == (2, UNVERIFIED, None, None)
+    assert local.read_bytes() == b"built here"  # nothing vouches for the tar's copy
+    assert cache_files(caches) == {**KERNELS, "inductor/ab/cabc.so": b"built here"}
+    said = [r.getMessage() for r in caplog.records]
+    assert any("1 kernel binaries" in m and str(local) in m and "no recorded digest" in m for m in said)
+
+
+UNPACK_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from joulepilot.compiler.artifacts import unpack_kernels
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (2500, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    unpack_kernels(sys.argv[1], {"inductor": Path(sys.argv[2]), "triton": Path(sys.argv[3])})
+except OSError as exc:
+    print(exc.errno)
+"""
+
+
+def test_a_write_that_fails_midway_leaves_no_part_of_a_binary_in_the_cache(tmp_path, caches):
+    """A process whose writes stop at 2,500 bytes (a full disk) unpacks a tar whose first member is 3,000: that
+    member must not be left in the cache cut short, where Inductor would load it; what is there is whole."""
+    import errno
+    import subprocess
+    import sys
+
+    packed = tmp_path / "k.kernels.tar"
+    packed.write_bytes(_tar(KERNELS))
+    done = subprocess.run([sys.executable, "-c", UNPACK_UNDER_A_FILE_SIZE_LIMIT, str(packed),
+                           str(caches["inductor"]), str(caches["triton"])], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(errno.EFBIG)]
+    assert "inductor/ab/cabc.so" not in cache_files(caches)
+    assert all(KERNELS[name] == data for name, data in cache_files(caches).items())
+
+
+def test_members_that_would_leave_the_cache_through_a_link_are_not_written(tmp_path, caches):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    caches["inductor"].mkdir()
+    (caches["inductor"] / "ab").symlink_to(outside, target_is_directory=True)
+    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    loaded = load_kernels(tmp_path / "k.bin", caches)
+    assert loaded.written == 2 and list(outside.iterdir()) == []
