@@ -9,7 +9,16 @@ from typing import Any
 
 import click
 
-from .clikit import FilePath, ProgressReport, db_option, echo_json, echo_table, progress, reading_store
+from .clikit import (
+    DB_META_KEY,
+    FilePath,
+    ProgressReport,
+    db_option,
+    echo_json,
+    echo_table,
+    progress,
+    reading_store,
+)
 
 
 @click.command("daemon")
@@ -44,6 +53,9 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
         daemon = Daemon.from_cli(config_path=config_path, db=db, policies=policy_dirs)
     except DaemonConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    # The database the daemon opens (its config's `db` where --db is not given), for the error boundary's
+    # one line about a SQLite error in the middle of a pass.
+    click.get_current_context().meta[DB_META_KEY] = str(daemon.cfg.db)
     from joulepilot.store import StoreError
 
     try:

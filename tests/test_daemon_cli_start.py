@@ -83,3 +83,24 @@ def test_json_without_once_is_refused_in_one_line(_isolated_home, tmp_path, args
 def test_the_help_says_json_needs_once():
     result = CliRunner().invoke(main, ["daemon", "--help"])
     assert "needs --once" in " ".join(result.stdout.split())
+
+
+def test_a_sqlite_error_mid_pass_names_the_database_of_the_config(_isolated_home, tmp_path, monkeypatch):
+    import sqlite3
+
+    from daemon_factories import write_daemon_config
+    from joulepilot.controller.daemon import Daemon
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    db = tmp_path / "from-config.db"
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+
+    def locked(self, once):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(Daemon, "run", locked)
+    result = daemon("--config", str(config), "--once")
+    assert result.exit_code == 1
+    assert f"database {db} stayed locked" in result.output, result.output
+    assert "joulepilot.db" not in result.output and "Traceback" not in result.output
