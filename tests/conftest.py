@@ -204,9 +204,11 @@ def flow_worker(monkeypatch):
     return use_flow_worker(monkeypatch)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_logging():
-    """The `joulepilot` logger as it was before the test: the daemon, run in this process, sets it up."""
+    """The `joulepilot` logger as it was before the test: the daemon, run in this process, sets it up (its own
+    handler, no propagation to the root, where caplog listens). For every test, so that one which runs the
+    daemon in this process cannot leave the next test's log records unseen."""
     logger = logging.getLogger("joulepilot")
     handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
     yield
