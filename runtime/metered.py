@@ -10,7 +10,16 @@ the store in batches, one transaction per batch, and flushed on `close()` and at
 that ends the process without a normal exit, like a SIGKILL, loses at most the unflushed batch
 (`flush_interval_s`, 30 s by default).
 
-The envelope guard (`runtime.guard`) sees every window. When it trips with `action = "fallback"`,
+The store never stops the metering nor holds up the served process for long. The thread waits at most
+STORE_WAIT_S for the store's write lock; a batch it refuses stays in memory for the next flush and is kept
+meanwhile in a side file beside the database (`store.deployment_side_files`), so a kill while the store is
+locked loses nothing either. Exit waits at most EXIT_WAIT_S for the last windows; what the store has not
+taken by then is in the side file, which the next deployment attached to that database (or `bench`, or the
+daemon) imports. Windows and violations are stored idempotently, so a retry or a second import counts
+nothing twice. A window the meter cannot read folds its calls and energy into the next one it can.
+
+The envelope guard (`runtime.guard`) sees every window. When it trips it warns at once and its violation is
+written with the windows that show it (after them, in the same transaction); with `action = "fallback"`,
 the metering thread only *requests* a swap; the next call on the caller's thread builds (compiles)
 the fallback configuration and serves with it from then on, so that compile happens where a
 `torch.compile` call would normally happen and never races the model from another thread.
@@ -25,20 +34,30 @@ import os
 import signal
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.store import open_db, transaction
-from joulepilot.store.deployments import insert_samples, set_deployment_config
-from joulepilot.store.sample_amend import amend_newest_sample
+from joulepilot.store.deployment_side_files import (
+    deployment_side_file,
+    describe_deployment_import,
+    drop_deployment_side_file,
+    import_deployment_side_files,
+    set_aside_deployment,
+)
+from joulepilot.store.deployment_writes import store_samples
+from joulepilot.store.deployments import set_deployment_config
+from joulepilot.store.lock_wait import set_lock_wait_s
 
 from .guard import EnvelopeGuard
-from .trips import record_trip
+from .trips import trip_rows, warn_trip, write_trip
 
 log = logging.getLogger("joulepilot.deployment")
 
@@ -50,6 +69,13 @@ POWER_READS_PER_WINDOW = 4
 # (0 W in the exporter, a drop in plots) or one whole step (a spike).
 MIN_TAIL_S = 1.0
 MIN_TAIL_FRACTION = 0.2
+# The metering thread waits at most this long for the store's write lock (another process's long write); a
+# batch refused meanwhile stays buffered, goes to the side file, and is retried at the next flush.
+STORE_WAIT_S = 2.0
+# Interpreter exit (and a SIGTERM with `flush_on_sigterm`) waits at most this long, for every deployment of the
+# process together, for the last windows to be written: two store waits (a write under way, then the last one).
+# Whatever the store has not taken by then is in the side file.
+EXIT_WAIT_S = 5.0
 
 
 @dataclass
@@ -98,6 +124,11 @@ def _shared_gpu(index: int) -> tuple[int, float | None]:
     return len(others), (ours / total if total > 0 else None)
 
 
+def _side_token() -> str:
+    """Names this process's side file: its pid and a random part (a pid is reused, the file may outlive it)."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 class MeteredModel:
     """A callable deployment: forwards calls to the model, counts them, meters energy in the background."""
 
@@ -143,18 +174,23 @@ class MeteredModel:
         self._db_path = db_path
         self._shared_db = shared_db
         self._db: sqlite_utils.Database | None = None
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[dict[str, Any]] = []  # windows taken, not yet in the store
+        self._pending_trips: list[dict[str, Any]] = []  # trips whose rows are not yet in the store
         self._buffer_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._swap_lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
+        self._final_flush_tried = False
+        self._store_refusing = False  # the last flush failed (logged once until the store takes a batch)
+        self._meter_failing = False  # the last window could not be read (logged once until one is)
+        self._side_imported = False  # side files left beside the database have been imported
+        self._side_token = _side_token()
+        self._side_file: Path | None = None  # this deployment's side file, while it holds something
         self._written_config_id = config_id
         self._newest: dict[str, Any] | None = None  # the newest window taken (buffered or written)
         self.samples_written = 0
-        gpus = [d for d in meter.devices if getattr(d, "kind", "") == "gpu"]
-        self._gpu_index = gpus[0].index if gpus else None
-        self.energy_source = meter.primary_source
+        self._use_meter(meter)
         self._last_mono = time.monotonic()  # windows are timed by this clock; the wall clock only stamps them
         self._last_t_end = time.time()  # the stamped end of the newest window (here: where the first starts)
         self._last_e = self._energy_now()
@@ -164,6 +200,12 @@ class MeteredModel:
         self._thread.start()
         _LIVE.add(self)
         _flush_at_exit()
+
+    def _use_meter(self, meter: Any) -> None:
+        self._meter = meter
+        gpus = [d for d in meter.devices if getattr(d, "kind", "") == "gpu"]
+        self._gpu_index = gpus[0].index if gpus else None
+        self.energy_source = meter.primary_source
 
     # -- hot path ---------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -216,35 +258,59 @@ class MeteredModel:
 
     def _database(self) -> sqlite_utils.Database:
         if self._db is None:
-            # The thread writes through its own connection so a caller's open transaction never mixes in.
-            self._db = open_db(self._db_path) if self._db_path else self._shared_db
+            if not self._db_path:
+                self._db = self._shared_db
+            else:
+                # The thread writes through its own connection so a caller's open transaction never mixes in,
+                # and waits for the store's lock only briefly: what it cannot write now, it writes later.
+                db = open_db(self._db_path)
+                try:
+                    set_lock_wait_s(db, STORE_WAIT_S)
+                except Exception:
+                    db.close()
+                    raise
+                self._db = db
         return self._db
 
     def _run(self) -> None:
-        step_s = self.interval_s / POWER_READS_PER_WINDOW
-        next_sample = time.monotonic() + self.interval_s
-        powers: list[float] = []
         try:
+            step_s = self.interval_s / POWER_READS_PER_WINDOW
+            next_sample = time.monotonic() + self.interval_s
+            powers: list[float] = []
             while not self._stop.wait(max(0.0, min(step_s, next_sample - time.monotonic()))):
                 if time.monotonic() < next_sample:
                     power = self._power_now()
                     if power is not None:
                         powers.append(power)
                     continue
-                self._take_sample(powers)
+                self._take_sample_or_carry_on(powers)
                 powers = []
                 next_sample += self.interval_s
                 if next_sample < time.monotonic():  # a stall: don't queue up a burst of short windows
                     next_sample = time.monotonic() + self.interval_s
                 self._maybe_flush()
-            self._take_sample(powers, final=True)
-            self.flush()
+            self._take_sample_or_carry_on(powers, final=True)
+            self._final_flush()
         except Exception:  # noqa: BLE001 - metering must never take the served model down
             log.exception("deployment %r: metering stopped", self.name)
         finally:
             if self._db is not None and self._db is not self._shared_db:
                 self._db.close()
                 self._db = None
+
+    def _take_sample_or_carry_on(self, powers: list[float], final: bool = False) -> None:
+        """Take a window; when the meter fails, its calls and energy go to the next window that can be read."""
+        try:
+            self._take_sample(powers, final=final)
+        except Exception:  # noqa: BLE001 - a failed reading must not stop the metering
+            if not self._meter_failing:
+                log.warning("deployment %r: a window could not be metered; its calls and energy are counted "
+                            "in the next window that can be", self.name, exc_info=True)
+            self._meter_failing = True
+            return
+        if self._meter_failing:
+            log.warning("deployment %r: the meter reads again", self.name)
+            self._meter_failing = False
 
     def _take_sample(self, powers: list[float], final: bool = False) -> None:
         mono_end = time.monotonic()
@@ -256,11 +322,11 @@ class MeteredModel:
         duration_s = mono_end - self._last_mono
         if final and duration_s <= 0:
             return
+        inferences = count - self._last_n
         if final and duration_s < max(MIN_TAIL_S, MIN_TAIL_FRACTION * self.interval_s) \
                 and self._fold_tail(duration_s, mono_end, energy, count, powers):
             return
         energy_j = max(0.0, energy - self._last_e)
-        inferences = count - self._last_n
         avg_power_w = energy_j / duration_s if duration_s > 0 else None
         # The window's mean power bounds its peak from below; sparse instant reads can miss the top.
         candidates = [p for p in powers if p is not None] + ([avg_power_w] if avg_power_w is not None else [])
@@ -313,8 +379,8 @@ class MeteredModel:
         if previous is None or previous["config_id"] != self.config_id:
             return False
         merged = dict(previous)
-        # The window keeps its start stamp (the store finds the row to amend by it) and grows by the tail's
-        # monotonic length, so its stamps still span exactly the time it metered.
+        # The window keeps its start stamp (the store knows it by that) and grows by the tail's monotonic
+        # length, so its stamps still span exactly the time it metered.
         merged["t_end"] = previous["t_end"] + tail_s
         merged["energy_j"] = previous["energy_j"] + max(0.0, energy - self._last_e)
         merged["inferences"] = previous["inferences"] + count - self._last_n
@@ -323,35 +389,38 @@ class MeteredModel:
         # The tail's own mean power is what a counter step distorts, so only its instant reads count.
         peaks = [p for p in (previous["peak_power_w"], merged["avg_power_w"], *powers) if p is not None]
         merged["peak_power_w"] = max(peaks) if peaks else None
-        with self._buffer_lock:
-            buffered = bool(self._buffer) and self._buffer[-1] is previous
-            if buffered:
+        # Under the write lock: a flush on another thread must not write `previous` and then drop `merged`.
+        with self._write_lock, self._buffer_lock:
+            if self._buffer and self._buffer[-1] is previous:
                 self._buffer[-1] = merged
-        if not buffered:
-            try:
-                with self._write_lock:
-                    if not amend_newest_sample(self._database(), self.deployment_id, previous["t_start"], merged):
-                        return False
-            except Exception:  # noqa: BLE001 - the store refused the amend: keep the tail as its own window
-                log.warning("deployment %r: could not extend the last window; writing the tail alone",
-                            self.name, exc_info=True)
-                return False
+            else:  # already stored: the next flush extends the stored window (same start, later end) to it
+                self._buffer.append(merged)
         self._newest = merged
         self._last_mono, self._last_e, self._last_n = mono_end, energy, count
         self._last_t_end = merged["t_end"]
         return True
 
     def _on_trip(self, trip: Any) -> None:
-        self.flush()  # the evidence is in the store before the violation that cites it
-        with self._write_lock:
-            written = record_trip(
-                self._database(), trip, deployment=self.name, policy=self.policy_name,
-                config_id=self.config_id, decision=self.decision_row, device_kind=self.device_kind,
-                torch_version=_torch_version(), source=self.energy_source, config_label=self.config_label,
-            )
+        rows = trip_rows(trip, deployment=self.name, policy=self.policy_name, config_id=self.config_id,
+                         decision=self.decision_row, device_kind=self.device_kind, torch_version=_torch_version(),
+                         source=self.energy_source, config_label=self.config_label)
+        entry = {"message": rows["message"], "violation_id": None, "decision_id": None}
+        with self._buffer_lock:
+            self._pending_trips.append({"rows": rows, "entry": entry})
+        try:
+            warn_trip(rows["message"])
+        except Exception:  # noqa: BLE001 - warnings turned into errors: the trip is recorded all the same
+            log.warning("%s", rows["message"])
+        # Stored now rather than at the next flush, after the windows that show it (in the same transaction); a
+        # store that refuses it delays the fallback by at most STORE_WAIT_S.
+        self._flush_or_keep()
         if self.guard is not None and self.guard.action == "fallback":
-            self._request_fallback()
-        self.trips.append(written)
+            try:
+                self._request_fallback()
+            except Exception:  # noqa: BLE001 - a fallback that cannot be prepared keeps the current one serving
+                log.warning("deployment %r: the fallback configuration could not be prepared; serving on with "
+                            "%s", self.name, self.config_label, exc_info=True)
+        self.trips.append(entry)
 
     def _request_fallback(self) -> None:
         target = self._fallback() if callable(self._fallback) and not isinstance(self._fallback, Fallback) \
@@ -369,45 +438,136 @@ class MeteredModel:
 
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush >= self.flush_interval_s:
-            try:
-                self.flush()
-            except Exception:  # noqa: BLE001 - the batch stays buffered; the next flush retries it
-                log.warning("deployment %r: sample flush failed; will retry", self.name, exc_info=True)
+            self._flush_or_keep()
+
+    def _flush_or_keep(self) -> bool:
+        """Flush; when the store refuses, say so once (the windows stay buffered and in the side file)."""
+        try:
+            written = self.flush()
+        except Exception as exc:  # noqa: BLE001 - the batch stays buffered; the next flush retries it
+            if not self._store_refusing:
+                log.warning("deployment %r: the store refused %d window(s) (%s); %s, and written when it takes them",
+                            self.name, len(self._buffer), exc, self._where_kept())
+            self._store_refusing = True
+            return False
+        if self._store_refusing:
+            log.warning("deployment %r: the store takes windows again (%d written)", self.name, written)
+            self._store_refusing = False
+        if not self._side_imported:
+            self._import_side_files()
+        return True
+
+    def _where_kept(self) -> str:
+        if self._side_file is not None:
+            return f"they are kept in memory and in {self._side_file}"
+        return "they are kept in memory only (no side file could be written)"
+
+    def _final_flush(self) -> None:
+        self._final_flush_tried = True
+        try:
+            self.flush()
+            self._import_side_files()
+        except Exception as exc:  # noqa: BLE001 - on the way out: keep what we can, say where
+            if self._side_file is not None:
+                log.warning("deployment %r: the store refused the last %d window(s) (%s); they are kept in %s and "
+                            "imported the next time a deployment, bench or the daemon opens %s", self.name,
+                            len(self._buffer), exc, self._side_file, self._db_path)
+            else:
+                log.error("deployment %r: the store refused the last %d window(s) (%s) and no side file could be "
+                          "written: they are lost", self.name, len(self._buffer), exc)
+
+    def _keep_aside(self, error: str) -> None:
+        """Write what the store has not taken yet to this deployment's side file (rewritten whole each time)."""
+        if not self._db_path:
+            return
+        with self._buffer_lock:
+            samples = list(self._buffer)
+            violations = [{"decision": t["rows"]["decision"], "violation": t["rows"]["violation"]}
+                          for t in self._pending_trips if t["rows"].get("violation") is not None]
+        if not samples and not violations:
+            return
+        path = deployment_side_file(self._db_path, self._side_token)
+        try:
+            set_aside_deployment(path, deployment=self.name, samples=samples, violations=violations, error=error)
+        except OSError as exc:
+            log.warning("deployment %r: could not keep the unwritten windows in %s (%s)", self.name, path, exc)
+            return
+        self._side_file = path
+
+    def _import_side_files(self) -> None:
+        """Store what earlier processes left in side files beside this database: after this deployment's first
+        flush the store takes (not before its first window, whose timing that work would disturb), retried until the
+        import works."""
+        if self._side_imported or not self._db_path:
+            return
+        try:
+            with self._write_lock:
+                items = import_deployment_side_files(self._database())
+        except Exception as exc:  # noqa: BLE001 - retried after the next flush the store takes
+            log.debug("deployment %r: side files not imported yet (%s)", self.name, exc)
+            return
+        self._side_imported = True
+        for item in items:
+            log.warning("deployment %r: %s", self.name, describe_deployment_import(item))
 
     def flush(self) -> int:
-        """Write the buffered samples now (one transaction); returns how many were written."""
+        """Write the buffered samples, and any trip not yet recorded, now (one transaction); returns how many
+        samples were new to the store. When the store refuses, they stay buffered for the next flush, are kept
+        in the side file, and the store's error is raised."""
         with self._write_lock:
             with self._buffer_lock:
-                batch, self._buffer = self._buffer, []
+                batch = list(self._buffer)
+                trips = list(self._pending_trips)
             self._last_flush = time.monotonic()
-            if not batch:
+            if not batch and not trips:
                 return 0
-            db = self._database()
+            current = batch[-1]["config_id"] if batch else self._written_config_id
             try:
+                db = self._database()
                 with transaction(db):
-                    written = insert_samples(db, self.deployment_id, batch)
-                    current = batch[-1]["config_id"]
+                    stored = store_samples(db, self.deployment_id, batch)
                     if current != self._written_config_id:
                         set_deployment_config(db, self.deployment_id, current)
-            except Exception:
-                with self._buffer_lock:  # keep them for the next flush rather than drop them
-                    self._buffer[:0] = batch
+                    written = [write_trip(db, t["rows"]) for t in trips]
+            except Exception as exc:
+                self._keep_aside(str(exc))
                 raise
-            if current != self._written_config_id:
-                self._written_config_id = current
-            self.samples_written += written
-            return written
+            with self._buffer_lock:
+                del self._buffer[:len(batch)]
+                del self._pending_trips[:len(trips)]
+            for trip, ids in zip(trips, written, strict=True):
+                trip["entry"].update(violation_id=ids["violation_id"], decision_id=ids["decision_id"])
+            self._written_config_id = current
+            self.samples_written += stored.inserted
+            if self._side_file is not None:  # everything it held is stored now
+                drop_deployment_side_file(self._side_file)
+                self._side_file = None
+            return stored.inserted
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self, timeout_s: float = 30.0) -> None:
-        """Take the last (partial) window, flush every sample, stop the thread. Idempotent."""
+        """Take the last (partial) window, flush every sample, stop the thread. Idempotent.
+
+        Returns within about two store waits (`STORE_WAIT_S`) and at most `timeout_s`; what the store
+        refuses by then is in the side file."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
         _LIVE.discard(self)
+        thread = self._thread
+        if thread is not threading.current_thread():
+            if thread.is_alive():
+                thread.join(timeout_s)
+            if thread.is_alive():
+                self._keep_aside(f"the last write did not finish within {timeout_s:.1f} s")
+                log.warning("deployment %r: the last windows were not written within %.1f s; %s", self.name,
+                            timeout_s, self._where_kept())
+            elif not self._final_flush_tried and (self._buffer or self._pending_trips):
+                self._final_flush()  # the thread ended without its last flush: write the rest from here
+                if self._db is not None and self._db is not self._shared_db:
+                    self._db.close()
+                    self._db = None
         if self._own_meter:
             try:
                 self._meter.close()
@@ -431,11 +591,17 @@ _SIGTERM_INSTALLED = False
 _PREVIOUS_SIGTERM: Any = None
 
 
-def close_all() -> None:
-    """Flush and stop every live deployment in this process."""
-    for model in list(_LIVE):
+def close_all(timeout_s: float | None = None) -> None:
+    """Flush and stop every live deployment in this process, waiting at most `timeout_s` (default
+    `EXIT_WAIT_S`) for all of them together; what is not written by then is in their side files."""
+    wait_s = EXIT_WAIT_S if timeout_s is None else timeout_s
+    models = list(_LIVE)
+    for model in models:
+        model._stop.set()  # all take their last window and write it at once
+    deadline = time.monotonic() + wait_s
+    for model in models:
         try:
-            model.close()
+            model.close(timeout_s=max(0.0, deadline - time.monotonic()))
         except Exception:  # noqa: BLE001 - on the way out, one failure must not stop the others
             log.exception("deployment %r: final flush failed", model.name)
 
