@@ -19,10 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from joulepilot.compiler import CompileConfig, bench
 from joulepilot.policies.schema import validate
 from joulepilot.runtime import EnvelopeWarning, attach, metered
 from joulepilot.store import db as store_db
 from joulepilot.store import open_db
+from joulepilot.store.deployment_side_files import deployment_side_file, set_aside_deployment
 from joulepilot.store.deployments import get_deployment, list_violations, read_samples
 
 LOCK_HOLDER = textwrap.dedent("""
@@ -208,3 +210,44 @@ def test_metering_thread_lives_through_a_failing_meter(tmp_path):
     assert sum(s["inferences"] for s in samples) == dep.inferences  # the failed windows' calls fold into the next
 
 
+
+def _left_behind(db_path: Path) -> tuple[Path, list[dict]]:
+    """A side file as a serving process that ended while the store was locked leaves it: three 5-s windows."""
+    t0 = time.time() - 60
+    windows = [{"t_start": t0 + 5 * i, "t_end": t0 + 5 * (i + 1), "energy_j": 40.0, "inferences": 100,
+                "avg_power_w": 8.0, "peak_power_w": 9.0, "energy_source": "estimate", "config_id": None,
+                "other_processes": 0, "share": 1.0} for i in range(3)]
+    side = set_aside_deployment(deployment_side_file(db_path, "4242-test"), deployment="gone", samples=windows,
+                                error="database is locked")
+    return side, windows
+
+
+def _stored_windows(db_path: Path) -> list[tuple]:
+    db = open_db(db_path)
+    return [(s["t_start"], s["inferences"], s["energy_j"]) for s in read_samples(db, get_deployment(db, "gone")["id"])]
+
+
+def test_bench_imports_the_windows_a_deployment_left_in_a_side_file(tmp_path, flow_worker):
+    db_path = tmp_path / "jp.db"
+    side, windows = _left_behind(db_path)
+    notes: list[str] = []
+    bench("mlp", [CompileConfig(mode="eager")], device="cpu", min_seconds=0.2, db=db_path, idle_s=0,
+          notice=notes.append)
+    assert any(n.startswith("imported 3 metered windows (300 calls) of deployment 'gone'") and str(side) in n
+               for n in notes), notes
+    assert not side.exists()
+    assert _stored_windows(db_path) == [(w["t_start"], w["inferences"], w["energy_j"]) for w in windows]
+
+
+def test_the_daemon_imports_the_windows_a_deployment_left_in_a_side_file(tmp_path):
+    db_path = tmp_path / "jp.db"
+    open_db(db_path).close()
+    side, windows = _left_behind(db_path)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "joulepilot", "daemon", "--db", str(db_path), "--policies",
+                           str(policies), "--once", "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"imported 3 metered windows (300 calls) of deployment 'gone' kept in {side}" in proc.stderr
+    assert not side.exists()
+    assert _stored_windows(db_path) == [(w["t_start"], w["inferences"], w["energy_j"]) for w in windows]
