@@ -23,6 +23,12 @@ written with the windows that show it (after them, in the same transaction); wit
 the metering thread only *requests* a swap; the next call on the caller's thread builds (compiles)
 the fallback configuration and serves with it from then on, so that compile happens where a
 `torch.compile` call would normally happen and never races the model from another thread.
+
+A process forked after `attach` (a prefork server's workers) meters its own calls: at its first call it
+starts a metering thread of its own, with its own counter from zero, a new database connection and, where
+joulepilot built the meter, a new meter for that process. The parent's unwritten windows stay the parent's.
+A child that never calls the model (a helper process) meters nothing, and once a child meters, a window in
+which the parent served no call is not written: it would hold the children's use of the device again.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import mmap
 import os
 import signal
 import threading
@@ -156,6 +163,8 @@ class MeteredModel:
         self._fn = fn
         self._calls = itertools.count()
         self._pending_swap: Fallback | None = None
+        self._attend = False  # the next call has something to do first (a swap, or starting metering in a fork)
+        self._dormant = False  # a forked child that has not served yet: it meters from its first call
         self.name = name
         self.deployment_id = deployment_id
         self.device = device
@@ -187,19 +196,22 @@ class MeteredModel:
         self._side_imported = False  # side files left beside the database have been imported
         self._side_token = _side_token()
         self._side_file: Path | None = None  # this deployment's side file, while it holds something
+        # Set (to 1) by a child forked from this process when it starts metering; shared memory, seen here at once.
+        self._children_metering = mmap.mmap(-1, 1)
         self._written_config_id = config_id
         self._newest: dict[str, Any] | None = None  # the newest window taken (buffered or written)
         self.samples_written = 0
         self._use_meter(meter)
         self._last_mono = time.monotonic()  # windows are timed by this clock; the wall clock only stamps them
         self._last_t_end = time.time()  # the stamped end of the newest window (here: where the first starts)
-        self._last_e = self._energy_now()
+        self._last_e: float | None = self._energy_now()  # None: no starting reading yet (the next window takes one)
         self._last_n = 0
         self._last_flush = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"joulepilot-meter:{name}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
         _flush_at_exit()
+        _restart_in_forked_children()
 
     def _use_meter(self, meter: Any) -> None:
         self._meter = meter
@@ -209,8 +221,8 @@ class MeteredModel:
 
     # -- hot path ---------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._pending_swap is not None:
-            self._apply_swap()
+        if self._attend:
+            self._attend_to()
         out = self._fn(*args, **kwargs)
         next(self._calls)
         return out
@@ -226,9 +238,12 @@ class MeteredModel:
             raise AttributeError(item)
         return getattr(self.__dict__["_fn"], item)
 
-    # -- fallback swap (caller's thread) ----------------------------------------------------------
-    def _apply_swap(self) -> None:
+    # -- the caller's thread: fallback swap, metering in a forked child ---------------------------
+    def _attend_to(self) -> None:
         with self._swap_lock:
+            self._attend = False  # cleared before reading what to do: a request made meanwhile sets it again
+            if self._dormant:
+                self._start_in_child()
             target = self._pending_swap
             if target is None:
                 return
@@ -244,6 +259,7 @@ class MeteredModel:
     def request_swap(self, target: Fallback) -> None:
         """Serve `target` from the next call on (it is built on the caller's thread at that call)."""
         self._pending_swap = target
+        self._attend = True
 
     # -- metering thread --------------------------------------------------------------------------
     def _energy_now(self) -> float:
@@ -272,8 +288,10 @@ class MeteredModel:
                 self._db = db
         return self._db
 
-    def _run(self) -> None:
+    def _run(self, in_child: bool = False) -> None:
         try:
+            if in_child:
+                self._begin_in_child()
             step_s = self.interval_s / POWER_READS_PER_WINDOW
             next_sample = time.monotonic() + self.interval_s
             powers: list[float] = []
@@ -317,12 +335,23 @@ class MeteredModel:
         t_end = time.time()
         energy = self._energy_now()
         count = self.inferences
+        if self._last_e is None:  # no starting reading (a forked child whose meter failed): this is it
+            self._last_mono, self._last_e, self._last_t_end = mono_end, energy, t_end
+            return
         # The window's length comes from the monotonic clock, so a wall-clock step (NTP, a VM resuming)
         # neither stretches nor squeezes it; see `_stamps` for where it is placed in wall-clock time.
         duration_s = mono_end - self._last_mono
         if final and duration_s <= 0:
             return
         inferences = count - self._last_n
+        if inferences == 0 and self._children_metering[0]:
+            # A child forked from here meters this deployment: a window in which this process served nothing
+            # holds only the children's use of the device (or of this process tree), which they write themselves.
+            self._last_mono, self._last_e, self._last_n = mono_end, energy, count
+            self._last_t_end = max(self._last_t_end, t_end)
+            if self.guard is not None and not final:
+                self.guard.feed(None)  # an idle window breaks the guard's streak, as it would if written
+            return
         if final and duration_s < max(MIN_TAIL_S, MIN_TAIL_FRACTION * self.interval_s) \
                 and self._fold_tail(duration_s, mono_end, energy, count, powers):
             return
@@ -376,7 +405,7 @@ class MeteredModel:
         """Extend the newest window by the tail's `tail_s` seconds (monotonic) instead of writing a short last
         one; False when there is no window to extend (the tail is then written on its own)."""
         previous = self._newest
-        if previous is None or previous["config_id"] != self.config_id:
+        if previous is None or previous["config_id"] != self.config_id or self._last_e is None:
             return False
         merged = dict(previous)
         # The window keeps its start stamp (the store knows it by that) and grows by the tail's monotonic
@@ -544,6 +573,58 @@ class MeteredModel:
                 self._side_file = None
             return stored.inserted
 
+    # -- a process forked from this one -----------------------------------------------------------
+    def _forked(self) -> None:
+        """In a child just forked: forget the parent's metering state; meter this process from its first call."""
+        if self._closed:
+            return
+        # The parent's connection and meter are parked, not closed: closing them here could disturb the parent's.
+        _INHERITED.extend(x for x in (self._db,) if x is not None and x is not self._shared_db)
+        self._db = None
+        # Locks another thread of the parent held at the fork would stay held here for good.
+        self._buffer_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._swap_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._calls = itertools.count()
+        self._buffer, self._pending_trips, self.trips = [], [], []
+        self._newest = None
+        self.samples_written = 0
+        self._side_token, self._side_file = _side_token(), None
+        self._side_imported = True  # the parent imported them when it started
+        self._store_refusing = self._meter_failing = self._final_flush_tried = False
+        self._dormant = True
+        self._attend = True
+
+    def _start_in_child(self) -> None:
+        """The first call in a forked child: start this process's metering thread (caller's thread, swap lock)."""
+        self._dormant = False
+        self._children_metering[0] = 1  # the parent's flag: from now on its idle windows are ours
+        self._children_metering = mmap.mmap(-1, 1)  # ours, for children forked from this process
+        self._thread = threading.Thread(target=self._run, kwargs={"in_child": True},
+                                        name=f"joulepilot-meter:{self.name}", daemon=True)
+        self._thread.start()
+
+    def _begin_in_child(self) -> None:
+        """On the child's metering thread, before its first window: its own meter and starting point."""
+        if self._own_meter:
+            try:
+                from joulepilot.telemetry import EnergyMeter
+
+                fresh = EnergyMeter(device=self.device, sampler=False)
+            except Exception:  # noqa: BLE001 - the parent's meter still reads the device
+                log.warning("deployment %r: no meter of its own in forked process %d; reading the parent's",
+                            self.name, os.getpid(), exc_info=True)
+            else:
+                _INHERITED.append(self._meter)
+                self._use_meter(fresh)
+        self._last_mono, self._last_t_end, self._last_n = time.monotonic(), time.time(), 0
+        self._last_flush = time.monotonic()
+        try:
+            self._last_e = self._energy_now()
+        except Exception:  # noqa: BLE001 - the first window that reads takes the starting point
+            self._last_e = None
+
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self, timeout_s: float = 30.0) -> None:
         """Take the last (partial) window, flush every sample, stop the thread. Idempotent.
@@ -555,6 +636,8 @@ class MeteredModel:
         self._closed = True
         self._stop.set()
         _LIVE.discard(self)
+        if self._dormant:  # a forked child that never served: nothing of its own to write
+            return
         thread = self._thread
         if thread is not threading.current_thread():
             if thread.is_alive():
@@ -587,8 +670,10 @@ class MeteredModel:
 # -- exit paths -----------------------------------------------------------------------------------
 _LIVE: weakref.WeakSet[MeteredModel] = weakref.WeakSet()
 _ATEXIT_REGISTERED = False
+_FORK_HANDLER_REGISTERED = False
 _SIGTERM_INSTALLED = False
 _PREVIOUS_SIGTERM: Any = None
+_INHERITED: list[Any] = []  # a parent's connections and meters, kept alive (unused) in a forked child
 
 
 def close_all(timeout_s: float | None = None) -> None:
@@ -611,6 +696,22 @@ def _flush_at_exit() -> None:
     if not _ATEXIT_REGISTERED:
         _ATEXIT_REGISTERED = True
         atexit.register(close_all)
+
+
+def _after_fork_in_child() -> None:
+    for model in list(_LIVE):
+        try:
+            model._forked()
+        except Exception:  # noqa: BLE001 - one deployment's trouble must not keep the others from metering
+            log.exception("deployment %r: metering could not be prepared in forked process %d", model.name,
+                          os.getpid())
+
+
+def _restart_in_forked_children() -> None:
+    global _FORK_HANDLER_REGISTERED
+    if not _FORK_HANDLER_REGISTERED and hasattr(os, "register_at_fork"):
+        _FORK_HANDLER_REGISTERED = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
