@@ -31,6 +31,7 @@ from joulepilot.store import (
     run_columns,
     workload_needs_description,
 )
+from joulepilot.store.deployment_side_files import describe_deployment_import, import_deployment_side_files
 from joulepilot.store.jsonvalues import json_object
 
 from .artifacts import artifact_path_for
@@ -620,6 +621,8 @@ def bench(
     try:
         for item in import_pending_runs(database):
             notice(describe_import(item))
+        for kept in import_deployment_side_files(database):  # windows a deployment could not write
+            notice(describe_deployment_import(kept))
         zygotes = stack.enter_context(ZygotePool())  # one for the sweep, a zygote per device in it
         sweep = _Sweep(spec, configs, database=database, force=force, progress=progress, notice=notice,
                        stop_before=stop_before, phase_progress=phase_progress,

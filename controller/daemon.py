@@ -73,6 +73,7 @@ from joulepilot.store.daemon_state import (
     write_heartbeat,
 )
 from joulepilot.store.decisions import latest_decision
+from joulepilot.store.deployment_side_files import describe_deployment_import, import_deployment_side_files
 from joulepilot.store.runs import further_window_run_ids
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
@@ -575,6 +576,8 @@ class Daemon:
         """Runs whose commit failed earlier (disk full) wait in side files; store them now."""
         for item in import_pending_runs(self.db, stop=self.stop_event.is_set):
             (log.info if item.run_id is not None else log.warning)("%s", describe_import(item))
+        for kept in import_deployment_side_files(self.db):  # windows a deployment could not write
+            (log.warning if kept.error else log.info)("%s", describe_deployment_import(kept))
 
     def _has_open_jobs(self, policy: str) -> bool:
         return has_open_jobs(self.db, policy)

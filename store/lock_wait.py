@@ -1,0 +1,15 @@
+"""How long one connection waits for another writer's lock before SQLite gives up with "database is locked".
+
+`open_db` sets the store's patient default (`db.BUSY_TIMEOUT_MS`). A writer that must never be held up for
+long, such as a serving process's metering thread, shortens it on its own connection and keeps what was
+refused for a later try instead.
+"""
+
+from __future__ import annotations
+
+import sqlite_utils
+
+
+def set_lock_wait_s(db: sqlite_utils.Database, seconds: float) -> None:
+    """Wait at most `seconds` for a lock held by another connection (0: fail at once)."""
+    db.execute(f"PRAGMA busy_timeout = {max(0, round(seconds * 1000))}")
