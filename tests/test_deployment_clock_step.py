@@ -126,7 +126,9 @@ def test_a_wall_clock_step_mid_window_leaves_every_window_at_the_devices_power(t
         assert max(gaps) == pytest.approx(step_s, abs=0.1)
         assert samples[-1]["t_end"] == pytest.approx(stepped_now, abs=0.5)
     else:
-        assert max(gaps) == pytest.approx(0.0, abs=1e-6)
+        # no gap of the step's size; what is left is the moment between the wall and monotonic clock reads,
+        # microseconds, more on a loaded machine
+        assert max(gaps) == pytest.approx(0.0, abs=0.01)
         assert stepped_now < samples[-1]["t_end"] <= stepped_now - step_s + 0.5
 
 
