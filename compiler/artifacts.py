@@ -23,7 +23,6 @@ import hashlib
 import io
 import logging
 import os
-import secrets
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -269,17 +268,7 @@ def _write_kernel(target: Path, data: bytes, executable: bool) -> None:
     """`data` to `target` through a temporary name beside it, synced, then renamed over it: a crash leaves the
     old file or a complete new one (and at most a `.tmp` file, which nothing loads), never a part of a binary.
     A process that has the old file loaded keeps its copy."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777 if executable else 0o666)  # less the umask
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_file_atomic(target, data, mode=0o777 if executable else 0o666)  # less the umask
 
 
 def unpack_kernels(path: str | os.PathLike, caches: Mapping[str, Path] | None = None, *,

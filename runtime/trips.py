@@ -78,22 +78,9 @@ def write_trip(db: sqlite_utils.Database, rows: Mapping[str, Any]) -> dict[str, 
     return written
 
 
-def record_trip(
-    db: sqlite_utils.Database,
-    trip: Trip,
-    *,
-    deployment: str,
-    policy: str | None,
-    config_id: str | None,
-    decision: Mapping[str, Any] | None,
-    device_kind: str | None,
-    torch_version: str | None,
-    source: str,
-    config_label: str | None = None,
-) -> dict[str, Any]:
-    """Write the violation and a `violated` decision (see `trip_rows`), and warn; returns the ids written.
-    Without a policy it only warns."""
-    rows = trip_rows(trip, deployment=deployment, policy=policy, config_id=config_id, decision=decision,
-                     device_kind=device_kind, torch_version=torch_version, source=source, config_label=config_label)
+def record_trip(db: sqlite_utils.Database, trip: Trip, **fields: Any) -> dict[str, Any]:
+    """Write the violation and a `violated` decision (`fields` as `trip_rows` takes them), and warn; returns the
+    ids written. Without a policy it only warns."""
+    rows = trip_rows(trip, **fields)
     warn_trip(rows["message"])
     return write_trip(db, rows)

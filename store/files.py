@@ -14,15 +14,16 @@ from pathlib import Path
 FILE_MODE = 0o666  # the umask takes away what the site does not want (0644 with the usual 022)
 
 
-def write_file_atomic(path: str | os.PathLike, data: bytes) -> Path:
+def write_file_atomic(path: str | os.PathLike, data: bytes, *, mode: int = FILE_MODE) -> Path:
     """Write `data` to `path` through a temporary file in the same folder, synced, then renamed over it.
 
     A reader sees the old file or the new one, never a part; a crash leaves at most a `.tmp` file.
-    Raises OSError (read-only folder, permissions, full disk) with nothing left behind.
+    `mode` less the umask is the new file's (0o777 for an executable). Raises OSError (read-only folder,
+    permissions, full disk) with nothing left behind.
     """
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
