@@ -160,3 +160,20 @@ def make_writable(path: Path) -> None:
     if os.geteuid() == 0:
         os.chown(path, 0, 0)
     path.chmod(0o755)
+
+
+def compile_with_warnings(policy, db, **kwargs):
+    """`joulepilot.compile` of a small linear model with `policy` and `db`, its first call checked against the
+    model's own output; returns the served model and the texts of the joulepilot warnings it gave."""
+    import warnings
+
+    import torch
+    from joulepilot.runtime import compile as jp_compile
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4)).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        served = jp_compile(model, policy=policy, db=db, **kwargs)
+    x = torch.randn(8, 16)
+    assert torch.allclose(served(x).float(), model(x), rtol=5e-2, atol=5e-2)
+    return served, [str(w.message) for w in caught if "joulepilot" in str(w.message)]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from decision_factories import (
     can_restrict,
+    compile_with_warnings,
     config,
     db_file,
     give_away,
@@ -22,7 +22,6 @@ from decision_factories import (
 )
 from joulepilot.policies import load_policy, record_decision, resolve, write_lock
 from joulepilot.policies.lock import lock_path
-from joulepilot.runtime import compile as jp_compile
 from joulepilot.store import import_runs, open_db, read_export
 
 H200_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
@@ -41,20 +40,6 @@ def umask_022():
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-def _joulepilot_warnings(caught) -> list[str]:
-    return [str(w.message) for w in caught if "joulepilot" in str(w.message)]
-
-
-def _compile(policy, db, **kwargs):
-    model = torch.nn.Sequential(torch.nn.Linear(16, 4)).eval()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        served = jp_compile(model, policy=policy, db=db, **kwargs)
-    x = torch.randn(8, 16)
-    assert torch.allclose(served(x).float(), model(x), rtol=5e-2, atol=5e-2)
-    return served, _joulepilot_warnings(caught)
 
 
 def _decided(tmp_path, db):
@@ -147,14 +132,14 @@ def test_a_broken_store_falls_back_with_one_warning(tmp_path, damage):
     path = tmp_path / "broken.db"
     damage(path)
     before = path.read_bytes()
-    served, said = _compile(policy_path, str(path))
+    served, said = compile_with_warnings(policy_path, str(path))
     assert served.decision.source == "none" and served.decision.state == "fallback"
     assert served.decision.config["id"] == config("eager", "fp32").id
     assert len(said) == 1 and str(path) in said[0]
     assert path.read_bytes() == before  # nothing was written into it
-    _, again = _compile(policy_path, str(path))
+    _, again = compile_with_warnings(policy_path, str(path))
     assert again == []  # once per process
-    metered, said = _compile(policy_path, str(path), deployment="svc-prod")  # metering needs the store
+    metered, said = compile_with_warnings(policy_path, str(path), deployment="svc-prod")  # metering needs the store
     assert not hasattr(metered, "flush") and said == []
 
 
@@ -166,7 +151,7 @@ def test_a_broken_store_falls_back_with_one_warning(tmp_path, damage):
 def test_an_unparsable_policy_file_runs_the_model_uncompiled(tmp_path, content):
     path = tmp_path / "bad.toml"
     path.write_bytes(content)
-    served, said = _compile(path, str(tmp_path / "none.db"))
+    served, said = compile_with_warnings(path, str(tmp_path / "none.db"))
     assert served.decision.source == "none" and served.decision.config["mode"] == "eager"
     assert len(said) == 1 and str(path) in said[0]
     assert not (tmp_path / "none.db").exists()
@@ -180,7 +165,7 @@ def test_an_unparsable_policy_file_runs_the_model_uncompiled(tmp_path, content):
 def test_an_unusable_lock_file_gives_way_to_the_store(tmp_path, db, content):
     policy_path, decision = _decided(tmp_path, db)
     lock_path(policy_path).write_bytes(content)
-    served, said = _compile(policy_path, db)
+    served, said = compile_with_warnings(policy_path, db)
     assert served.decision.source == "store" and served.decision.config["id"] == decision.config_id
     assert len(said) == 1 and str(lock_path(policy_path)) in said[0]
 

@@ -6,15 +6,12 @@ where it came from and the fix, the next source is tried (the other lock file, t
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
-from decision_factories import config, db_file, seed_runs, write_policy
+from decision_factories import compile_with_warnings, config, db_file, seed_runs, write_policy
 from joulepilot.policies import find_locked, load_policy, record_decision, resolve, write_lock
 from joulepilot.policies.lock import LOCK_FORMAT, lock_dir_path
-from joulepilot.runtime import compile as jp_compile
 
 FIGURES = {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},
            ("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3}}
@@ -45,16 +42,6 @@ ENTRY_DAMAGE = {
 }
 
 
-def _compile(policy, db, **kwargs):
-    model = torch.nn.Sequential(torch.nn.Linear(16, 4)).eval()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        served = jp_compile(model, policy=policy, db=db, **kwargs)
-    x = torch.randn(8, 16)
-    assert torch.allclose(served(x).float(), model(x), rtol=5e-2, atol=5e-2)
-    return served, [str(w.message) for w in caught if "joulepilot" in str(w.message)]
-
-
 def _decided(tmp_path, db):
     policy_path = write_policy(tmp_path / "policies")
     seed_runs(db, FIGURES)
@@ -76,7 +63,7 @@ def test_a_lock_entry_this_version_cannot_use_falls_back_with_one_warning(tmp_pa
     policy_path, decision = _decided(tmp_path, db)
     lock = write_lock(policy_path, decision)
     _damage_lock(lock, damage)
-    served, said = _compile(policy_path, str(tmp_path / "no-store.db"), deployment="svc-prod")
+    served, said = compile_with_warnings(policy_path, str(tmp_path / "no-store.db"), deployment="svc-prod")
     assert served.decision.source == "none" and served.decision.state == "fallback"
     assert served.decision.config["id"] == config("eager", "fp32").id  # the policy's [fallback]
     assert len(said) == 1 and str(lock) in said[0] and "joulepilot policy lock" in said[0]
@@ -89,7 +76,7 @@ def test_a_lock_entry_this_version_cannot_use_gives_way_to_the_store(tmp_path, d
     policy_path, decision = _decided(tmp_path, db)
     lock = write_lock(policy_path, decision)
     _damage_lock(lock, damage)
-    served, said = _compile(policy_path, db)
+    served, said = compile_with_warnings(policy_path, db)
     assert served.decision.source == "store" and served.decision.config["id"] == decision.config_id
     assert len(said) == 1 and str(lock) in said[0] and "joulepilot policy lock" in said[0]
 
@@ -104,7 +91,7 @@ def test_an_unusable_entry_in_one_lock_file_gives_way_to_the_other(tmp_path, db,
     assert files["lock_dir"] == lock_dir_path(tmp_path / "locks", "svc")
     _damage_lock(files[bad_one], _decided_yesterday)
     good = files["lock_dir" if bad_one == "beside" else "beside"]
-    served, said = _compile(policy_path, str(tmp_path / "no-store.db"))
+    served, said = compile_with_warnings(policy_path, str(tmp_path / "no-store.db"))
     assert served.decision.source == "lock" and served.decision.details["lock_file"] == str(good)
     assert len(said) == 1 and str(files[bad_one]) in said[0] and "decided_at" in said[0]
     locked, problems = find_locked(policy_path, "svc", "cpu", decision.torch_version, policy_hash=decision.policy_hash,
@@ -119,7 +106,7 @@ def test_an_unusable_entry_made_for_other_policy_content_is_not_reported(tmp_pat
     decision.policy_hash = "0" * 16
     lock = write_lock(policy_path, decision)
     _damage_lock(lock, _break_config("mode", "turbo"))
-    served, said = _compile(policy_path, db)
+    served, said = compile_with_warnings(policy_path, db)
     assert served.decision.source == "store" and said == []
 
 
@@ -129,7 +116,7 @@ def test_a_lock_file_of_a_newer_format_is_skipped_with_its_own_message(tmp_path,
     document = json.loads(lock.read_text())
     document["format"] = LOCK_FORMAT + 1
     lock.write_text(json.dumps(document))
-    served, said = _compile(policy_path, db)
+    served, said = compile_with_warnings(policy_path, db)
     assert served.decision.source == "store" and served.decision.config["id"] == decision.config_id
     assert len(said) == 1 and str(lock) in said[0]
     assert "newer joulepilot" in said[0] and "upgrade joulepilot" in said[0]
@@ -143,7 +130,7 @@ def test_a_lock_file_whose_format_is_not_a_version_is_skipped(tmp_path, db, fmt)
     document = json.loads(lock.read_text())
     document["format"] = fmt
     lock.write_text(json.dumps(document))
-    served, said = _compile(policy_path, db)
+    served, said = compile_with_warnings(policy_path, db)
     assert served.decision.source == "store"
     assert len(said) == 1 and str(lock) in said[0] and "format" in said[0]
 
@@ -160,7 +147,7 @@ def test_a_stored_decision_this_version_cannot_use_falls_back_with_one_warning(t
     policy_path, decision = _decided(tmp_path, db)
     db.execute(f"UPDATE decisions SET details = json_set(details, '{path}', ?)", [value])
     db.conn.commit()
-    served, said = _compile(policy_path, db_file(db), deployment="svc-prod")
+    served, said = compile_with_warnings(policy_path, db_file(db), deployment="svc-prod")
     assert served.decision.source == "none" and served.decision.state == "fallback"
     assert served.decision.config["id"] == config("eager", "fp32").id
     assert len(said) == 1 and db_file(db) in said[0] and "svc" in said[0]
@@ -174,7 +161,7 @@ def test_a_stored_decision_this_version_cannot_use_gives_way_to_the_lock_files_f
     write_lock(policy_path, decision)
     db.execute("UPDATE decisions SET details = json_set(details, '$.config.precision', 'fp8')")
     db.conn.commit()
-    served, said = _compile(policy_path, db_file(db))
+    served, said = compile_with_warnings(policy_path, db_file(db))
     assert served.decision.source == "lock" and served.decision.config["id"] == decision.config_id
     assert said == []
 
@@ -182,10 +169,10 @@ def test_a_stored_decision_this_version_cannot_use_gives_way_to_the_lock_files_f
 def test_a_good_decision_is_still_applied_from_either_source(tmp_path, db):
     """The checks do not refuse what this version writes."""
     policy_path, decision = _decided(tmp_path, db)
-    stored, said = _compile(policy_path, db)
+    stored, said = compile_with_warnings(policy_path, db)
     assert stored.decision.source == "store" and said == []
     write_lock(policy_path, decision)
-    locked, said = _compile(policy_path, db)
+    locked, said = compile_with_warnings(policy_path, db)
     assert locked.decision.source == "lock" and locked.decision.config["id"] == decision.config_id and said == []
 
 
@@ -193,7 +180,7 @@ def test_a_stored_decision_whose_workload_id_is_not_text_is_served_and_metered_u
     policy_path, decision = _decided(tmp_path, db)
     db.execute("UPDATE decisions SET details = json_set(details, '$.workload_id', json('[\"a\"]'))")
     db.conn.commit()
-    served, said = _compile(policy_path, db_file(db), deployment="svc-prod")
+    served, said = compile_with_warnings(policy_path, db_file(db), deployment="svc-prod")
     assert served.decision.source == "store" and served.decision.workload_id is None and said == []
     assert type(served).__name__ == "MeteredModel"
     served.close()

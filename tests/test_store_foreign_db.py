@@ -17,7 +17,7 @@ from joulepilot.store import (
     open_for_reading,
     schema_version,
 )
-from joulepilot.store.schema import MIGRATIONS
+from store_factories import database_at
 
 from joulepilot.cli import main
 
@@ -100,32 +100,14 @@ def test_a_new_path_and_an_empty_file_become_joulepilot_databases(tmp_path):
     assert unread.stat().st_size == 0
 
 
-def _old_database(path: Path, version: int) -> Path:
-    """A database as joulepilot left it at schema `version` (its migrations up to there), with one run and a
-    table of the user's own beside joulepilot's."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    for step in MIGRATIONS[:version]:
-        step(conn)
-    conn.execute(f"PRAGMA user_version = {version}")
-    conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
-    conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")
-    conn.execute("INSERT INTO configs (id, label, mode, fusion, options, precision, dynamic, batch_size)"
-                 " VALUES ('c1', 'eager/fp32/b8', 'eager', 'default', '{}', 'fp32', 0, 8)")
-    conn.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at,"
-                 " energy_j_per_inference) VALUES ('w1', 'c1', 'h1', 'cpu', 'ok', 2.0, 0.25)")
-    conn.execute("CREATE TABLE my_notes (note TEXT)")
-    conn.close()
-    return path
-
-
 @pytest.mark.parametrize("version", range(1, SCHEMA_VERSION + 1))
 def test_joulepilot_databases_of_every_schema_version_still_open(tmp_path, version):
-    read = _old_database(tmp_path / "read.db", version)
+    read = database_at(tmp_path / "read.db", version, user_table=True)
     db = open_for_reading(read)  # read-only first, then brought forward where it is older
     assert schema_version(db) == SCHEMA_VERSION
     assert [r["energy_j_per_inference"] for r in list_runs(db)] == [0.25]
     db.close()
-    written = _old_database(tmp_path / "write.db", version)
+    written = database_at(tmp_path / "write.db", version, user_table=True)
     db = open_db(written)
     assert schema_version(db) == SCHEMA_VERSION and "my_notes" in db.table_names()
     assert [r["energy_j_per_inference"] for r in list_runs(db)] == [0.25]
@@ -133,7 +115,7 @@ def test_joulepilot_databases_of_every_schema_version_still_open(tmp_path, versi
 
 
 def test_a_file_claiming_a_schema_version_without_its_tables_is_refused(tmp_path):
-    path = _old_database(tmp_path / "half.db", 2)
+    path = database_at(tmp_path / "half.db", 2, user_table=True)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA user_version = 3")  # version 3 adds the daemon's tables, which this file lacks
     conn.close()

@@ -13,23 +13,7 @@ from joulepilot.store import SCHEMA_VERSION, StoreError, list_runs, open_db, sch
 from joulepilot.store import db as db_module
 from joulepilot.store.db import joulepilot_tables
 from joulepilot.store.schema import MIGRATIONS
-
-
-def _database_at(path: Path, version: int) -> Path:
-    """A joulepilot database left at schema `version` by an older joulepilot, with one run in it."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    for step in MIGRATIONS[:version]:
-        step(conn)
-    conn.execute(f"PRAGMA user_version = {version}")
-    conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
-    conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")
-    conn.execute("INSERT INTO configs (id, label, mode, fusion, options, precision, dynamic, batch_size)"
-                 " VALUES ('c1', 'eager/fp32/b8', 'eager', 'default', '{}', 'fp32', 0, 8)")
-    conn.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at,"
-                 " energy_j_per_inference) VALUES ('w1', 'c1', 'h1', 'cpu', 'ok', 2.0, 0.25)")
-    conn.close()
-    return path
+from store_factories import database_at
 
 
 def _file_state(path: Path) -> tuple[int, str, set[str]]:
@@ -62,7 +46,7 @@ def _full_disk_at_last_step(*, sqlite_ended_transaction: bool):
 @pytest.mark.parametrize("sqlite_ended_transaction", [True, False], ids=["rolled-back-by-sqlite", "still-open"])
 def test_a_failed_migration_step_reports_its_own_error_and_keeps_the_previous_version(
         tmp_path, monkeypatch, sqlite_ended_transaction):
-    path = _database_at(tmp_path / "old.db", SCHEMA_VERSION - 1)
+    path = database_at(tmp_path / "old.db", SCHEMA_VERSION - 1, wal=True)
     joulepilot_tables(SCHEMA_VERSION - 1)  # the check of the file's tables replays the real migrations, not these
     monkeypatch.setattr(db_module, "MIGRATIONS",
                         _full_disk_at_last_step(sqlite_ended_transaction=sqlite_ended_transaction))
