@@ -228,7 +228,7 @@ def _check_is_joulepilot(db: sqlite_utils.Database, target: Path, *, empty_ok: b
                               f"`joulepilot runs import` or the daemon)")
     # Each migration step commits its tables with its version, so a joulepilot file of version N holds
     # every table of version N; of a newer version only the first schema's tables can be known here.
-    missing = joulepilot_tables(min(version, SCHEMA_VERSION) or 1) - set(names)
+    missing = joulepilot_tables(version if 0 < version <= SCHEMA_VERSION else 1) - set(names)
     if version == 0 or missing:
         lacking = ("joulepilot's tables and schema version" if version == 0
                    else f"joulepilot's {_listed(sorted(missing))} of schema version {version}")

@@ -116,6 +116,22 @@ def test_newer_schema_is_refused_with_advice(tmp_path):
         open_db(path)
 
 
+def test_a_newer_schema_that_dropped_a_later_table_is_still_called_newer(tmp_path):
+    """Of a newer schema only the first version's tables can be expected: a later one may have gone."""
+    from joulepilot.store.db import joulepilot_tables
+
+    path = tmp_path / "new.db"
+    open_db(path).close()
+    dropped = sorted(joulepilot_tables(SCHEMA_VERSION) - joulepilot_tables(1))[0]
+    conn = sqlite3.connect(path)
+    conn.execute(f"DROP TABLE {dropped}")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this joulepilot"):
+        open_db(path, read_only=True)
+
+
 def test_unopenable_path_names_the_file(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
