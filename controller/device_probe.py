@@ -110,13 +110,21 @@ def probe_devices(devices: Sequence[str]) -> tuple[list[DeviceProbe], dict[str, 
 
 
 def check_devices(spec: Sequence[str], where: str) -> list[DeviceProbe]:
-    """At the daemon's start: every device of `spec` (the config's `devices`) can be metered, else
-    DeviceUnavailable naming the first one that cannot, why, and the fix."""
+    """At the daemon's start: every device `spec` (the config's `devices`) names can be metered, else
+    DeviceUnavailable naming the first one that cannot, why, and the fix. A GPU that "auto" finds but that
+    cannot be metered (lost to an Xid error, still listed by NVML) is logged and left to the passes, which
+    skip it until it can be metered again; only when no device at all can be metered does the start fail."""
+    named = {"cpu" if item == "cpu" else f"cuda:{int(item)}" for item in spec if item != "auto"}
     probes, errors = probe_devices(allowed_devices(spec))
-    if errors:
-        device, why = next(iter(errors.items()))
+    refused = [device for device in errors if device in named] or ([] if probes else list(errors))
+    if refused:
+        device = refused[0]
         count = visible_gpu_count()
         seen = f"GPUs here: {', '.join(map(str, range(count)))}" if count else "no GPU is visible here"
-        raise DeviceUnavailable(f"{where}: devices: {device} cannot be used: {why}; list only devices this host can "
-                                f"meter in `devices` ({seen}), or use \"auto\"")
+        other = "" if "auto" in spec else ', or use "auto"'
+        raise DeviceUnavailable(f"{where}: devices: {device} cannot be used: {errors[device]}; list only devices "
+                                f"this host can meter in `devices` ({seen}){other}")
+    for device, why in errors.items():
+        log.warning("%s: devices: %s (found by \"auto\") cannot be metered now (%s); the passes skip it until it "
+                    "can", where, device, why)
     return probes

@@ -133,3 +133,34 @@ def test_a_gpu_lost_while_running_is_logged_once_and_skipped_until_it_is_back(tm
         assert "GPU is lost" in skipped and "\n" not in skipped
         assert records.saying(f"{device} can be metered again")
     assert len(records.saying("passes skipped: no device of `devices` can be metered")) == 1
+
+
+def test_auto_starts_without_a_gpu_it_found_lost_and_uses_it_once_back(tmp_path, gpus, records):
+    gpus[1].lost = True  # still listed by NVML, as after an Xid error
+    config, _ = config_with(tmp_path, '"auto"', interval_s=1)
+    daemon = Daemon.from_cli(config_path=str(config), db=None, policies=())
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=daemon.run(once=False)), daemon=True)
+    thread.start()
+    try:
+        first = passes_after(daemon, 0, "the first pass")
+        assert first["devices"] == ["cuda:0"] and [e["device"] for e in first["device_errors"]] == ["cuda:1"]
+        gpus[1].lost = False
+        back = passes_after(daemon, time.time(), "a pass with both GPUs", lambda p: not p["device_errors"])
+        assert back["devices"] == ["cuda:0", "cuda:1"]
+    finally:
+        daemon.request_stop("test over")
+        thread.join(30)
+    assert not thread.is_alive() and outcome["result"].exit_code == 0
+    (started,) = records.saying('cuda:1 (found by "auto") cannot be metered now')
+    assert "GPU is lost" in started
+
+
+def test_auto_with_no_gpu_it_can_meter_is_refused_at_start(tmp_path, gpus):
+    gpus[0].lost = gpus[1].lost = True
+    config, _ = config_with(tmp_path, '"auto"')
+    daemon = Daemon.from_cli(config_path=str(config), db=None, policies=())
+    with pytest.raises(DeviceUnavailable) as err:
+        daemon.run(once=True)
+    message = str(err.value)
+    assert message.startswith(f"{config}: devices: cuda:0 cannot be used:") and 'or use "auto"' not in message
