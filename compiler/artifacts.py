@@ -265,10 +265,11 @@ def _same_content(path: Path, data: bytes) -> bool:
 
 
 def _write_kernel(target: Path, data: bytes, executable: bool) -> None:
-    """`data` to `target` through a temporary name beside it, synced, then renamed over it: a crash leaves the
-    old file or a complete new one (and at most a `.tmp` file, which nothing loads), never a part of a binary.
-    A process that has the old file loaded keeps its copy."""
-    write_file_atomic(target, data, mode=0o777 if executable else 0o666)  # less the umask
+    """`data` to `target` through a temporary name beside it, then renamed over it: a crash leaves the old file
+    or a complete new one (and at most a `.tmp` file, which nothing loads), never a part of a binary. A process
+    that has the old file loaded keeps its copy. Not synced (each sync would lengthen the warm start): a file a
+    power loss damaged differs from the verified tar at the next load, which replaces it."""
+    write_file_atomic(target, data, mode=0o777 if executable else 0o666, durable=False)  # mode less the umask
 
 
 def unpack_kernels(path: str | os.PathLike, caches: Mapping[str, Path] | None = None, *,

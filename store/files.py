@@ -14,12 +14,13 @@ from pathlib import Path
 FILE_MODE = 0o666  # the umask takes away what the site does not want (0644 with the usual 022)
 
 
-def write_file_atomic(path: str | os.PathLike, data: bytes, *, mode: int = FILE_MODE) -> Path:
+def write_file_atomic(path: str | os.PathLike, data: bytes, *, mode: int = FILE_MODE, durable: bool = True) -> Path:
     """Write `data` to `path` through a temporary file in the same folder, synced, then renamed over it.
 
     A reader sees the old file or the new one, never a part; a crash leaves at most a `.tmp` file.
-    `mode` less the umask is the new file's (0o777 for an executable). Raises OSError (read-only folder,
-    permissions, full disk) with nothing left behind.
+    `mode` less the umask is the new file's (0o777 for an executable). `durable=False` skips the sync, for
+    files that only a power loss could leave damaged and that are checked again before use (a cache). Raises
+    OSError (read-only folder, permissions, full disk) with nothing left behind.
     """
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -28,7 +29,8 @@ def write_file_atomic(path: str | os.PathLike, data: bytes, *, mode: int = FILE_
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
