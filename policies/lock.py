@@ -34,6 +34,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,10 +257,15 @@ def _lock_file_paths(policy_path: str | None, policy_name: str, lock_dir: str | 
 
 def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_kind: str, torch_version: str,
                 *, policy_hash: str | None = None, lock_dir: str | os.PathLike | None = None,
+                usable: Callable[[dict[str, Any]], str | None] | None = None,
                 ) -> tuple[LockedEntry | None, list[str]]:
     """The newest locked entry for this device kind and torch (made for `policy_hash` when given), and
-    the problems met on the way (each a line naming the file and the fix). Never raises for a bad file."""
-    best: LockedEntry | None = None
+    the problems met on the way (each a line naming the file and the fix). Never raises for a bad file.
+
+    `usable(entry)` says why the caller cannot apply an entry (None: it can); an entry it refuses is passed
+    over, named among the problems, and the next newest tried (the other file's). It is asked only until an
+    entry passes, newest first, so an older entry that would lose anyway costs nothing."""
+    found: list[LockedEntry] = []
     problems: list[str] = []
     for file in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
                                  lock_dir and os.fspath(lock_dir)):
@@ -268,11 +274,16 @@ def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_
         except LockFileError as exc:
             problems.append(str(exc))
             continue
-        if entry is None:
-            continue
-        if best is None or (entry.get("decided_at") or 0) > (best.entry.get("decided_at") or 0):  # numbers: checked
-            best = LockedEntry(file, entry)
-    return best, problems
+        if entry is not None:
+            found.append(LockedEntry(file, entry))
+    found.sort(key=lambda locked: locked.entry.get("decided_at") or 0, reverse=True)  # numbers: checked; stable
+    for locked in found:
+        problem = usable(locked.entry) if usable is not None else None
+        if problem is None:
+            return locked, problems
+        problems.append(f"{locked.path}: the entry for {device_kind} / torch {torch_version} {problem}; "
+                        f"{RELOCK_HINT}")
+    return None, problems
 
 
 def read_lock(policy_path: str | os.PathLike, device_kind: str, torch_version: str) -> dict[str, Any] | None:
