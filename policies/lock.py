@@ -20,7 +20,8 @@ is tried.
 
 Writing merges with the entries already there (other device kinds and torch versions are kept) and
 replaces the file atomically, with ordinary permissions (the umask decides), so a serving process
-running as another user can read it.
+running as another user can read it. A file of a newer format is never replaced (that would drop the newer
+version's entries): the write is refused with one line, and no lock file is written elsewhere instead.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +63,18 @@ class LockFileError(ValueError):
 class LockFormatTooNew(LockFileError):
     """A lock file written by a newer joulepilot, in a format this one does not read."""
 
+    def __init__(self, message: str, format_text: str = "") -> None:
+        super().__init__(message)
+        self.format_text = format_text  # 'lock file format 2; this one reads format 1'
+
 
 class LockWriteError(RuntimeError):
     """No lock file could be written, beside the policy nor in the lock directory."""
+
+
+class LockFileNewerThanWriter(LockWriteError):
+    """The lock file to write into was written by a newer joulepilot: it is left as it is (replacing it would
+    drop that version's entries), and no other lock file is written in its place."""
 
 
 def default_lock_dir() -> Path:
@@ -165,9 +176,9 @@ def _check_format(document: dict[str, Any], file: str) -> None:
     if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
         raise LockFileError(f"{file}: its format {fmt!r} is not a lock file format version; {_regenerate_hint(file)}")
     if fmt > LOCK_FORMAT:
-        raise LockFormatTooNew(f"{file}: written by a newer joulepilot (lock file format {fmt}; this one reads format "
-                               f"{LOCK_FORMAT}); upgrade joulepilot here, or re-lock the policy with this version "
-                               f"(`joulepilot policy lock` on it)")
+        format_text = f"lock file format {fmt}; this one reads format {LOCK_FORMAT}"
+        raise LockFormatTooNew(f"{file}: written by a newer joulepilot ({format_text}); upgrade joulepilot here, or "
+                               f"re-lock the policy with this version (`joulepilot policy lock` on it)", format_text)
 
 
 def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
@@ -197,9 +208,10 @@ def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
         raise LockFileError(f"{file}: nested too deeply to be a lock file; {_regenerate_hint(file)}") from exc
     except ValueError as exc:
         raise LockFileError(f"{file}: not valid JSON ({exc}); {_regenerate_hint(file)}") from exc
+    if isinstance(data, dict):  # the format first: a newer one may shape its entries otherwise
+        _check_format(data, file)
     if not isinstance(data, dict) or not isinstance(data.get("entries", {}), dict):
         raise LockFileError(f"{file}: expected an object with an 'entries' table; {_regenerate_hint(file)}")
-    _check_format(data, file)
     return data
 
 
@@ -245,10 +257,15 @@ def _lock_file_paths(policy_path: str | None, policy_name: str, lock_dir: str | 
 
 def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_kind: str, torch_version: str,
                 *, policy_hash: str | None = None, lock_dir: str | os.PathLike | None = None,
+                usable: Callable[[dict[str, Any]], str | None] | None = None,
                 ) -> tuple[LockedEntry | None, list[str]]:
     """The newest locked entry for this device kind and torch (made for `policy_hash` when given), and
-    the problems met on the way (each a line naming the file and the fix). Never raises for a bad file."""
-    best: LockedEntry | None = None
+    the problems met on the way (each a line naming the file and the fix). Never raises for a bad file.
+
+    `usable(entry)` says why the caller cannot apply an entry (None: it can); an entry it refuses is passed
+    over, named among the problems, and the next newest tried (the other file's). It is asked only until an
+    entry passes, newest first, so an older entry that would lose anyway costs nothing."""
+    found: list[LockedEntry] = []
     problems: list[str] = []
     for file in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
                                  lock_dir and os.fspath(lock_dir)):
@@ -257,11 +274,16 @@ def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_
         except LockFileError as exc:
             problems.append(str(exc))
             continue
-        if entry is None:
-            continue
-        if best is None or (entry.get("decided_at") or 0) > (best.entry.get("decided_at") or 0):  # numbers: checked
-            best = LockedEntry(file, entry)
-    return best, problems
+        if entry is not None:
+            found.append(LockedEntry(file, entry))
+    found.sort(key=lambda locked: locked.entry.get("decided_at") or 0, reverse=True)  # numbers: checked; stable
+    for locked in found:
+        problem = usable(locked.entry) if usable is not None else None
+        if problem is None:
+            return locked, problems
+        problems.append(f"{locked.path}: the entry for {device_kind} / torch {torch_version} {problem}; "
+                        f"{RELOCK_HINT}")
+    return None, problems
 
 
 def read_lock(policy_path: str | os.PathLike, device_kind: str, torch_version: str) -> dict[str, Any] | None:
@@ -296,6 +318,10 @@ def _write_into(file: Path, decision: Decision) -> Path:
     the whole file when it is not a lock file at all) is dropped, and a warning names the file and what went."""
     try:
         document = read_lock_document(file)
+    except LockFormatTooNew as exc:
+        raise LockFileNewerThanWriter(f"{file}: written by a newer joulepilot ({exc.format_text}), so it is left "
+                                      f"as it is and no other lock file is written; upgrade joulepilot "
+                                      f"here") from exc
     except LockFileError as exc:
         if isinstance(exc.__cause__, PermissionError):
             raise PermissionError(str(exc)) from exc
@@ -371,11 +397,15 @@ def write_lock(policy_path: str | os.PathLike | None, decision: Decision, *,
     """Add or replace this decision's (device kind, torch) entry and write the file atomically.
 
     Beside the policy when its folder can be written; otherwise (read-only file system, permissions)
-    in `lock_dir` as `<policy name>.lock.json`. Raises LockWriteError when neither works."""
+    in `lock_dir` as `<policy name>.lock.json`. Raises LockWriteError when neither works, and at once
+    (LockFileNewerThanWriter, nothing written anywhere) on a lock file written by a newer joulepilot: that
+    version's hook reads the lock directory too, and would find there an entry it may prefer to its own."""
     failures: list[str] = []
     for file in lock_files(policy_path, decision.policy, lock_dir):
         try:
             return _write_into(file, decision)
+        except LockFileNewerThanWriter as exc:
+            raise LockFileNewerThanWriter("cannot write the lock file: " + "; ".join([*failures, str(exc)])) from exc
         except OSError as exc:
             failures.append(f"{file}: {exc.strerror or exc}")
     if lock_dir is None and policy_path:

@@ -35,7 +35,7 @@ from typing import Any
 
 from joulepilot.policies.decide import applicable_decision
 from joulepilot.policies.load import find_policy, load_policy
-from joulepilot.policies.lock import RELOCK_HINT, config_problem, default_lock_dir, find_locked
+from joulepilot.policies.lock import config_problem, default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, database_error, default_db_path, open_db
@@ -165,16 +165,11 @@ def _torch_problem(config: dict[str, Any]) -> str | None:
 
 def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> AppliedDecision | None:
     locked, problems = find_locked(policy.path, policy.name, kind, torch_version, policy_hash=policy.hash,
-                                   lock_dir=default_lock_dir())
+                                   lock_dir=default_lock_dir(), usable=lambda entry: _torch_problem(entry["config"]))
     found.notes.extend(f"ignoring lock file {p}" for p in problems)
     if locked is None:
         return None
     entry = locked.entry
-    problem = _torch_problem(entry["config"])
-    if problem:
-        found.notes.append(f"ignoring lock file {locked.path}: the entry for {kind} / torch {torch_version} "
-                           f"{problem}; {RELOCK_HINT}")
-        return None
     return AppliedDecision(policy.name, kind, torch_version, entry["config"], entry["state"], "lock",
                            entry.get("reason", ""), entry.get("policy_hash", ""), entry.get("decision_id"),
                            entry.get("workload_id"), {**entry, "lock_file": locked.path})

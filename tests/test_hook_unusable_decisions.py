@@ -100,6 +100,52 @@ def test_an_unusable_entry_in_one_lock_file_gives_way_to_the_other(tmp_path, db,
     assert len(problems) == 1 and str(files[bad_one]) in problems[0]
 
 
+@pytest.mark.parametrize("bad_one", ["beside", "lock_dir"])
+def test_a_newer_entry_this_torch_cannot_apply_gives_way_to_the_other_lock_file(tmp_path, db, monkeypatch, bad_one):
+    """The newest entry names an Inductor option the installed torch lacks; the other file's older entry applies
+    (it used to be skipped along with it, so the fallback applied)."""
+    monkeypatch.setenv("JOULEPILOT_LOCK_DIR", str(tmp_path / "locks"))
+    policy_path, decision = _decided(tmp_path, db)
+    older = resolve(load_policy(policy_path), db, "cpu")
+    older.decided_at = decision.decided_at - 100
+    write = {"beside": lambda d: write_lock(policy_path, d),
+             "lock_dir": lambda d: write_lock(None, d, lock_dir=tmp_path / "locks")}
+    bad = write[bad_one](decision)
+    good = write["lock_dir" if bad_one == "beside" else "beside"](older)
+    _damage_lock(bad, ENTRY_DAMAGE["unknown-inductor-option"])
+    served, said = compile_with_warnings(policy_path, str(tmp_path / "no-store.db"))
+    assert served.decision.source == "lock" and served.decision.details["lock_file"] == str(good)
+    assert served.decision.config["id"] == older.config_id
+    assert len(said) == 1 and str(bad) in said[0] and "no_such_knob" in said[0]
+
+
+def test_find_locked_asks_the_caller_newest_first_until_an_entry_passes(tmp_path, db):
+    policy_path, decision = _decided(tmp_path, db)
+    older = resolve(load_policy(policy_path), db, "cpu")
+    older.decided_at = decision.decided_at - 100
+    newest_file = write_lock(policy_path, decision)
+    older_file = write_lock(None, older, lock_dir=tmp_path / "locks")
+    asked: list[float] = []
+
+    def refuse_the_newest(entry: dict) -> str | None:
+        asked.append(entry["decided_at"])
+        return "is refused by the caller" if entry["decided_at"] == decision.decided_at else None
+
+    locked, problems = find_locked(policy_path, "svc", "cpu", decision.torch_version,
+                                   policy_hash=decision.policy_hash, lock_dir=tmp_path / "locks",
+                                   usable=refuse_the_newest)
+    assert locked is not None and locked.path == str(older_file)
+    assert asked == [decision.decided_at, older.decided_at]
+    [problem] = problems
+    assert problem.startswith(f"{newest_file}: the entry for cpu / torch {decision.torch_version} is refused by")
+    asked.clear()
+    locked, problems = find_locked(policy_path, "svc", "cpu", decision.torch_version,
+                                   policy_hash=decision.policy_hash, lock_dir=tmp_path / "locks",
+                                   usable=lambda entry: asked.append(entry["decided_at"]))
+    assert locked is not None and locked.path == str(newest_file) and problems == []
+    assert asked == [decision.decided_at]  # the older entry, which loses anyway, is not checked
+
+
 def test_an_unusable_entry_made_for_other_policy_content_is_not_reported(tmp_path, db):
     """An entry for an older version of the policy is never applied, so it is not checked either."""
     policy_path, decision = _decided(tmp_path, db)
