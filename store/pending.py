@@ -41,6 +41,7 @@ from .daemon_state import get_job
 from .db import _write_lock
 from .errors import StoreError
 from .files import write_file_atomic
+from .jsonvalues import json_object
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +218,16 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
 
 
 def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | None:
-    row = db.execute("SELECT id FROM runs WHERE json_extract(extra, '$.pending_id') = ?", [pending_id]).fetchone()
-    return None if row is None else int(row[0])
+    """The run committed with this `pending_id`, if any. A run's `extra` may hold NaN (a worker's result keys),
+    which SQLite's JSON functions reject with 'malformed JSON': such rows are matched on their text and read
+    in Python instead, so that one of them neither fails the lookup nor hides a run stored before."""
+    rows = db.execute("SELECT id, CASE WHEN json_valid(extra) THEN NULL ELSE extra END FROM runs "
+                      "WHERE CASE WHEN json_valid(extra) THEN json_extract(extra, '$.pending_id') = ? "
+                      "ELSE instr(extra, ?) > 0 END ORDER BY id", [pending_id, pending_id]).fetchall()
+    for run_id, loose_extra in rows:
+        if loose_extra is None or json_object(loose_extra).get("pending_id") == pending_id:
+            return int(run_id)
+    return None
 
 
 def _claimed_name(path: Path) -> Path:
