@@ -576,7 +576,8 @@ class Daemon:
         """Runs whose commit failed earlier (disk full) wait in side files; store them now."""
         for item in import_pending_runs(self.db, stop=self.stop_event.is_set):
             (log.info if item.run_id is not None else log.warning)("%s", describe_import(item))
-        for kept in import_deployment_side_files(self.db):  # windows a deployment could not write
+        # windows a deployment could not write
+        for kept in import_deployment_side_files(self.db, stop=self.stop_event.is_set):
             (log.warning if kept.error else log.info)("%s", describe_deployment_import(kept))
 
     def _has_open_jobs(self, policy: str) -> bool:

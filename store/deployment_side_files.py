@@ -15,22 +15,30 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from .db import transaction
 from .deployment_writes import record_violation, store_samples
 from .deployments import get_deployment, register_deployment
 from .files import write_file_atomic
-from .pending import PENDING_SUFFIX, pending_dir
+from .pending import (
+    PENDING_SUFFIX,
+    _claim,
+    _give_back,
+    _unclaimed_name,
+    _waits_for_lock,
+    _write_transaction,
+    claimable_files,
+)
 from .safeio import read_regular_file
 
 SIDE_FILE_PREFIX = "deployment-"
 FORMAT = 1
+VIOLATION_KEYS = ("deployment", "limit_name", "at")  # what a stored violation is keyed by
 
 
 @dataclass
@@ -66,43 +74,94 @@ def drop_deployment_side_file(path: Path) -> None:
 
 
 def deployment_side_files(db: sqlite_utils.Database) -> list[Path]:
-    folder = pending_dir(db)
-    if folder is None or not folder.is_dir():
-        return []
-    return sorted(folder.glob(f"{SIDE_FILE_PREFIX}*.json"))
+    """The deployment side files beside `db` to import: those nobody claimed, then stale claims."""
+    return claimable_files(db, SIDE_FILE_PREFIX)
 
 
-def _import_one(db: sqlite_utils.Database, path: Path) -> DeploymentImport:
+def _violation_shape_error(entry: Any) -> str:
+    """Why a `violations` entry is not one `record_violation` takes ('' when it is)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("violation"), dict):
+        return "a violation that is not an object with its 'violation' object"
+    if not all(key in entry["violation"] for key in VIOLATION_KEYS):
+        return f"a violation without its {', '.join(VIOLATION_KEYS)}"
+    if entry.get("decision") is not None and not isinstance(entry["decision"], dict):
+        return "a violation whose 'decision' is not an object"
+    return ""
+
+
+def _read_side_file(path: Path) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(deployment, windows, violations) of a side file; ValueError naming what is wrong with it."""
+    record = json.loads(read_regular_file(path))
+    if not isinstance(record, dict) or not isinstance(record.get("deployment"), str):
+        raise ValueError("no deployment name")
+    samples, violations = record.get("samples") or [], record.get("violations") or []
+    if not isinstance(samples, list) or not all(isinstance(s, dict) and "t_start" in s for s in samples):
+        raise ValueError("'samples' is not a list of windows, each with its t_start")
+    if not isinstance(violations, list):
+        raise ValueError("'violations' is not a list")
+    for entry in violations:
+        if why := _violation_shape_error(entry):
+            raise ValueError(f"'violations' holds {why}")
+    return record["deployment"], samples, violations
+
+
+def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
+                    stop: Callable[[], bool] | None) -> tuple[DeploymentImport, bool]:
+    """What importing the claimed file did, and whether the store refused it for a lock held too long."""
     try:
-        record = json.loads(read_regular_file(path))
-        name = record["deployment"]
-        samples = list(record.get("samples") or [])
-        violations = list(record.get("violations") or [])
-        if not isinstance(name, str) or not all(isinstance(s, dict) and "t_start" in s for s in samples):
-            raise ValueError("no deployment name, or a window without its start")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return DeploymentImport(path, None, error=f"unreadable side file: {exc}")
-    item = DeploymentImport(path, name)
+        deployment, samples, violations = _read_side_file(claimed)
+    except (OSError, ValueError, RecursionError) as exc:
+        return DeploymentImport(name, None, error=f"unreadable side file: {exc}"), False
+    item = DeploymentImport(name, deployment)
     try:
-        with transaction(db):
-            row = get_deployment(db, name)
-            deployment_id = row["id"] if row is not None else register_deployment(db, name)
+        with _write_transaction(db, stop):
+            row = get_deployment(db, deployment)
+            deployment_id = row["id"] if row is not None else register_deployment(db, deployment)
             stored = store_samples(db, deployment_id, samples)
             for violation in violations:
                 *_, new = record_violation(db, violation.get("decision"), violation["violation"])
                 item.violations += int(new)
                 item.already += int(not new)
     except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-        return DeploymentImport(path, name, error=str(exc))
+        refused_for_lock = isinstance(exc, sqlite3.Error) and _waits_for_lock(exc)
+        return DeploymentImport(name, deployment, error=str(exc)), refused_for_lock
     item.windows, item.calls, item.already = stored.written, stored.calls, item.already + stored.already
-    drop_deployment_side_file(path)
-    return item
+    return item, False
 
 
-def import_deployment_side_files(db: sqlite_utils.Database) -> list[DeploymentImport]:
+def import_deployment_side_files(db: sqlite_utils.Database,
+                                 stop: Callable[[], bool] | None = None) -> list[DeploymentImport]:
     """Store every deployment side file beside `db` and remove it; returns what happened to each. A file that
-    cannot be imported now (the store is locked, the file is damaged) is kept and tried again next time."""
-    return [_import_one(db, path) for path in deployment_side_files(db)]
+    cannot be imported now (the store is locked, the file is damaged) is kept and tried again next time.
+
+    Each file is claimed first (renamed to a name of this process's, as `import_pending_runs` does), so a
+    serving process that rewrites its file meanwhile writes a new one, imported next time, rather than
+    losing its newer windows to this import's removal. The wait for the write lock is taken in short slices
+    (signals are handled between them); `stop()` returning True ends it, and once the store stayed locked
+    for one file the others are left for next time rather than each waiting the whole busy timeout."""
+    imported: list[DeploymentImport] = []
+    locked = False
+    for path in deployment_side_files(db):
+        if stop is not None and stop():
+            break
+        name = _unclaimed_name(path)
+        if locked:
+            imported.append(DeploymentImport(name, None, error="the store stayed locked for another side file"))
+            continue
+        claimed = _claim(path)
+        if claimed is None:  # another importer took it
+            continue
+        try:
+            item, locked = _import_claimed(db, claimed, name, stop)
+        except BaseException:  # SIGTERM, Ctrl-C: the transaction was rolled back; the next start imports it
+            _give_back(claimed, name)
+            raise
+        if item.error:
+            _give_back(claimed, name)
+        else:
+            drop_deployment_side_file(claimed)
+        imported.append(item)
+    return imported
 
 
 def describe_deployment_import(item: DeploymentImport) -> str:

@@ -21,6 +21,7 @@ hold off a SIGTERM until it ended.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from .daemon_state import get_job
 from .db import _write_lock
 from .errors import StoreError
 from .files import write_file_atomic
+from .jsonvalues import json_object
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +219,16 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
 
 
 def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | None:
-    row = db.execute("SELECT id FROM runs WHERE json_extract(extra, '$.pending_id') = ?", [pending_id]).fetchone()
-    return None if row is None else int(row[0])
+    """The run committed with this `pending_id`, if any. A run's `extra` may hold NaN (a worker's result keys),
+    which SQLite's JSON functions reject with 'malformed JSON': such rows are matched on their text and read
+    in Python instead, so that one of them neither fails the lookup nor hides a run stored before."""
+    rows = db.execute("SELECT id, CASE WHEN json_valid(extra) THEN NULL ELSE extra END FROM runs "
+                      "WHERE CASE WHEN json_valid(extra) THEN json_extract(extra, '$.pending_id') = ? "
+                      "ELSE instr(extra, ?) > 0 END ORDER BY id", [pending_id, pending_id]).fetchall()
+    for run_id, loose_extra in rows:
+        if loose_extra is None or json_object(loose_extra).get("pending_id") == pending_id:
+            return int(run_id)
+    return None
 
 
 def _claimed_name(path: Path) -> Path:
@@ -254,12 +264,18 @@ def _claim_is_stale(path: Path, now: float) -> bool:
 
 def pending_files(db: sqlite_utils.Database) -> list[Path]:
     """The side files waiting to be imported: those nobody claimed, then stale claims (their importer died)."""
+    return claimable_files(db, "run-")
+
+
+def claimable_files(db: sqlite_utils.Database, prefix: str) -> list[Path]:
+    """The side files `<prefix>*.json` beside `db` that an importer may claim: those nobody claimed, then
+    stale claims."""
     folder = pending_dir(db)
     if folder is None or not folder.is_dir():
         return []
     now = time.time()
-    stale = [p for p in folder.glob(f"run-*.json{CLAIM_MARK}*") if _claim_is_stale(p, now)]
-    return sorted(folder.glob("run-*.json")) + sorted(stale)
+    stale = [p for p in folder.glob(f"{prefix}*.json{CLAIM_MARK}*") if _claim_is_stale(p, now)]
+    return sorted(folder.glob(f"{prefix}*.json")) + sorted(stale)
 
 
 def _claim(path: Path) -> Path | None:
@@ -274,11 +290,25 @@ def _claim(path: Path) -> Path | None:
 
 
 def _give_back(claimed: Path, name: Path) -> None:
-    """Return a file this process could not import to its own name, for the next start."""
-    try:
-        os.rename(claimed, name)
-    except FileNotFoundError:  # taken over meanwhile by another importer (we were too slow)
-        pass
+    """Return a file this process could not import to its own name, for the next start. Never over a file
+    written under that name since the claim (a serving process rewrites its deployment side file at each
+    refusal): the file given back then takes a name of its own beside it."""
+    target = name
+    while True:
+        try:
+            os.link(claimed, target)  # unlike a rename, fails rather than replace a file of that name
+        except FileExistsError:
+            target = name.with_name(f"{name.stem}-{secrets.token_hex(3)}{name.suffix}")
+            continue
+        except FileNotFoundError:  # taken over meanwhile by another importer (we were too slow)
+            return
+        except OSError:  # a file system without hard links; a claim left in place is stale once we exit
+            if not target.exists():
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(claimed, target)
+            return
+        claimed.unlink(missing_ok=True)
+        return
 
 
 def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: Callable[[], bool] | None

@@ -234,3 +234,37 @@ def test_a_stop_request_ends_an_import_waiting_for_the_lock(tmp_path):
     (item,) = import_pending_runs(db)
     assert item.run_id is not None and side_files(path) == []
     db.close()
+
+
+def _run_with_nan_extra() -> dict:
+    """A finished run whose `extra` holds NaN, as a worker's result keys do (written with allow_nan)."""
+    kwargs = finished_run()
+    kwargs["run"]["extra"] = {"note": "measured", "cv": float("nan")}
+    return kwargs
+
+
+def test_a_stored_run_whose_extra_holds_nan_does_not_block_imports(tmp_path):
+    path = tmp_path / "nan.db"
+    db = open_db(path)
+    assert commit_run_or_set_aside(db, **_run_with_nan_extra()).run_id is not None
+    with write_lock_held(path):
+        side = commit_run_or_set_aside(db, **finished_run(0.7), stop=lambda: True).pending_path
+    [item] = import_pending_runs(db)
+    assert item.error == "" and item.run_id is not None and not item.already_stored
+    assert not side.exists()
+    stored = db.execute("SELECT energy_j_per_inference FROM runs WHERE id = ?", [item.run_id]).fetchone()
+    assert stored == (0.7,)
+
+
+def test_a_run_whose_extra_holds_nan_is_recognised_as_already_stored(tmp_path):
+    path = tmp_path / "nan-copy.db"
+    db = open_db(path)
+    with write_lock_held(path):
+        side = commit_run_or_set_aside(db, **_run_with_nan_extra(), stop=lambda: True).pending_path
+    copy = side.with_name(side.name.replace("run-", "run-0-copy-"))
+    shutil.copy(side, copy)
+    first, second = import_pending_runs(db)
+    assert (first.already_stored, second.already_stored) == (False, True)
+    assert first.run_id == second.run_id is not None
+    assert db.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+    assert side_files(path) == []
