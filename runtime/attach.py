@@ -3,21 +3,22 @@
 Everything that happens once, before the first call: the store opened (its file reopened by the
 metering thread), the host, its devices and the deployment registered, the decision being served
 looked up when none is given, the envelope guard built from the policy, and the policy's `[fallback]`
-prepared (built lazily, on the caller's thread, when the guard asks for it).
+prepared (built lazily, on the caller's thread, when the guard asks for it). With `register_on_thread` the
+store is not touched here: the metering thread registers the deployment (`_register`) before it writes windows.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 from joulepilot.compiler import CompileConfig, ShapeSet, apply_config
 from joulepilot.compiler.workloads import workload_id as spec_workload_id
-from joulepilot.store import open_db, upsert_devices, upsert_host
+from joulepilot.store import default_db_path, open_db, upsert_devices, upsert_host
 from joulepilot.store.catalog import config_row
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 from joulepilot.store.deployments import register_deployment
@@ -58,6 +59,11 @@ def _db_file(db: sqlite_utils.Database) -> str | None:
     return str(path) if path is not None else None
 
 
+def _path_of(db: str | os.PathLike | None) -> Path:
+    """The store's file for a path, or the default store for None (absolute: the thread may run elsewhere)."""
+    return (Path(db).expanduser() if db is not None else default_db_path()).absolute()
+
+
 def _torch_device(model: Any, device: str | None) -> str:
     if device:
         if device == "cuda":
@@ -83,12 +89,15 @@ def _decided_config(decision: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return {}
 
 
-def _served_batch_size(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None,
+def _served_batch_size(db: sqlite_utils.Database | None, policy: Any, decision: Mapping[str, Any] | None,
                        config_id: str | None) -> int | None:
     """Samples per call the deployment serves: the batch size of the configuration served (the decided one; the
-    batch-size lever may decide another than the policy's), else the policy's."""
+    batch-size lever may decide another than the policy's), else the policy's (`db` None: no store to look in)."""
     decided = _decided_config(decision)
-    config = decided if config_id is None or decided.get("id") == config_id else (config_row(db, config_id) or {})
+    if config_id is None or decided.get("id") == config_id:
+        config = decided
+    else:  # without a store (registration not done yet): the policy's batch size
+        config = (config_row(db, config_id) or {}) if db is not None else {}
     batch = config.get("batch_size") or setting(policy, "batch_size")
     return int(batch) if isinstance(batch, int | float) and not isinstance(batch, bool) else None
 
@@ -144,62 +153,22 @@ def _fallback_from_policy(policy: Any, base_model: Any, device: str, batch_size:
     return Fallback(cfg.id, cfg.label, lambda: apply_config(cfg, base_model, device))
 
 
-def attach(
-    model_callable: Callable[..., Any],
-    deployment_name: str,
-    *,
-    policy: Any = None,
-    decision: Any = None,
-    db: sqlite_utils.Database | str | os.PathLike | None = None,
-    device: str | None = None,
-    interval_s: float = DEFAULT_INTERVAL_S,
-    meter: Any = None,
-    base_model: Any = None,
-    fallback: Fallback | Callable[[], Fallback | None] | None = None,
-    workload_id: str | None = None,
-    config_id: str | None = None,
-    device_kind: str | None = None,
-    guard: EnvelopeGuard | None = None,
-    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-    flush_on_sigterm: bool = False,
-) -> MeteredModel:
-    """Meter `model_callable` as the deployment `deployment_name`; returns the callable wrapper.
+@dataclass
+class Registered:
+    """What registering a deployment found and wrote: its id, the decision served, the batch size and label."""
 
-    - `policy`: the policy object (or its name); its `[limits] max_avg_power_w` and `[guard]` table
-      configure the envelope guard, its `[fallback]` the configuration to swap to.
-    - `decision`: the decision being served (a decisions row or object); gives the configuration id,
-      device kind and the decision a violation marks.
-    - `base_model`: the uncompiled model, needed to build the fallback configuration.
-    - `workload_id`: the workload served (default: the policy's at the decided configuration's batch size).
-      The deployment's details keep the batch size served (`batch_size`) and the decision's workload, at the
-      policy's own batch size, as `baseline_workload_id`: reports compare with the baselines measured there.
-    - `meter`: an `EnergyMeter` to read (default: `EnergyMeter(device=device, sampler=False)`).
-    - `flush_on_sigterm`: also flush on SIGTERM (see `runtime.metered.flush_on_sigterm`); samples are
-      always flushed by `close()` and at a normal interpreter exit.
-    """
-    if interval_s <= 0:
-        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
-    if isinstance(db, sqlite_utils.Database):
-        store, db_path = db, _db_file(db)
-    else:
-        store = open_db(db)
-        db_path = _db_file(store)
-    torch_device = _torch_device(model_callable, device)
-    own_meter = meter is None
-    if meter is None:
-        from joulepilot.telemetry import EnergyMeter  # loaded when a deployment is metered, not to serve
+    deployment_id: int
+    decision_row: dict[str, Any] | None
+    batch_size: int | None
+    config_label: str | None
 
-        meter = EnergyMeter(device=torch_device, sampler=False)
-    decision_row = as_mapping(decision)
-    policy_name = _policy_name(policy) or (decision_row or {}).get("policy")
-    config_id = config_id or (decision_row or {}).get("config_id") or \
-        ((decision_row or {}).get("config") or {}).get("id")
+
+def _register(store: sqlite_utils.Database, deployment_name: str, *, policy: Any, policy_name: str | None,
+              decision_row: dict[str, Any] | None, config_id: str | None, device_kind: str | None,
+              torch_device: str, meter: Any, workload_id: str | None, interval_s: float) -> Registered:
+    """Everything `attach` writes before the first window: the host, its devices and the deployment."""
     host_id = upsert_host(store)
     upsert_devices(store, host_id, [d.to_dict() for d in meter.devices])
-    if device_kind is None:
-        gpu_names = [d.name for d in meter.devices if getattr(d, "kind", "") == "gpu" and d.name]
-        device_kind = (decision_row or {}).get("device_kind") or row_device_kind(
-            {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
     if decision_row is None and policy_name and device_kind:
         decision_row = latest_decision(store, policy_name, device_kind, states=APPLICABLE_STATES)
     # The deployment's workload is the one it serves, at the decided configuration's batch size (where that
@@ -218,19 +187,99 @@ def attach(
                  "gpus": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in meter.devices
                           if getattr(d, "kind", "") == "gpu"]},
     )
+    return Registered(deployment_id, decision_row, served_batch, _config_label(store, config_id))
+
+
+def attach(
+    model_callable: Callable[..., Any],
+    deployment_name: str,
+    *,
+    policy: Any = None,
+    decision: Any = None,
+    db: sqlite_utils.Database | str | os.PathLike | None = None,
+    device: str | None = None,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    meter: Any = None,
+    base_model: Any = None,
+    fallback: Fallback | Callable[[], Fallback | None] | None = None,
+    workload_id: str | None = None,
+    config_id: str | None = None,
+    device_kind: str | None = None,
+    guard: EnvelopeGuard | None = None,
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    flush_on_sigterm: bool = False,
+    register_on_thread: bool = False,
+) -> MeteredModel:
+    """Meter `model_callable` as the deployment `deployment_name`; returns the callable wrapper.
+
+    - `policy`: the policy object (or its name); its `[limits] max_avg_power_w` and `[guard]` table
+      configure the envelope guard, its `[fallback]` the configuration to swap to.
+    - `decision`: the decision being served (a decisions row or object); gives the configuration id,
+      device kind and the decision a violation marks.
+    - `base_model`: the uncompiled model, needed to build the fallback configuration.
+    - `workload_id`: the workload served (default: the policy's at the decided configuration's batch size).
+      The deployment's details keep the batch size served (`batch_size`) and the decision's workload, at the
+      policy's own batch size, as `baseline_workload_id`: reports compare with the baselines measured there.
+    - `meter`: an `EnergyMeter` to read (default: `EnergyMeter(device=device, sampler=False)`).
+    - `flush_on_sigterm`: also flush on SIGTERM (see `runtime.metered.flush_on_sigterm`); samples are
+      always flushed by `close()` and at a normal interpreter exit.
+    - `register_on_thread`: touch no store here; the metering thread registers the deployment (retrying at each
+      flush while the store refuses), and its windows wait, buffered and in the side file, until it has. For a
+      store another process holds locked: serving starts at once and is metered all the same.
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+    if isinstance(db, sqlite_utils.Database):
+        store, db_path = db, _db_file(db)
+    elif register_on_thread:
+        store, db_path = None, str(_path_of(db))  # opened by the metering thread only
+    else:
+        store = open_db(db)
+        db_path = _db_file(store)
+    torch_device = _torch_device(model_callable, device)
+    own_meter = meter is None
+    if meter is None:
+        from joulepilot.telemetry import EnergyMeter  # loaded when a deployment is metered, not to serve
+
+        meter = EnergyMeter(device=torch_device, sampler=False)
+    decision_row = as_mapping(decision)
+    policy_name = _policy_name(policy) or (decision_row or {}).get("policy")
+    config_id = config_id or (decision_row or {}).get("config_id") or \
+        ((decision_row or {}).get("config") or {}).get("id")
+    if device_kind is None:
+        gpu_names = [d.name for d in meter.devices if getattr(d, "kind", "") == "gpu" and d.name]
+        device_kind = (decision_row or {}).get("device_kind") or row_device_kind(
+            {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
+
+    def register(on: sqlite_utils.Database) -> Registered:
+        return _register(on, deployment_name, policy=policy, policy_name=policy_name, decision_row=decision_row,
+                         config_id=config_id, device_kind=device_kind, torch_device=torch_device, meter=meter,
+                         workload_id=workload_id, interval_s=interval_s)
+
+    registered: Registered | None = None
+    if not register_on_thread:
+        try:
+            registered = register(store)
+        except BaseException:
+            if own_meter:
+                meter.close()
+            raise
     if guard is None and policy is not None and not isinstance(policy, str | os.PathLike):
         guard = guard_from_policy(policy)
     if fallback is None and base_model is not None and policy is not None \
             and not isinstance(policy, str | os.PathLike):
+        served_batch = registered.batch_size if registered is not None else \
+            _served_batch_size(None, policy, decision_row, config_id)
         fallback = _fallback_from_policy(policy, base_model, torch_device, served_batch)
     model = MeteredModel(
-        model_callable, deployment_name, deployment_id=deployment_id, db_path=db_path,
-        shared_db=None if db_path else store, meter=meter, own_meter=own_meter, device=torch_device,
-        interval_s=interval_s, flush_interval_s=flush_interval_s, config_id=config_id,
-        config_label=_config_label(store, config_id), policy_name=policy_name, decision=decision_row,
-        device_kind=device_kind, guard=guard, fallback=fallback,
+        model_callable, deployment_name, deployment_id=registered.deployment_id if registered else None,
+        db_path=db_path, shared_db=None if db_path else store, meter=meter, own_meter=own_meter,
+        device=torch_device, interval_s=interval_s, flush_interval_s=flush_interval_s, config_id=config_id,
+        config_label=registered.config_label if registered else None, policy_name=policy_name,
+        decision=registered.decision_row if registered else decision_row, device_kind=device_kind, guard=guard,
+        fallback=fallback, register=None if registered else register,
     )
-    if db_path and not isinstance(db, sqlite_utils.Database):
+    if store is not None and db_path and not isinstance(db, sqlite_utils.Database):
         store.close()
     if flush_on_sigterm:
         install_sigterm_flush()

@@ -13,7 +13,8 @@ be found or parsed all end in one warning naming the file and the fix. An unusab
 uncompiled in fp32 (there is no [fallback] to read). A deployment whose store cannot be used is served
 unmetered. The store is used with a short busy timeout (`lookup.SERVING_BUSY_TIMEOUT_MS`), so a store
 another process holds locked costs about a second per use (the lookup, a benchmark request, registering
-a deployment), never the store's 30 s.
+a deployment), never the store's 30 s. A locked store does not leave a deployment unmetered: it is attached
+all the same, and its metering thread registers it once the lock is released (`attach(register_on_thread=True)`).
 
 `torch_compile_kwargs` are merged over the decided ones: `options` entries override the decided
 Inductor options one by one; `mode` replaces the decided mode and options; anything else (`fullgraph`,
@@ -48,6 +49,7 @@ from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, database_error, host_identity, open_db
 from joulepilot.store.daemon_state import add_host_request
+from joulepilot.store.db import is_busy
 
 from .attach import attach
 from .lookup import (
@@ -85,6 +87,11 @@ def _store_problem(db: Any, exc: BaseException) -> str:
         where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
         return str(database_error(where, exc, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS))
     return str(exc)
+
+
+def _busy(exc: BaseException) -> bool:
+    """Whether a store error only means another process holds the store locked."""
+    return is_busy(exc) or (isinstance(exc, StoreError) and exc.__cause__ is not None and is_busy(exc.__cause__))
 
 
 def _request_benchmark(policy: Policy, kind: str, torch_version: str, db: Any) -> None:
@@ -239,7 +246,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     kind = current_device_kind(dev)
     torch_version = torch_version_minor()
     found = find_decision(pol, kind, torch_version, db)
-    if deployment is not None and found.store_unusable:
+    unmetered = found.store_unusable and not found.store_busy  # a locked store still meters (see _attach)
+    if deployment is not None and unmetered:
         found.notes.append(f"deployment {deployment!r} is not metered")
     applied = found.applied
     if applied is None:
@@ -273,15 +281,26 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     compiled = _apply(config, model, dev, torch_compile_kwargs, precompile=precompile)
     compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
-    if deployment is None or found.store_unusable:
+    if deployment is None or unmetered:
         return compiled
+    attach_kwargs = dict(policy=pol, decision=applied, device=dev, base_model=model,
+                         workload_id=measured_under or applied.workload_id, config_id=applied.config_id,
+                         device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
+    if not found.store_busy:
+        try:
+            # The hook's own connection (short busy timeout): the metering thread opens the file again for itself.
+            return attach(compiled, deployment, db=_write_database(db), **attach_kwargs)
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            if not _busy(exc):  # serve unmetered rather than not at all
+                _warn_once(("deployment", deployment),
+                           f"deployment {deployment!r} is not metered: {_store_problem(db, exc)}")
+                return compiled
+            log.warning("deployment %r: %s; its metering thread registers it when the lock is released",
+                        deployment, _store_problem(db, exc))
+    # Locked by another process: waiting longer here would hold up serving, so the metering thread registers
+    # the deployment (its first windows wait, buffered and in the side file, until it has).
     try:
-        # The hook's own connection (short busy timeout): the metering thread opens the file again for itself.
-        return attach(compiled, deployment, policy=pol, decision=applied, db=_write_database(db), device=dev,
-                      base_model=model, workload_id=measured_under or applied.workload_id,
-                      config_id=applied.config_id, device_kind=applied.device_kind,
-                      flush_on_sigterm=flush_on_sigterm)
-    except (StoreError, sqlite3.Error, OSError) as exc:  # serve unmetered rather than not at all
-        _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {_store_problem(db, exc)}")
+        return attach(compiled, deployment, db=db, register_on_thread=True, **attach_kwargs)
+    except Exception as exc:  # noqa: BLE001 - no meter (or no thread) here: serve unmetered rather than not at all
+        _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")
         return compiled
-

@@ -16,7 +16,8 @@ the configuration of a decision returned here always parses (`CompileConfig.from
 
 The serving path (this lookup, and the hook's benchmark request and deployment registration) waits
 SERVING_BUSY_TIMEOUT_MS for another process's lock on the store, not the store's 30 s: a store the daemon
-holds locked costs `joulepilot.compile` about a second per use, and the note says the database is locked.
+holds locked costs `joulepilot.compile` about a second per use, and the note says the database is locked
+(`Lookup.store_busy`: the hook still meters a deployment then, registering it from the metering thread).
 
 Problems met on the way (a lock file or store that cannot be read, a decision skipped) are collected as
 one-line notes naming the file and the fix; nothing here raises because of joulepilot's own files. This is the hot
@@ -80,6 +81,7 @@ class Lookup:
     applied: AppliedDecision | None = None
     notes: list[str] = field(default_factory=list)
     store_unusable: bool = False
+    store_busy: bool = False  # unusable only because another process held it locked (a deployment is still metered)
 
 
 @functools.cache
@@ -129,10 +131,9 @@ def _locked_note(where: Any) -> str:
             "into a file (`joulepilot policy lock` on the policy), which the hook reads without the database")
 
 
-def _read_database(db: Any) -> tuple[Any, str | None, bool]:
-    """(an open store to read, or None when there is no database file; a problem line when it cannot
-    be opened; whether to close it after this lookup). Opened read-only and cached per path: reading needs
-    no write access and no migration. An immutable connection (see `open_db`) is not cached: it would
+def _read_database(db: Any) -> tuple[Any, StoreError | None, bool]:
+    """(an open store to read, or None when there is no database file; the error when it cannot be opened;
+    whether to close it after this lookup). Opened read-only and cached per path: reading needs no write access and no migration. An immutable connection (see `open_db`) is not cached: it would
     never see a later decision."""
     if db is not None and not isinstance(db, str | os.PathLike):
         return db, None, False
@@ -145,7 +146,7 @@ def _read_database(db: Any) -> tuple[Any, str | None, bool]:
     try:
         database = open_db(path, read_only=True, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS)
     except StoreError as exc:
-        return None, _locked_note(path) if is_busy(exc.__cause__) else str(exc), False
+        return None, exc, False
     if opened_immutable(database):
         return database, None, True
     _read_databases[key] = database
@@ -188,7 +189,8 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
     where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
     database, problem, temporary = _read_database(db)
     if problem is not None:
-        found.notes.append(problem)
+        found.store_busy = is_busy(problem.__cause__)
+        found.notes.append(_locked_note(where) if found.store_busy else str(problem))
         found.store_unusable = True
         return None
     if database is None:
@@ -198,6 +200,7 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
     except sqlite3.Error as exc:  # a truncated or damaged file is often found only when read
         found.notes.append(_locked_note(where) if is_busy(exc) else str(database_error(where, exc)))
         found.store_unusable = True
+        found.store_busy = is_busy(exc)
         return None
     finally:
         if temporary:

@@ -144,7 +144,7 @@ class MeteredModel:
         fn: Callable[..., Any],
         name: str,
         *,
-        deployment_id: int,
+        deployment_id: int | None,
         db_path: str | None,
         shared_db: sqlite_utils.Database | None,
         meter: Any,
@@ -159,6 +159,7 @@ class MeteredModel:
         device_kind: str | None,
         guard: EnvelopeGuard | None,
         fallback: Fallback | Callable[[], Fallback | None] | None,
+        register: Callable[[sqlite_utils.Database], Any] | None = None,
     ) -> None:
         self._fn = fn
         self._calls = itertools.count()
@@ -167,6 +168,9 @@ class MeteredModel:
         self._dormant = False  # a forked child that has not served yet: it meters from its first call
         self.name = name
         self.deployment_id = deployment_id
+        # With deployment_id None: registers the deployment on the thread's connection (attach's `_register`),
+        # before the first windows are written; retried at each flush while the store refuses.
+        self._register = register
         self.device = device
         self.interval_s = float(interval_s)
         self.flush_interval_s = float(flush_interval_s)
@@ -288,10 +292,32 @@ class MeteredModel:
                 self._db = db
         return self._db
 
+    def _registered(self, db: sqlite_utils.Database) -> int:
+        """The deployment's id, registering it first when `attach` left that to this thread (raises as the store)."""
+        if self.deployment_id is None and self._register is not None:
+            registered = self._register(db)
+            self.deployment_id = registered.deployment_id
+            self.decision_row = registered.decision_row or self.decision_row
+            self.config_label = self.config_label or registered.config_label
+            log.info("deployment %r registered (id %d) by its metering thread", self.name, self.deployment_id)
+        assert self.deployment_id is not None
+        return self.deployment_id
+
+    def _register_or_wait(self) -> None:
+        """Register now (waiting at most STORE_WAIT_S); when the store refuses, the first flush it takes does."""
+        try:
+            with self._write_lock:
+                self._registered(self._database())
+        except Exception as exc:  # noqa: BLE001 - retried at each flush; the windows wait, buffered
+            log.warning("deployment %r: not registered in the store yet (%s); its windows are kept until it is",
+                        self.name, exc)
+
     def _run(self, in_child: bool = False) -> None:
         try:
             if in_child:
                 self._begin_in_child()
+            elif self.deployment_id is None:
+                self._register_or_wait()
             step_s = self.interval_s / POWER_READS_PER_WINDOW
             next_sample = time.monotonic() + self.interval_s
             powers: list[float] = []
@@ -553,10 +579,11 @@ class MeteredModel:
             current = batch[-1]["config_id"] if batch else self._written_config_id
             try:
                 db = self._database()
+                deployment_id = self._registered(db)
                 with transaction(db):
-                    stored = store_samples(db, self.deployment_id, batch)
+                    stored = store_samples(db, deployment_id, batch)
                     if current != self._written_config_id:
-                        set_deployment_config(db, self.deployment_id, current)
+                        set_deployment_config(db, deployment_id, current)
                     written = [write_trip(db, t["rows"]) for t in trips]
             except Exception as exc:
                 self._keep_aside(str(exc))
