@@ -624,13 +624,21 @@ class MeteredModel:
         self._attend = True
 
     def _start_in_child(self) -> None:
-        """The first call in a forked child: start this process's metering thread (caller's thread, swap lock)."""
+        """The first call in a forked child: start this process's metering thread (caller's thread, swap lock).
+        Runs on a served call, so it never raises: a child that cannot start a thread (a pids limit) or map
+        its flag serves unmetered, said once."""
         self._dormant = False
+        try:
+            flag = mmap.mmap(-1, 1)  # ours, for children forked from this process
+            thread = threading.Thread(target=self._run, kwargs={"in_child": True},
+                                      name=f"joulepilot-meter:{self.name}", daemon=True)
+            thread.start()
+        except Exception as exc:  # noqa: BLE001 - the served call must go on
+            log.warning("deployment %r: cannot meter forked process %d (%s: %s); it serves unmetered", self.name,
+                        os.getpid(), type(exc).__name__, exc)
+            return
         self._children_metering[0] = 1  # the parent's flag: from now on its idle windows are ours
-        self._children_metering = mmap.mmap(-1, 1)  # ours, for children forked from this process
-        self._thread = threading.Thread(target=self._run, kwargs={"in_child": True},
-                                        name=f"joulepilot-meter:{self.name}", daemon=True)
-        self._thread.start()
+        self._children_metering, self._thread = flag, thread
 
     def _begin_in_child(self) -> None:
         """On the child's metering thread, before its first window: its own meter and starting point."""

@@ -81,3 +81,34 @@ def test_forked_children_meter_their_own_calls_once(tmp_path):
     first, last = worker["span"]
     idle_parent = [s for s in samples if s["inferences"] == 0 and s["t_start"] >= first + 0.3 and s["t_end"] <= last]
     assert idle_parent == []  # while its child served, the idle parent wrote no window of the child's energy
+
+
+THREADLESS_CHILD = textwrap.dedent("""
+    import json, os, sys, threading
+    from joulepilot.runtime import attach
+
+    dep = attach(lambda x: x + 1, "prefork", db=sys.argv[1], device="cpu", interval_s=0.2, flush_interval_s=3600)
+    dep(1)
+    child = os.fork()
+    if child == 0:
+        def no_thread(self):
+            raise RuntimeError("can't start new thread")
+
+        threading.Thread.start = no_thread  # as under a pids limit
+        results = [dep(i) for i in range(100)]  # must serve, unmetered
+        os.write(1, json.dumps({"results_ok": results == [i + 1 for i in range(100)]}).encode() + b"\\n")
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    dep.close()
+    print(json.dumps({"child_status": status}))
+""")
+
+
+def test_a_child_that_cannot_start_its_metering_thread_still_serves(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", THREADLESS_CHILD, str(tmp_path / "j.db")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {"results_ok": True} in lines and {"child_status": 0} in lines
+    assert "cannot meter forked process" in proc.stderr and "can't start new thread" in proc.stderr
+    assert "Traceback" not in proc.stderr
