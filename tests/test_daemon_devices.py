@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from click.testing import CliRunner
@@ -96,13 +98,25 @@ def passes_after(daemon: Daemon, since: float, what: str, check=lambda p: True, 
     return wait_for(finished, timeout_s, what, interval_s=0.05)
 
 
-def test_a_gpu_lost_while_running_is_logged_once_and_skipped_until_it_is_back(tmp_path, gpus, records):
-    config, _ = config_with(tmp_path, "[0, 1]", interval_s=1)
+@contextmanager
+def running(config) -> Iterator[Daemon]:
+    """The long-running daemon of `config` in a thread of this process; stopped, and its exit checked, after."""
     daemon = Daemon.from_cli(config_path=str(config), db=None, policies=())
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=daemon.run(once=False)), daemon=True)
     thread.start()
     try:
+        yield daemon
+        assert thread.is_alive()  # no pass ended the daemon
+    finally:
+        daemon.request_stop("test over")
+        thread.join(30)
+    assert not thread.is_alive() and outcome["result"].exit_code == 0
+
+
+def test_a_gpu_lost_while_running_is_logged_once_and_skipped_until_it_is_back(tmp_path, gpus, records):
+    config, _ = config_with(tmp_path, "[0, 1]", interval_s=1)
+    with running(config) as daemon:
         first = passes_after(daemon, 0, "the first pass")
         assert first["devices"] == ["cuda:0", "cuda:1"] and first["device_errors"] == []
 
@@ -122,11 +136,6 @@ def test_a_gpu_lost_while_running_is_logged_once_and_skipped_until_it_is_back(tm
         gpus[0].lost = gpus[1].lost = False
         back = passes_after(daemon, time.time(), "a pass with both GPUs", lambda p: not p["device_errors"])
         assert back["devices"] == ["cuda:0", "cuda:1"]
-        assert thread.is_alive()  # no pass ended the daemon
-    finally:
-        daemon.request_stop("test over")
-        thread.join(30)
-    assert not thread.is_alive() and outcome["result"].exit_code == 0
     assert not [r for r in records.records if r.exc_info]  # no traceback in the log
     for device in ("cuda:0", "cuda:1"):
         (skipped,) = records.saying(f"{device} skipped: cannot meter {device}")  # once, however many passes
@@ -138,20 +147,12 @@ def test_a_gpu_lost_while_running_is_logged_once_and_skipped_until_it_is_back(tm
 def test_auto_starts_without_a_gpu_it_found_lost_and_uses_it_once_back(tmp_path, gpus, records):
     gpus[1].lost = True  # still listed by NVML, as after an Xid error
     config, _ = config_with(tmp_path, '"auto"', interval_s=1)
-    daemon = Daemon.from_cli(config_path=str(config), db=None, policies=())
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=daemon.run(once=False)), daemon=True)
-    thread.start()
-    try:
+    with running(config) as daemon:
         first = passes_after(daemon, 0, "the first pass")
         assert first["devices"] == ["cuda:0"] and [e["device"] for e in first["device_errors"]] == ["cuda:1"]
         gpus[1].lost = False
         back = passes_after(daemon, time.time(), "a pass with both GPUs", lambda p: not p["device_errors"])
         assert back["devices"] == ["cuda:0", "cuda:1"]
-    finally:
-        daemon.request_stop("test over")
-        thread.join(30)
-    assert not thread.is_alive() and outcome["result"].exit_code == 0
     (started,) = records.saying('cuda:1 (found by "auto") cannot be metered now')
     assert "GPU is lost" in started
 
