@@ -177,3 +177,22 @@ def compile_with_warnings(policy, db, **kwargs):
     x = torch.randn(8, 16)
     assert torch.allclose(served(x).float(), model(x), rtol=5e-2, atol=5e-2)
     return served, [str(w.message) for w in caught if "joulepilot" in str(w.message)]
+
+
+# Two measured configurations of the built-in MLP, bf16 the cheaper: what the hook tests decide from.
+HOOK_FIGURES = {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},
+                ("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3}}
+
+
+def decided_policy(tmp_path, db, *, lock: bool = False):
+    """A policy written under `tmp_path/policies`, decided from HOOK_FIGURES on this host's CPU and recorded
+    (and its lock file written, with `lock`); returns the policy's path and the decision."""
+    from joulepilot.policies import load_policy, record_decision, resolve, write_lock
+
+    policy_path = write_policy(tmp_path / "policies")
+    seed_runs(db, HOOK_FIGURES)
+    decision = resolve(load_policy(policy_path), db, "cpu")
+    record_decision(db, decision)
+    if lock:
+        write_lock(policy_path, decision)
+    return policy_path, decision

@@ -15,18 +15,16 @@ from decision_factories import (
     compile_with_warnings,
     config,
     db_file,
+    decided_policy,
     give_away,
     hook_in_new_process,
-    seed_runs,
     write_policy,
 )
-from joulepilot.policies import load_policy, record_decision, resolve, write_lock
+from joulepilot.policies import write_lock
 from joulepilot.policies.lock import lock_path
 from joulepilot.store import import_runs, open_db, read_export
 
 H200_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
-FIGURES = {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},
-           ("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3}}
 
 needs_restriction = pytest.mark.skipif(not can_restrict(), reason="needs setpriv to drop root's overrides")
 
@@ -42,18 +40,10 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def _decided(tmp_path, db):
-    policy_path = write_policy(tmp_path / "policies")
-    seed_runs(db, FIGURES)
-    decision = resolve(load_policy(policy_path), db, "cpu")
-    record_decision(db, decision)
-    return policy_path, decision
-
-
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_lock_files_are_created_as_ordinary_files(tmp_path, db, umask):
     """Item 2: not 0600 (mkstemp): the umask decides, as for any file."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     old = os.umask(umask)
     try:
         written = write_lock(policy_path, decision)
@@ -65,7 +55,7 @@ def test_lock_files_are_created_as_ordinary_files(tmp_path, db, umask):
 
 @needs_restriction
 def test_a_lock_file_written_by_the_daemon_user_is_read_by_another_user(tmp_path, db, umask_022):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     give_away(write_lock(policy_path, decision))  # the daemon's user wrote it
     applied = hook_in_new_process(policy_path, tmp_path / "no.db", restricted=True)
     assert applied["source"] == "lock" and applied["label"] == decision.label and applied["warnings"] == []
@@ -73,7 +63,7 @@ def test_a_lock_file_written_by_the_daemon_user_is_read_by_another_user(tmp_path
 
 @needs_restriction
 def test_an_unreadable_lock_file_costs_one_warning_never_a_raise(tmp_path, db, umask_022):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     lock = write_lock(policy_path, decision)
     lock.chmod(0o600)  # as an older joulepilot wrote it
     give_away(lock)
@@ -89,7 +79,7 @@ def test_an_unreadable_lock_file_costs_one_warning_never_a_raise(tmp_path, db, u
 @needs_restriction
 def test_a_read_only_store_still_gives_its_decision(tmp_path, db):
     """A hook running as another user can read the daemon's database but not write it (nor its folder)."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     folder = tmp_path / "state"
     folder.mkdir()
     path = folder / "jp.db"
@@ -163,7 +153,7 @@ def test_an_unparsable_policy_file_runs_the_model_uncompiled(tmp_path, content):
     b"{\"entries\": {\"cpu\": 7}}",
 ], ids=["utf-16", "5000-deep", "malformed-entry"])
 def test_an_unusable_lock_file_gives_way_to_the_store(tmp_path, db, content):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     lock_path(policy_path).write_bytes(content)
     served, said = compile_with_warnings(policy_path, db)
     assert served.decision.source == "store" and served.decision.config["id"] == decision.config_id

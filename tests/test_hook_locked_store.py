@@ -22,19 +22,16 @@ from decision_factories import (
     can_restrict,
     config,
     db_file,
+    decided_policy,
     give_away,
     restricted_cmd,
-    seed_runs,
-    write_policy,
 )
-from joulepilot.policies import load_policy, record_decision, resolve, write_lock
+from joulepilot.policies import load_policy, record_decision, resolve
 from joulepilot.runtime import compile as jp_compile
 from joulepilot.runtime.lookup import SERVING_BUSY_TIMEOUT_MS
 from joulepilot.store import open_db
 from joulepilot.store.deployments import get_deployment
 
-FIGURES = {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},
-           ("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3}}
 # compile() meets a locked store at most twice (a benchmark request, then the deployment's registration), each
 # after one busy timeout; the rest is slack for a loaded machine. The store's own timeout is 30 s.
 BOUND_S = 2 * SERVING_BUSY_TIMEOUT_MS / 1000 + 3
@@ -72,18 +69,8 @@ def _compile(policy, db, **kwargs):
     return served, [str(w.message) for w in caught if "joulepilot" in str(w.message)], took_s
 
 
-def _decided(tmp_path, db, *, lock: bool = False):
-    policy_path = write_policy(tmp_path / "policies")
-    seed_runs(db, FIGURES)
-    decision = resolve(load_policy(policy_path), db, "cpu")
-    record_decision(db, decision)
-    if lock:
-        write_lock(policy_path, decision)
-    return policy_path, decision
-
-
 def test_a_store_in_a_long_write_costs_a_deployment_seconds_and_meters_it_all_the_same(tmp_path, db):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     path = db_file(db)
     with held(path, "write"):
         served, said, took_s = _compile(policy_path, path, deployment="svc-in-a-long-write")
@@ -95,7 +82,7 @@ def test_a_store_in_a_long_write_costs_a_deployment_seconds_and_meters_it_all_th
 
 
 def test_a_store_locked_for_readers_falls_back_within_seconds_and_says_why(tmp_path, db):
-    policy_path, _ = _decided(tmp_path, db)
+    policy_path, _ = decided_policy(tmp_path, db)
     path = db_file(db)
     db.close()
     with held(path, "exclusive"):
@@ -109,7 +96,7 @@ def test_a_store_locked_for_readers_falls_back_within_seconds_and_says_why(tmp_p
 
 @pytest.mark.parametrize("how", ["write", "exclusive"])
 def test_lock_files_apply_while_the_store_is_locked(tmp_path, db, how):
-    policy_path, decision = _decided(tmp_path, db, lock=True)
+    policy_path, decision = decided_policy(tmp_path, db, lock=True)
     path = db_file(db)
     db.close()
     with held(path, how):
@@ -128,7 +115,7 @@ def test_lock_files_apply_while_the_store_is_locked(tmp_path, db, how):
 
 def test_a_lock_is_not_read_through_a_stale_connection_afterwards(tmp_path, db):
     """Once the lock is gone the next compile reads the store as it is now (with what the WAL holds)."""
-    policy_path, _ = _decided(tmp_path, db)
+    policy_path, _ = decided_policy(tmp_path, db)
     path = db_file(db)
     db.close()
     with held(path, "exclusive"):
@@ -166,7 +153,7 @@ for _ in range(2):
 def test_a_store_in_a_read_only_folder_is_read_afresh_by_each_compile(tmp_path, db):
     """Read-only folder (another user's daemon's): read immutable, but not through one connection kept for the
     process, which would keep the decision in force when the process started."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     folder = tmp_path / "state"
     folder.mkdir()
     path = folder / "jp.db"

@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from decision_factories import compile_with_warnings, config, db_file, seed_runs, write_policy
-from joulepilot.policies import find_locked, load_policy, record_decision, resolve, write_lock
+from decision_factories import (
+    compile_with_warnings,
+    config,
+    db_file,
+    decided_policy,
+)
+from joulepilot.policies import find_locked, load_policy, resolve, write_lock
 from joulepilot.policies.lock import LOCK_FORMAT, lock_dir_path
-
-FIGURES = {("eager", "bf16"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},
-           ("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3}}
 
 
 def _break_config(field: str, value):
@@ -42,14 +44,6 @@ ENTRY_DAMAGE = {
 }
 
 
-def _decided(tmp_path, db):
-    policy_path = write_policy(tmp_path / "policies")
-    seed_runs(db, FIGURES)
-    decision = resolve(load_policy(policy_path), db, "cpu")
-    record_decision(db, decision)
-    return policy_path, decision
-
-
 def _damage_lock(file: Path, change) -> None:
     document = json.loads(file.read_text())
     for by_torch in document["entries"].values():
@@ -60,7 +54,7 @@ def _damage_lock(file: Path, change) -> None:
 
 @pytest.mark.parametrize("damage", list(ENTRY_DAMAGE.values()), ids=list(ENTRY_DAMAGE))
 def test_a_lock_entry_this_version_cannot_use_falls_back_with_one_warning(tmp_path, db, damage):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     lock = write_lock(policy_path, decision)
     _damage_lock(lock, damage)
     served, said = compile_with_warnings(policy_path, str(tmp_path / "no-store.db"), deployment="svc-prod")
@@ -73,7 +67,7 @@ def test_a_lock_entry_this_version_cannot_use_falls_back_with_one_warning(tmp_pa
 
 @pytest.mark.parametrize("damage", list(ENTRY_DAMAGE.values()), ids=list(ENTRY_DAMAGE))
 def test_a_lock_entry_this_version_cannot_use_gives_way_to_the_store(tmp_path, db, damage):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     lock = write_lock(policy_path, decision)
     _damage_lock(lock, damage)
     served, said = compile_with_warnings(policy_path, db)
@@ -85,7 +79,7 @@ def test_a_lock_entry_this_version_cannot_use_gives_way_to_the_store(tmp_path, d
 def test_an_unusable_entry_in_one_lock_file_gives_way_to_the_other(tmp_path, db, monkeypatch, bad_one):
     """The audit's case: a lock file beside the policy and one in <home>/locks whose decided_at is not a time."""
     monkeypatch.setenv("JOULEPILOT_LOCK_DIR", str(tmp_path / "locks"))
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     files = {"beside": write_lock(policy_path, decision),
              "lock_dir": write_lock(None, decision, lock_dir=tmp_path / "locks")}
     assert files["lock_dir"] == lock_dir_path(tmp_path / "locks", "svc")
@@ -105,7 +99,7 @@ def test_a_newer_entry_this_torch_cannot_apply_gives_way_to_the_other_lock_file(
     """The newest entry names an Inductor option the installed torch lacks; the other file's older entry applies
     (it used to be skipped along with it, so the fallback applied)."""
     monkeypatch.setenv("JOULEPILOT_LOCK_DIR", str(tmp_path / "locks"))
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     older = resolve(load_policy(policy_path), db, "cpu")
     older.decided_at = decision.decided_at - 100
     write = {"beside": lambda d: write_lock(policy_path, d),
@@ -120,7 +114,7 @@ def test_a_newer_entry_this_torch_cannot_apply_gives_way_to_the_other_lock_file(
 
 
 def test_find_locked_asks_the_caller_newest_first_until_an_entry_passes(tmp_path, db):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     older = resolve(load_policy(policy_path), db, "cpu")
     older.decided_at = decision.decided_at - 100
     newest_file = write_lock(policy_path, decision)
@@ -148,7 +142,7 @@ def test_find_locked_asks_the_caller_newest_first_until_an_entry_passes(tmp_path
 
 def test_an_unusable_entry_made_for_other_policy_content_is_not_reported(tmp_path, db):
     """An entry for an older version of the policy is never applied, so it is not checked either."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     decision.policy_hash = "0" * 16
     lock = write_lock(policy_path, decision)
     _damage_lock(lock, _break_config("mode", "turbo"))
@@ -157,7 +151,7 @@ def test_an_unusable_entry_made_for_other_policy_content_is_not_reported(tmp_pat
 
 
 def test_a_lock_file_of_a_newer_format_is_skipped_with_its_own_message(tmp_path, db):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     lock = write_lock(policy_path, decision)
     document = json.loads(lock.read_text())
     document["format"] = LOCK_FORMAT + 1
@@ -171,7 +165,7 @@ def test_a_lock_file_of_a_newer_format_is_skipped_with_its_own_message(tmp_path,
 
 @pytest.mark.parametrize("fmt", ["1", 0, True, None])
 def test_a_lock_file_whose_format_is_not_a_version_is_skipped(tmp_path, db, fmt):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     lock = write_lock(policy_path, decision)
     document = json.loads(lock.read_text())
     document["format"] = fmt
@@ -190,7 +184,7 @@ def test_a_lock_file_whose_format_is_not_a_version_is_skipped(tmp_path, db, fmt)
 def test_a_stored_decision_this_version_cannot_use_falls_back_with_one_warning(tmp_path, db, path, value):
     """The audit's store case: a decision row naming a configuration this joulepilot cannot parse (as a newer
     joulepilot sharing the database might write), with no lock file."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     db.execute(f"UPDATE decisions SET details = json_set(details, '{path}', ?)", [value])
     db.conn.commit()
     served, said = compile_with_warnings(policy_path, db_file(db), deployment="svc-prod")
@@ -203,7 +197,7 @@ def test_a_stored_decision_this_version_cannot_use_falls_back_with_one_warning(t
 
 def test_a_stored_decision_this_version_cannot_use_gives_way_to_the_lock_files_first(tmp_path, db):
     """Lock files come first, so a good one serves even when the stored row cannot be parsed."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     write_lock(policy_path, decision)
     db.execute("UPDATE decisions SET details = json_set(details, '$.config.precision', 'fp8')")
     db.conn.commit()
@@ -214,7 +208,7 @@ def test_a_stored_decision_this_version_cannot_use_gives_way_to_the_lock_files_f
 
 def test_a_good_decision_is_still_applied_from_either_source(tmp_path, db):
     """The checks do not refuse what this version writes."""
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     stored, said = compile_with_warnings(policy_path, db)
     assert stored.decision.source == "store" and said == []
     write_lock(policy_path, decision)
@@ -223,7 +217,7 @@ def test_a_good_decision_is_still_applied_from_either_source(tmp_path, db):
 
 
 def test_a_stored_decision_whose_workload_id_is_not_text_is_served_and_metered_under_the_policys(tmp_path, db):
-    policy_path, decision = _decided(tmp_path, db)
+    policy_path, decision = decided_policy(tmp_path, db)
     db.execute("UPDATE decisions SET details = json_set(details, '$.workload_id', json('[\"a\"]'))")
     db.conn.commit()
     served, said = compile_with_warnings(policy_path, db_file(db), deployment="svc-prod")
