@@ -12,9 +12,13 @@ So the parent builds the test programs once per host and torch version, in a sub
 (`ensure_programs`: `bench` and the daemon never import torch on a CPU sweep; a cancelled job, a
 stopping daemon, stops the build too), into `programs_dir()`, and copies them into
 each job's fresh Inductor cache before a job that compiles on the CPU starts (`seed`). The job's compile then
-loads them, as a deployed process on this host would, and builds only its own kernels. Nothing is done
-where TORCHINDUCTOR_VEC_ISA_OK is set (Inductor then trusts the CPU's flags and checks nothing), and a
-failure to build them leaves each job to check for itself, as before.
+loads them, as a deployed process on this host would, and builds only its own kernels. A failure to build
+them leaves each job to check for itself, as before.
+
+TORCHINDUCTOR_VEC_ISA_OK makes Inductor trust the CPU's flags for the base instruction set (AVX2, AVX-512)
+instead of testing it, but it still builds and loads a test program for each extension it may use (AVX-512
+BF16 and VNNI, AMX; about 1.5 s of CPU per compile on the 2-core VM). Those are built and copied the same
+way, into a folder of their own (`programs_dir` names the variable's value), as the set differs.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ _BUILD = "from torch._inductor import cpu_vec_isa\nprint(cpu_vec_isa.pick_vec_is
 _failed: set[Path] = set()  # folders whose build failed in this process: not tried again for every job
 
 
-def programs_dir() -> Path:
-    """`JOULEPILOT_VEC_ISA_DIR`, else `cache/vec-isa` under joulepilot's home, per torch version and machine."""
+def programs_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`JOULEPILOT_VEC_ISA_DIR`, else `cache/vec-isa` under joulepilot's home, per torch version, machine and
+    TORCHINDUCTOR_VEC_ISA_OK (in `env`, else this process's environment)."""
+    trusted = (os.environ if env is None else env).get(VEC_ISA_OK_ENV)
     configured = os.environ.get(PROGRAMS_DIR_ENV, "").strip()
     if configured:
         base = Path(configured).expanduser()
@@ -49,7 +55,10 @@ def programs_dir() -> Path:
         from joulepilot.store.db import default_home
 
         base = default_home() / "cache" / "vec-isa"
-    return base / f"torch-{_torch_version()}-{platform.machine()}"
+    name = f"torch-{_torch_version()}-{platform.machine()}"
+    if trusted is not None:
+        name += f"-vec-isa-ok-{''.join(c if c.isalnum() else '_' for c in trusted)}"
+    return base / name
 
 
 @functools.cache
@@ -74,19 +83,18 @@ def job_compiles_on_cpu(job: Mapping[str, Any]) -> bool:
 
 def programs_to_build(env: Mapping[str, str]) -> bool:
     """Whether `ensure_programs(env)` would build the test programs now (for progress: a build takes seconds)."""
-    folder = programs_dir()
-    return env.get(VEC_ISA_OK_ENV) is None and not (folder / READY).is_file() and folder not in _failed
+    folder = programs_dir(env)
+    return not (folder / READY).is_file() and folder not in _failed
 
 
 def ensure_programs(env: Mapping[str, str], cancel: Callable[[], str | None] | None = None,
                     poll_s: float = 0.2) -> tuple[Path | None, str | None]:
     """(the folder holding the host's built test programs, an Inductor cache, or None, and why it stopped
-    when `cancel` asked it to). Builds them first if they are not there yet; None where Inductor checks
-    nothing (VEC_ISA_OK set in `env`) or the build failed. The build runs in a session of its own, polled
-    every `poll_s`: `cancel` returning a reason, or an exception here (a signal), kills it."""
-    if env.get(VEC_ISA_OK_ENV) is not None:
-        return None, None
-    folder = programs_dir()
+    when `cancel` asked it to). Builds them first if they are not there yet, under `env` (so with its
+    VEC_ISA_OK, the programs Inductor then still builds); None where the build failed. The build runs in a
+    session of its own, polled every `poll_s`: `cancel` returning a reason, or an exception here (a signal),
+    kills it."""
+    folder = programs_dir(env)
     cache = folder / "inductor-cache"
     if (folder / READY).is_file():
         return cache, None

@@ -16,11 +16,13 @@ import tempfile
 # where spinning OpenMP threads only fight over the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Inductor checks which vector instruction sets the C++ compiler can build by compiling and loading a test program
-# for each (about 7 s of CPU to build them, a second to load them). The parent builds them once per joulepilot
-# home (compiler/host_isa.py), so once per test here, and every process loads them. Told that the CPU's flags can
-# be trusted, Inductor picks the same instruction set without those programs; the compiles the tests are about
-# still run, C++ kernels included. The test of host_isa.py lifts it.
+# for each (about 7 s of CPU to build them, a second to load them). Told that the CPU's flags can be trusted, it
+# picks the same instruction set without most of them; the compiles the tests are about still run, C++ kernels
+# included. The test of host_isa.py lifts it. The programs Inductor still builds then (its AVX-512 BF16, VNNI and
+# AMX checks, about 1.5 s of CPU per compile) are built once for the whole run and every later run on this machine,
+# as a host does (compiler/host_isa.py), in one folder that bench and the daemon copy into every CPU job's cache.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+os.environ.setdefault("JOULEPILOT_VEC_ISA_DIR", os.path.join(tempfile.gettempdir(), "joulepilot-test-vec-isa"))
 # The suite starts a few hundred Python processes (workers, zygotes, daemons, CLI runs) that import the same
 # modules. With PYTHONDONTWRITEBYTECODE set (as on some CI images) none of them caches its bytecode, so each
 # compiles joulepilot's modules from source again, and each pytest process rewrites every test module's asserts

@@ -98,7 +98,8 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
     assert saved["entries"]["inductor"] == 1 and saved["entries"]["aot_autograd"] == 1
     assert saved["kernels"] > 0 and kernels_path(artifacts).is_file()
     assert warm["status"] == "ok", warm.get("reason")
-    assert warm["artifacts"]["kernels"] == saved["kernels"]
+    # unpacked, but for the host's vector-instruction test programs, copied into the job's cache beforehand
+    assert 0 < warm["artifacts"]["kernels"] <= saved["kernels"]
     assert warm["kernels_built"] == 0  # every C++ kernel came from the packed binaries
     assert "inductor_codegen_s" not in warm["compile_timers_s"]  # and no code was generated
     if precompile_available():

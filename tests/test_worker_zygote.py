@@ -284,13 +284,52 @@ def test_only_a_job_that_may_generate_cpu_code_gets_the_vector_instruction_progr
                                                                                    "backend": "inductor"})
     assert not job_compiles_on_cpu({**cpu, "kind": "doctor", "backend": "eager"})
     assert not job_compiles_on_cpu({**cpu, "device": "cuda:0", "config": CompileConfig(mode="default").to_row()})
-    assert ensure_programs({"TORCHINDUCTOR_VEC_ISA_OK": "1"}) == (None, None)  # Inductor then checks nothing
+
+
+PICK_ISA = """
+import json, os
+from pathlib import Path
+from torch._inductor import config
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+isa = pick_vec_isa()
+print(json.dumps({"isa": str(isa), "trusted": config.cpp.vec_isa_ok,
+                  "binaries": sorted(str(p) for p in Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.so"))}))
+"""
+
+
+def test_with_the_cpus_flags_trusted_the_checks_inductor_still_builds_are_built_once_and_copied(tmp_path):
+    """TORCHINDUCTOR_VEC_ISA_OK (set for the whole suite) skips Inductor's base test programs, not its BF16, VNNI
+    and AMX ones: those are built once, in a folder of their own, and a fresh cache seeded from it builds none."""
+    import json
+    import subprocess
+    import sys
+
+    from joulepilot.compiler.host_isa import seed
+
+    trusted = dict(os.environ, TORCHINDUCTOR_VEC_ISA_OK="1")
+    untrusted = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
+    assert programs_dir(trusted) != programs_dir(untrusted)
+    assert programs_dir(trusted).name.endswith("-vec-isa-ok-1")
+    programs, stopped = ensure_programs(trusted)  # the suite's folder: built by whichever test came first
+    assert programs is not None and stopped is None and not programs_to_build(trusted)
+    built = sorted(p.relative_to(programs).as_posix() for p in programs.rglob("*.so"))
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        assert built  # what Inductor checks on this CPU with the flags trusted
+    cache = tmp_path / "seeded"
+    assert seed(cache, programs) >= len(built)
+    before = {p: p.stat().st_mtime_ns for p in cache.rglob("*.so")}
+    done = subprocess.run([sys.executable, "-c", PICK_ISA], capture_output=True, text=True, timeout=300,
+                          env={**trusted, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    picked = json.loads(done.stdout.splitlines()[-1])
+    assert picked["trusted"] is True and picked["isa"] == (programs.parent / "ready").read_text().strip()
+    assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.so")} == before  # nothing built, nothing rebuilt
 
 
 def test_building_the_vector_instruction_programs_stops_when_the_job_is_cancelled(monkeypatch, tmp_path):
     monkeypatch.setenv(PROGRAMS_DIR_ENV, str(tmp_path / "programs"))
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
-    assert programs_to_build(env) and not programs_to_build({**env, "TORCHINDUCTOR_VEC_ISA_OK": "1"})
+    assert programs_to_build(env) and programs_to_build({**env, "TORCHINDUCTOR_VEC_ISA_OK": "1"})
     assert "once per host" in phase_text("bench", "vec_isa")  # what bench and the daemon show meanwhile
     started: list[float] = []
 
