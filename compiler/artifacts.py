@@ -14,7 +14,9 @@ where Inductor and Triton find them by the hash of their source and skip the bui
 torch checks the `.bin` itself; the tar's SHA-256 is recorded at save in `<key>.kernels.tar.sha256` (the
 format `sha256sum -c` reads) and checked before anything is unpacked: a damaged binary in the cache folder
 would be loaded by every later process. A tar that fails the check is not used (the kernels are built
-again); one saved before digests were recorded is used, reported unverified.
+again); one saved before digests were recorded is used, reported unverified. The two are replaced together
+under `<key>.kernels.lock` (`artifacts_lock`), so saves of the same artifacts at once leave one save's pair,
+and a warm start reads a pair that one save wrote.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from joulepilot.store import default_home, stable_id
-from joulepilot.store.files import write_file_atomic
+from joulepilot.store.files import stage_file, write_file_atomic
 
+from .artifacts_lock import KernelsLockBusy, kernels_lock
 from .provenance import package_version
 
 log = logging.getLogger("joulepilot.artifacts")
@@ -56,7 +59,7 @@ class ArtifactsInfo:
     # The kernel binaries' tar against its recorded digest, on load: VERIFIED, UNVERIFIED (saved before digests
     # were recorded: used), REFUSED (not used: `kernels_error` says why); None with no tar.
     kernels_integrity: str | None = None
-    kernels_error: str | None = None
+    kernels_error: str | None = None  # on a save: why the kernel binaries were not saved (KernelsLockBusy)
     kernels_sha256: str | None = None  # the tar's, as recorded at save (and checked on load)
 
     @property
@@ -181,16 +184,27 @@ def _serialise_caches() -> tuple[tuple[bytes, object] | None, str | None]:
 def write_kernels(artifacts_path: str | os.PathLike, packed: bytes | None) -> str | None:
     """The kernel binaries' tar beside `artifacts_path` and its SHA-256 (returned), each written atomically; with
     None, any earlier ones removed (they came from an earlier compile of this configuration: these entries do
-    not name them)."""
+    not name them). Both are written to temporary names first, then renamed into place together under the
+    kernels' lock, so that concurrent saves leave one save's tar and digest and a reader (`load_kernels`) never
+    finds one save's digest beside another's tar. Raises KernelsLockBusy (nothing changed) when the lock stays
+    held by another process."""
     kernels, digest_path = kernels_path(artifacts_path), kernels_digest_path(artifacts_path)
     if packed is None:
-        digest_path.unlink(missing_ok=True)
-        kernels.unlink(missing_ok=True)
+        if kernels.exists() or digest_path.exists():
+            with kernels_lock(artifacts_path, exclusive=True):
+                digest_path.unlink(missing_ok=True)
+                kernels.unlink(missing_ok=True)
         return None
     digest = hashlib.sha256(packed).hexdigest()
-    # The tar first: a reader between the two writes finds the old digest, refuses the tar and builds the kernels.
-    write_file_atomic(kernels, packed)
-    write_file_atomic(digest_path, f"{digest}  {kernels.name}\n".encode())
+    staged = [stage_file(kernels, packed)]
+    try:
+        staged.append(stage_file(digest_path, f"{digest}  {kernels.name}\n".encode()))
+        with kernels_lock(artifacts_path, exclusive=True):
+            os.replace(staged[0], kernels)
+            os.replace(staged[1], digest_path)
+    finally:
+        for leftover in staged:
+            leftover.unlink(missing_ok=True)  # renamed already, or not used
     return digest
 
 
@@ -209,7 +223,13 @@ def save_warm_start(path: str | os.PathLike, *, kernels_from: Mapping[str, Path]
     target.parent.mkdir(parents=True, exist_ok=True)
     written = write_file_atomic(target, blob)
     packed = _pack_kernels(kernels_from) if kernels_from is not None else None
-    digest = write_kernels(written, packed[0] if packed else None)
+    try:
+        digest = write_kernels(written, packed[0] if packed else None)
+    except KernelsLockBusy as exc:
+        # Another save of these artifacts (or a stuck reader) holds the lock: what is there stays, a pair.
+        error = f"kernel binaries not saved: {exc}"
+        log.warning("%s; a warm start from %s builds the kernels it does not find", error, written)
+        return ArtifactsInfo(written, _entry_counts(info), 0, precompile_error, kernels_error=error)
     return ArtifactsInfo(written, _entry_counts(info), packed[1] if packed else 0, precompile_error,
                          kernels_sha256=digest)
 
@@ -282,9 +302,16 @@ def unpack_kernels(path: str | os.PathLike, caches: Mapping[str, Path] | None = 
     left by an earlier unpack would otherwise be loaded by every process). Without it (a tar saved before
     digests were recorded) nothing vouches for the binaries: files already there are kept, with a warning
     when they differ."""
+    with open(path, "rb") as fh:
+        return _unpack_open_kernels(fh, path, caches, expected_sha256)
+
+
+def _unpack_open_kernels(fh: io.BufferedReader, path: str | os.PathLike, caches: Mapping[str, Path] | None,
+                         expected_sha256: str | None) -> int:
+    """`unpack_kernels` of the tar open as `fh` (at its start), `path` naming it in messages."""
     caches = kernel_cache_dirs() if caches is None else caches
     written, kept = 0, []
-    with open(path, "rb") as fh:
+    with fh:
         if expected_sha256 is not None:
             actual = _file_sha256(fh)
             if actual != expected_sha256.lower():
@@ -331,14 +358,31 @@ def load_kernels(artifacts_path: str | os.PathLike, caches: Mapping[str, Path] |
     if not kernels.is_file():
         return KernelsLoaded(0, None)
     try:
-        expected = recorded_kernels_digest(artifacts_path)
-        written = unpack_kernels(kernels, caches, expected_sha256=expected)
-    except (OSError, tarfile.TarError, KernelsDigestMismatch) as exc:
-        error = str(exc) if isinstance(exc, KernelsDigestMismatch) else f"{kernels}: {type(exc).__name__}: {exc}"
-        log.warning("kernel binaries not used, they will be built again: %s; run bench for this configuration "
-                    "again to save them anew, or delete %s", error, kernels)
+        # The digest and the tar read under the kernels' lock, so that they are one save's; the open file is
+        # hashed and unpacked afterwards, without holding up a save.
+        with kernels_lock(artifacts_path, exclusive=False):
+            if not kernels.is_file():  # removed by a save of artifacts without kernels
+                return KernelsLoaded(0, None)
+            expected = recorded_kernels_digest(artifacts_path)
+            fh = open(kernels, "rb")  # closed by _unpack_open_kernels
+    except KernelsLockBusy as exc:
+        error = f"{kernels}: {exc}"
+        log.warning("kernel binaries not used, they will be built: %s (a save that did not finish?)", error)
         return KernelsLoaded(0, REFUSED, error)
+    except (OSError, KernelsDigestMismatch) as exc:
+        return _refused(kernels, exc)
+    try:
+        written = _unpack_open_kernels(fh, kernels, caches, expected)
+    except (OSError, tarfile.TarError, KernelsDigestMismatch) as exc:
+        return _refused(kernels, exc)
     return KernelsLoaded(written, VERIFIED, sha256=expected) if expected else KernelsLoaded(written, UNVERIFIED)
+
+
+def _refused(kernels: Path, exc: Exception) -> KernelsLoaded:
+    error = str(exc) if isinstance(exc, KernelsDigestMismatch) else f"{kernels}: {type(exc).__name__}: {exc}"
+    log.warning("kernel binaries not used, they will be built again: %s; run bench for this configuration "
+                "again to save them anew, or delete %s", error, kernels)
+    return KernelsLoaded(0, REFUSED, error)
 
 
 def _resolve(key_or_path: str | os.PathLike) -> Path:

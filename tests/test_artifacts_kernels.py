@@ -106,7 +106,9 @@ def test_saving_records_the_tar_digest_in_the_sha256sum_format(tmp_path):
     assert digest == hashlib.sha256(packed).hexdigest()
     assert kernels_digest_path(tmp_path / "k.bin").read_text() == f"{digest}  k.kernels.tar\n"
     assert write_kernels(tmp_path / "k.bin", None) is None  # a compile without kernels: the old ones go
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # What stays is the lock the two were replaced under (empty; a lock file is never removed while in use).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.kernels.lock"]
+    assert (tmp_path / "k.kernels.lock").read_bytes() == b""
 
 
 def test_a_verified_tar_is_unpacked_whole(tmp_path, caches):
