@@ -22,17 +22,15 @@ from typing import Any, TypedDict
 import sqlite_utils
 from joulepilot.store import (
     commit_run_or_set_aside,
-    describe_import,
     find_ok_run,
     host_identity,
-    import_pending_runs,
     list_runs,
     open_db,
     run_columns,
     workload_needs_description,
 )
-from joulepilot.store.deployment_side_files import describe_deployment_import, import_deployment_side_files
 from joulepilot.store.jsonvalues import json_object
+from joulepilot.store.side_file_imports import import_side_files
 
 from .artifacts import artifact_path_for
 from .budget import worker_budget
@@ -619,10 +617,9 @@ def bench(
     database, owned = _open(db)
     stack = contextlib.ExitStack()
     try:
-        for item in import_pending_runs(database):
-            notice(describe_import(item))
-        for kept in import_deployment_side_files(database):  # windows a deployment could not write
-            notice(describe_deployment_import(kept))
+        # runs an earlier commit could not store, windows a deployment could not write
+        for line, _kept in import_side_files(database).notes():
+            notice(line)
         zygotes = stack.enter_context(ZygotePool())  # one for the sweep, a zygote per device in it
         sweep = _Sweep(spec, configs, database=database, force=force, progress=progress, notice=notice,
                        stop_before=stop_before, phase_progress=phase_progress,

@@ -48,9 +48,7 @@ from joulepilot.policies.batches import config_workload_id
 from joulepilot.store import (
     RunNotStored,
     commit_run_or_set_aside,
-    describe_import,
     host_identity,
-    import_pending_runs,
     open_db,
     run_columns,
     transaction,
@@ -73,8 +71,8 @@ from joulepilot.store.daemon_state import (
     write_heartbeat,
 )
 from joulepilot.store.decisions import latest_decision
-from joulepilot.store.deployment_side_files import describe_deployment_import, import_deployment_side_files
 from joulepilot.store.runs import further_window_run_ids
+from joulepilot.store.side_file_imports import import_side_files
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, DeviceUnavailable, allowed_devices, check_devices, probe_devices
@@ -573,12 +571,10 @@ class Daemon:
         self._logged_policy_errors = current
 
     def _import_pending(self) -> None:
-        """Runs whose commit failed earlier (disk full) wait in side files; store them now."""
-        for item in import_pending_runs(self.db, stop=self.stop_event.is_set):
-            (log.info if item.run_id is not None else log.warning)("%s", describe_import(item))
-        # windows a deployment could not write
-        for kept in import_deployment_side_files(self.db, stop=self.stop_event.is_set):
-            (log.warning if kept.error else log.info)("%s", describe_deployment_import(kept))
+        """Runs whose commit failed earlier (disk full) and windows a deployment could not write wait in side
+        files; store them now."""
+        for line, kept in import_side_files(self.db, stop=self.stop_event.is_set).notes():
+            (log.warning if kept else log.info)("%s", line)
 
     def _has_open_jobs(self, policy: str) -> bool:
         return has_open_jobs(self.db, policy)

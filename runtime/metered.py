@@ -54,7 +54,7 @@ from joulepilot.policies.resolve import torch_minor
 from joulepilot.store import open_db, transaction
 from joulepilot.store.deployment_side_files import (
     deployment_side_file,
-    describe_deployment_import,
+    describe_deployment_imports,
     drop_deployment_side_file,
     import_deployment_side_files,
     set_aside_deployment,
@@ -561,9 +561,10 @@ class MeteredModel:
         except Exception as exc:  # noqa: BLE001 - retried after the next flush the store takes
             log.debug("deployment %r: side files not imported yet (%s)", self.name, exc)
             return
-        self._side_imported = True
-        for item in items:
-            log.warning("deployment %r: %s", self.name, describe_deployment_import(item))
+        # files left because the store refused them are tried again after a later flush the store takes
+        self._side_imported = not any(item.refused is not None for item in items)
+        for line in describe_deployment_imports(items):
+            log.warning("deployment %r: %s", self.name, line)
 
     def flush(self) -> int:
         """Write the buffered samples, and any trip not yet recorded, now (one transaction); returns how many

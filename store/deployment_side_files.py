@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,10 @@ from .pending import (
     _claim,
     _give_back,
     _unclaimed_name,
-    _waits_for_lock,
     _write_transaction,
     claimable_files,
 )
+from .refusals import StoreRefusal, refused_line, store_refusal
 from .safeio import read_regular_file
 
 SIDE_FILE_PREFIX = "deployment-"
@@ -50,6 +50,8 @@ class DeploymentImport:
     violations: int = 0  # violations stored from the file
     already: int = 0  # windows and violations that were stored before (the file outlived an earlier import)
     error: str = ""  # why the file was not imported (it is kept)
+    refused: StoreRefusal | None = None  # kept because the database refuses every write now (locked, full, ...)
+    tried: bool = True  # False: not tried, as the database had refused another file already
 
 
 def deployment_side_file(db_file: str | Path, token: str) -> Path:
@@ -106,12 +108,12 @@ def _read_side_file(path: Path) -> tuple[str, list[dict[str, Any]], list[dict[st
 
 
 def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
-                    stop: Callable[[], bool] | None) -> tuple[DeploymentImport, bool]:
-    """What importing the claimed file did, and whether the store refused it for a lock held too long."""
+                    stop: Callable[[], bool] | None) -> DeploymentImport:
+    """What importing the claimed file did."""
     try:
         deployment, samples, violations = _read_side_file(claimed)
     except (OSError, ValueError, RecursionError) as exc:
-        return DeploymentImport(name, None, error=f"unreadable side file: {exc}"), False
+        return DeploymentImport(name, None, error=f"unreadable side file: {exc}")
     item = DeploymentImport(name, deployment)
     try:
         with _write_transaction(db, stop):
@@ -123,41 +125,42 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
                 item.violations += int(new)
                 item.already += int(not new)
     except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-        refused_for_lock = isinstance(exc, sqlite3.Error) and _waits_for_lock(exc)
-        return DeploymentImport(name, deployment, error=str(exc)), refused_for_lock
+        return DeploymentImport(name, deployment, error=str(exc), refused=store_refusal(exc))
     item.windows, item.calls, item.already = stored.written, stored.calls, item.already + stored.already
-    return item, False
+    return item
 
 
-def import_deployment_side_files(db: sqlite_utils.Database,
-                                 stop: Callable[[], bool] | None = None) -> list[DeploymentImport]:
+def import_deployment_side_files(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None, *,
+                                 refused: StoreRefusal | None = None) -> list[DeploymentImport]:
     """Store every deployment side file beside `db` and remove it; returns what happened to each. A file that
     cannot be imported now (the store is locked, the file is damaged) is kept and tried again next time.
 
     Each file is claimed first (renamed to a name of this process's, as `import_pending_runs` does), so a
     serving process that rewrites its file meanwhile writes a new one, imported next time, rather than
     losing its newer windows to this import's removal. The wait for the write lock is taken in short slices
-    (signals are handled between them); `stop()` returning True ends it, and once the store stayed locked
-    for one file the others are left for next time rather than each waiting the whole busy timeout."""
+    (signals are handled between them); `stop()` returning True ends it. Once the database refuses one file
+    for a reason every file would meet (`refusals.store_refusal`: the lock still held after the busy timeout,
+    a full disk, a read-only file), the others are left untried for next time (listed with that `refused`,
+    `tried` False) rather than each waiting as long again; `refused` given: it refused already, none is tried."""
     imported: list[DeploymentImport] = []
-    locked = False
     for path in deployment_side_files(db):
         if stop is not None and stop():
             break
         name = _unclaimed_name(path)
-        if locked:
-            imported.append(DeploymentImport(name, None, error="the store stayed locked for another side file"))
+        if refused is not None:
+            imported.append(DeploymentImport(name, None, error=refused.error, refused=refused, tried=False))
             continue
         claimed = _claim(path)
         if claimed is None:  # another importer took it
             continue
         try:
-            item, locked = _import_claimed(db, claimed, name, stop)
+            item = _import_claimed(db, claimed, name, stop)
         except BaseException:  # SIGTERM, Ctrl-C: the transaction was rolled back; the next start imports it
             _give_back(claimed, name)
             raise
         if item.error:
             _give_back(claimed, name)
+            refused = item.refused
         else:
             drop_deployment_side_file(claimed)
         imported.append(item)
@@ -177,3 +180,14 @@ def describe_deployment_import(item: DeploymentImport) -> str:
     already = f" ({item.already} already stored)" if item.already else ""
     return (f"imported {' and '.join(parts)} of deployment {item.deployment!r}{already} kept in {item.path} when the "
             f"store refused them; side file removed")
+
+
+def describe_deployment_imports(items: Sequence[DeploymentImport]) -> list[str]:
+    """One line per side file imported or kept for its own reason, and one for all those kept because the
+    database refused."""
+    lines = [describe_deployment_import(item) for item in items if item.refused is None]
+    refusals = [item.refused for item in items if item.refused is not None]
+    if refusals:
+        lines.append(refused_line(len(refusals), items[0].path.parent, refusals[0],
+                                  "when a deployment, bench or the daemon next opens this database"))
+    return lines

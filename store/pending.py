@@ -16,7 +16,9 @@ an importer that was only slow, or a copy of the file, stores nothing a second t
 
 The wait for another process's write lock is taken in slices of LOCK_SLICE_MS, up to the connection's busy
 timeout in all: SQLite waits in C code, where Python cannot run a signal handler, so one long wait would
-hold off a SIGTERM until it ended.
+hold off a SIGTERM until it ended. Once the database refuses one file for a reason every file would meet (the
+lock still held after that wait, a full disk, a read-only file: `refusals.store_refusal`), the others are not
+tried: each would only wait as long again. They keep their names for the next start.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .db import _write_lock
 from .errors import StoreError
 from .files import write_file_atomic
 from .jsonvalues import json_object
+from .refusals import StoreRefusal, refused_line, store_refusal
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,8 @@ class PendingImport:
     job_id: int | None = None
     error: str = ""
     already_stored: bool = False  # another import (or the commit itself) stored it before this one could
+    refused: StoreRefusal | None = None  # kept because the database refuses every write now (locked, full, ...)
+    tried: bool = True  # False: not tried, as the database had refused another file already
 
 
 def database_file(db: sqlite_utils.Database) -> Path | None:
@@ -335,11 +340,12 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: 
                                 further=[(more["run"], more.get("samples") or ())
                                          for more in record.get("further") or ()])
     except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-        return PendingImport(name, None, job_id, error=str(exc))
+        return PendingImport(name, None, job_id, error=str(exc), refused=store_refusal(exc))
     return PendingImport(name, run_id, job_id)
 
 
-def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None) -> list[PendingImport]:
+def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None, *,
+                        refused: StoreRefusal | None = None) -> list[PendingImport]:
     """Commit every side file left by an earlier failed commit and remove it; returns what happened to each.
 
     Each file is first claimed (renamed to a name of this process's), so of several processes importing at
@@ -348,12 +354,20 @@ def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | No
     more than CLAIM_STALE_S ago, is claimed again. A job named in a side file is finished with its run
     unless it was done meanwhile. A file that cannot be imported is given back (its `error` says why) and
     tried again at the next start; so is one whose import is interrupted (SIGTERM, Ctrl-C). `stop()`
-    returning True ends a wait for the write lock (the file is given back)."""
+    returning True ends a wait for the write lock (the file is given back).
+
+    Once the database refuses a file for a reason every file would meet (`refusals.store_refusal`: the lock
+    still held after the busy timeout, a full disk, a read-only file), the files after it are not claimed nor
+    tried: they are listed with the same `refused` and `tried` False, and keep their names for the next
+    start. `refused` given: the database refused already (another kind of side file), so none is tried."""
     imported: list[PendingImport] = []
     for path in pending_files(db):
         if stop is not None and stop():
             break
         name = _unclaimed_name(path)
+        if refused is not None:
+            imported.append(PendingImport(name, None, error=refused.error, refused=refused, tried=False))
+            continue
         claimed = _claim(path)
         if claimed is None:
             continue
@@ -366,6 +380,7 @@ def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | No
             claimed.unlink(missing_ok=True)
         else:
             _give_back(claimed, name)
+            refused = item.refused
         imported.append(item)
     return imported
 
@@ -378,3 +393,13 @@ def describe_import(item: PendingImport) -> str:
     if item.already_stored:
         return f"pending run {item.path} was already stored as run {item.run_id}{job}; side file removed"
     return f"imported run {item.run_id}{job} kept in {item.path} after an earlier failed commit"
+
+
+def describe_imports(items: Sequence[PendingImport]) -> list[str]:
+    """One line per side file imported or kept for its own reason, and one for all those kept because the
+    database refused (rather than a line, and a wait, for each)."""
+    lines = [describe_import(item) for item in items if item.refused is None]
+    refusals = [item.refused for item in items if item.refused is not None]
+    if refusals:
+        lines.append(refused_line(len(refusals), items[0].path.parent, refusals[0], "at the next start"))
+    return lines
