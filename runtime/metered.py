@@ -8,7 +8,10 @@ the store in batches, one transaction per batch, and flushed on `close()` and at
 (`atexit`). A SIGTERM handler that flushes (chained to the previous one) is opt-in
 (`flush_on_sigterm()`): a serving process's signals belong to its framework. Without it, a SIGTERM
 that ends the process without a normal exit, like a SIGKILL, loses at most the unflushed batch
-(`flush_interval_s`, 30 s by default).
+(`flush_interval_s`, 30 s by default). Python runs that handler in the main thread, between two bytecodes of
+whatever it was running; a SIGTERM that lands while the main thread is inside a deployment's `flush()` or `close()`
+(holding locks the handler's own flush needs) is held until that call ends, then handled
+(`runtime.signal_deferral`), still within EXIT_WAIT_S of its arrival.
 
 The store never stops the metering nor holds up the served process for long. The thread waits at most
 STORE_WAIT_S for the store's write lock; a batch it refuses stays in memory for the next flush and is kept
@@ -64,6 +67,7 @@ from joulepilot.store.deployments import set_deployment_config
 from joulepilot.store.lock_wait import set_lock_wait_s
 
 from .guard import EnvelopeGuard
+from .signal_deferral import SignalDeferral
 from .trips import trip_rows, warn_trip, write_trip
 
 log = logging.getLogger("joulepilot.deployment")
@@ -83,6 +87,9 @@ STORE_WAIT_S = 2.0
 # process together, for the last windows to be written: two store waits (a write under way, then the last one).
 # Whatever the store has not taken by then is in the side file.
 EXIT_WAIT_S = 5.0
+# While it waits for a metering thread to end, close() looks this often for a SIGTERM that arrived meanwhile (and
+# shortens the wait to what is left of EXIT_WAIT_S since it arrived).
+JOIN_SLICE_S = 0.05
 
 
 @dataclass
@@ -189,6 +196,8 @@ class MeteredModel:
         self._db: sqlite_utils.Database | None = None
         self._buffer: list[dict[str, Any]] = []  # windows taken, not yet in the store
         self._pending_trips: list[dict[str, Any]] = []  # trips whose rows are not yet in the store
+        # The main thread takes the buffer and write locks only inside `_SIGTERM_DEFERRAL.busy()` (flush, close): the
+        # SIGTERM handler, which runs in the main thread, needs them too. It never needs the swap lock.
         self._buffer_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._swap_lock = threading.Lock()
@@ -570,7 +579,7 @@ class MeteredModel:
         """Write the buffered samples, and any trip not yet recorded, now (one transaction); returns how many
         samples were new to the store. When the store refuses, they stay buffered for the next flush, are kept
         in the side file, and the store's error is raised."""
-        with self._write_lock:
+        with _SIGTERM_DEFERRAL.busy(), self._write_lock:
             with self._buffer_lock:
                 batch = list(self._buffer)
                 trips = list(self._pending_trips)
@@ -666,7 +675,12 @@ class MeteredModel:
         """Take the last (partial) window, flush every sample, stop the thread. Idempotent.
 
         Returns within about two store waits (`STORE_WAIT_S`) and at most `timeout_s`; what the store
-        refuses by then is in the side file."""
+        refuses by then is in the side file. A SIGTERM arriving meanwhile is handled once it returns, and
+        shortens the wait to what is left of EXIT_WAIT_S since it arrived."""
+        with _SIGTERM_DEFERRAL.busy():
+            self._close(timeout_s)
+
+    def _close(self, timeout_s: float) -> None:
         if self._closed:
             return
         self._closed = True
@@ -676,12 +690,11 @@ class MeteredModel:
             return
         thread = self._thread
         if thread is not threading.current_thread():
+            waited_s = _join(thread, timeout_s)
             if thread.is_alive():
-                thread.join(timeout_s)
-            if thread.is_alive():
-                self._keep_aside(f"the last write did not finish within {timeout_s:.1f} s")
+                self._keep_aside(f"the last write did not finish within {waited_s:.1f} s")
                 log.warning("deployment %r: the last windows were not written within %.1f s; %s", self.name,
-                            timeout_s, self._where_kept())
+                            waited_s, self._where_kept())
             elif not self._final_flush_tried and (self._buffer or self._pending_trips):
                 self._final_flush()  # the thread ended without its last flush: write the rest from here
                 if self._db is not None and self._db is not self._shared_db:
@@ -710,21 +723,38 @@ _FORK_HANDLER_REGISTERED = False
 _SIGTERM_INSTALLED = False
 _PREVIOUS_SIGTERM: Any = None
 _INHERITED: list[Any] = []  # a parent's connections and meters, kept alive (unused) in a forked child
+_SIGTERM_DEFERRAL = SignalDeferral()
+
+
+def _join(thread: threading.Thread, timeout_s: float) -> float:
+    """Wait for `thread` to end, at most `timeout_s` and at most until EXIT_WAIT_S after a SIGTERM held meanwhile;
+    returns the seconds waited."""
+    started = time.monotonic()
+    end = started + timeout_s
+    while thread.is_alive():
+        held_since = _SIGTERM_DEFERRAL.held_since()
+        limit = end if held_since is None else min(end, held_since + EXIT_WAIT_S)
+        left_s = limit - time.monotonic()
+        if left_s <= 0:
+            break
+        thread.join(min(left_s, JOIN_SLICE_S))
+    return time.monotonic() - started
 
 
 def close_all(timeout_s: float | None = None) -> None:
     """Flush and stop every live deployment in this process, waiting at most `timeout_s` (default
     `EXIT_WAIT_S`) for all of them together; what is not written by then is in their side files."""
     wait_s = EXIT_WAIT_S if timeout_s is None else timeout_s
-    models = list(_LIVE)
-    for model in models:
-        model._stop.set()  # all take their last window and write it at once
-    deadline = time.monotonic() + wait_s
-    for model in models:
-        try:
-            model.close(timeout_s=max(0.0, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - on the way out, one failure must not stop the others
-            log.exception("deployment %r: final flush failed", model.name)
+    with _SIGTERM_DEFERRAL.busy():
+        models = list(_LIVE)
+        for model in models:
+            model._stop.set()  # all take their last window and write it at once
+        deadline = time.monotonic() + wait_s
+        for model in models:
+            try:
+                model.close(timeout_s=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - on the way out, one failure must not stop the others
+                log.exception("deployment %r: final flush failed", model.name)
 
 
 def _flush_at_exit() -> None:
@@ -735,6 +765,7 @@ def _flush_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
+    _SIGTERM_DEFERRAL.forked()
     for model in list(_LIVE):
         try:
             model._forked()
@@ -751,7 +782,12 @@ def _restart_in_forked_children() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    close_all()
+    # Handled at once, or, when the main thread was inside a flush or close (its locks held), as soon as that ends.
+    _SIGTERM_DEFERRAL.deliver(signum, frame, _stop_on_sigterm)
+
+
+def _stop_on_sigterm(signum: int, frame: Any, arrived: float) -> None:
+    close_all(timeout_s=max(0.0, arrived + EXIT_WAIT_S - time.monotonic()))
     previous = _PREVIOUS_SIGTERM
     if callable(previous):
         previous(signum, frame)
@@ -764,8 +800,9 @@ def flush_on_sigterm() -> bool:
     """Opt in to flushing every live deployment on SIGTERM, then running the handler that was there
     before (the default one still ends the process by the signal). Python runs no `atexit` on a
     SIGTERM it has no handler for, so a process stopped that way (systemd, Kubernetes) otherwise loses
-    the unflushed batch. Not installed by default: a serving framework's own handler decides how its
-    process stops. Idempotent; returns False where no handler can be installed (not the main thread)."""
+    the unflushed batch. A SIGTERM that arrives while the main thread is inside a deployment's `flush()` or
+    `close()` is handled as soon as that call ends. Not installed by default: a serving framework's own
+    handler decides how its process stops. Idempotent; returns False where no handler can be installed (not the main thread)."""
     global _SIGTERM_INSTALLED, _PREVIOUS_SIGTERM
     if _SIGTERM_INSTALLED:
         return True
