@@ -186,3 +186,13 @@ def test_the_search_engine_counts_only_runs_of_the_source_ranked(tmp_path, db):
     assert chosen.config_id == config(*EAGER32).id and chosen.objective.median == 1.0
     assert chosen.objective.n == 1 and chosen.avg_power_w.median == 20.0
     assert state == "provisional" and "1 of the 3 runs" in reason
+
+
+def test_a_partly_estimated_window_ranks_above_a_whole_estimate_and_says_so(tmp_path, db):
+    # eager fp32's windows were metered partly by NVML and partly estimated ('estimate+nvml' as a window joins
+    # them); eager bf16 was wholly estimated. The decision ranks the partly metered runs.
+    seed_rounds(db, {EAGER32: _fig(1.0, 20.0, "estimate+nvml"), EAGER16: _fig(0.3, 10.0, "estimate")})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    assert decision.config_id == config(*EAGER32).id and _cand(decision, EAGER16).status == "uncompared"
+    assert "its energy figures are partly estimated (nvml+estimate)" in decision.reason
+    assert decision.ranked_source == "nvml+estimate"
