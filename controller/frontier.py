@@ -10,9 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-from joulepilot.policies.bill import joined_sources
+from joulepilot.policies.bill import UNKNOWN_SOURCE
 from joulepilot.policies.noise import median
 from joulepilot.policies.resolve import counted_runs, repeat_intervals
+from joulepilot.policies.sources import (
+    group_by_source,
+    left_out_text,
+    not_compared_text,
+    own_sources,
+    ranked_sources,
+    uncompared_summary,
+)
 from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.runs import RunRow, latest_per_config, ok_runs
 
@@ -66,19 +74,32 @@ def _median_of(runs: Sequence[RunRow], figure: str) -> float | None:
     return median(values) if values else None
 
 
-def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> list[dict[str, Any]]:
-    """One point per measured configuration over every run that counts (flagged runs once a clean one
-    exists): median figures, and for J/inference the median's interval and the number of repeats; its
-    `energy_source` names the meters of all those runs ('rapl+estimate' when some were estimated)."""
-    counted_per_config = {cid: counted_runs([r for r in runs if r.config_id == cid])[0] for cid in latest}
-    intervals = repeat_intervals({cid: [r.energy_j_per_inference for r in rs if r.energy_j_per_inference is not None]
-                                  for cid, rs in counted_per_config.items()})
-    points = []
+def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(one point per measured configuration, notes on what was not compared). Runs of different energy
+    sources are never compared (`policies.sources`): the frontier ranks the points of the most trustworthy
+    source measured (then the one more configurations were measured with); each configuration's point rests on
+    its runs of that source alone, every one that counts (flagged runs once a clean one exists): median
+    figures, and for J/inference the median's interval and the number of repeats. A configuration measured
+    only otherwise gets a point from its own most trustworthy source's runs, `compared` false, off the
+    frontier. `energy_source` names the meter(s) of the runs a point rests on."""
+    per_config = {cid: [r for r in runs if r.config_id == cid] for cid in latest}
+    grouped = group_by_source(per_config, lambda run: run.energy_source)
+    order = ranked_sources({source: len(group) for source, group in grouped.items()})
+    ranked = order[0] if order else None
+    own = own_sources(grouped, order)
+    counted_by_source = {source: {cid: counted_runs(rs)[0] for cid, rs in group.items()}
+                         for source, group in grouped.items()}
+    intervals = {source: repeat_intervals({cid: [r.energy_j_per_inference for r in rs
+                                                 if r.energy_j_per_inference is not None]
+                                           for cid, rs in counted.items()})
+                 for source, counted in counted_by_source.items()}
+    points, notes, uncompared = [], [], {}
     for cid, newest in latest.items():
-        mine, ci = counted_per_config[cid], intervals.get(cid)
-        points.append({
+        source = ranked if cid in grouped.get(ranked or "", {}) else own[cid]
+        mine, ci = counted_by_source[source][cid], intervals[source].get(cid)
+        point = {
             "label": newest.config_label, "config_id": cid, "mode": newest.mode, "fusion": newest.fusion,
-            "precision": newest.precision, "source": "measured", "run_id": newest.id,
+            "precision": newest.precision, "source": "measured", "run_id": mine[0].id if mine else newest.id,
             "run_ids": [r.id for r in mine], "repeats": len(mine),
             "latency_ms_p95": _median_of(mine, "latency_ms_p95"),
             "energy_j_per_inference": ci.median if ci else None,
@@ -86,9 +107,19 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> li
             "ci_high": ci.high if ci else None,
             "spread_pct": 100.0 * ci.half_width_rel if ci else None,
             "avg_power_w": _median_of(mine, "avg_power_w"), "compile_s": _median_of(mine, "compile_s"),
-            "energy_source": joined_sources([r.energy_source for r in mine]) or newest.energy_source,
-        })
-    return points
+            "energy_source": None if source == UNKNOWN_SOURCE else source,
+            "compared": source == ranked, "not_compared": None,
+        }
+        if source != ranked:
+            point["not_compared"] = not_compared_text(source, str(ranked), "the frontier")
+            uncompared.setdefault(source, []).append(point["label"])
+        others = {other: len(group[cid]) for other, group in grouped.items() if other != source and cid in group}
+        if others:
+            notes.append(f"{point['label']}: {left_out_text(others, str(ranked), 'the frontier')}")
+        points.append(point)
+    if uncompared:
+        notes.insert(0, uncompared_summary(uncompared, str(ranked), "the frontier"))
+    return points, notes
 
 
 def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | None = None,
@@ -120,9 +151,7 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
 
     mine = [r for r in at_batch if r.workload_id == workload_id]
     latest = latest_per_config(mine)
-    points = _measured_points(mine, latest)
-
-    notes = []
+    points, notes = _measured_points(mine, latest)
     if predict:
         unmeasured = [c for c in _grid(on_device, batch_size, search) if c.id not in latest]
         if unmeasured:
@@ -142,11 +171,10 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
                         point[target + "_std"] = std
                     points.append(point)
 
-    unlike = _unlike_sources(points)
-    if unlike:
-        notes.append(unlike)
-    front = pareto_front(points)
-    measured_idx = [i for i, p in enumerate(points) if p["source"] == "measured"]
+    # Only points of one energy source (and predictions) are ranked against each other.
+    ranked_idx = [i for i, p in enumerate(points) if p["source"] == "predicted" or p["compared"]]
+    front = [ranked_idx[i] for i in pareto_front([points[i] for i in ranked_idx])]
+    measured_idx = [i for i, p in enumerate(points) if p["source"] == "measured" and p["compared"]]
     measured_front = [measured_idx[i] for i in pareto_front([points[i] for i in measured_idx])]
     for i, p in enumerate(points):
         p["pareto"] = i in front
@@ -159,16 +187,6 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
         "measured_frontier": [p["label"] for p in points if p["measured_pareto"]],
         "notes": notes,
     }
-
-
-def _unlike_sources(points: Sequence[Mapping[str, Any]]) -> str | None:
-    """A note when the measured points were not all metered the same way: their J/call share one axis but
-    are not like for like."""
-    sources = sorted({p["energy_source"] or "no source" for p in points if p["source"] == "measured"})
-    if len(sources) < 2:
-        return None
-    return (f"the measured points' energy sources differ ({', '.join(sources)}): their J/call are not like for "
-            f"like, so read the frontier across them with care")
 
 
 def frontier_figure(result: Mapping[str, Any]) -> Any:
@@ -193,11 +211,13 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
     colours = iter(["tab:blue", "tab:purple", "tab:brown", "tab:cyan"])
     for source, group in sorted(by_source.items(), key=lambda item: "estimate" in item[0]):
         xs, ys = [p["latency_ms_p95"] for p in group], [p["energy_j_per_inference"] for p in group]
+        apart = ", not compared" if not any(p.get("compared", True) for p in group) else ""
         if "estimate" in source:
             ax.scatter(xs, ys, s=42, facecolors="none", edgecolors="0.35", linewidths=1.4, zorder=3,
-                       label=f"measured ({source}): {'' if source == 'estimate' else 'partly '}ESTIMATE energy")
+                       label=f"measured ({source}): {'' if source == 'estimate' else 'partly '}ESTIMATE energy"
+                             f"{apart}")
         else:
-            ax.scatter(xs, ys, s=42, color=next(colours, "tab:blue"), zorder=3, label=f"measured ({source})")
+            ax.scatter(xs, ys, s=42, color=next(colours, "tab:blue"), zorder=3, label=f"measured ({source}){apart}")
     if predicted:
         ax.errorbar([p["latency_ms_p95"] for p in predicted], [p["energy_j_per_inference"] for p in predicted],
                     xerr=[p.get("latency_ms_p95_std", 0) for p in predicted],

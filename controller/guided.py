@@ -193,7 +193,8 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
         plan.skipped = result.skipped
     plan.measured = [{"config_id": m.config_id, "label": m.label, "runs": len(m.runs),
                       "ok_runs": sum(1 for r in m.runs if r.ok), "status": m.status,
-                      "objective": m.objective.median if m.objective else None} for m in result.measured]
+                      "objective": m.objective.median if m.objective else None,
+                      "energy_source": m.energy_source} for m in result.measured]
     plan.spent_s, plan.measurements, plan.objective_unit = spent_s, made, result.objective_unit
     plan.state = result.state
     return plan

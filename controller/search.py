@@ -54,7 +54,11 @@ counted runs, two of them in fresh processes, else `provisional` (`policies.nois
 rule the resolver applies too). When nothing fits, the lowest-power
 configuration that meets the other limits is chosen with state `infeasible` and the shortfall; `failed`
 when nothing was measured successfully. With several batch sizes in the grid the objective is per
-sample (J / batch size); latency limits apply per call.
+sample (J / batch size); latency limits apply per call. Runs of different energy sources are never compared
+(`policies.sources`, the resolver's rule): every figure above is over a configuration's runs of the one
+source the decision ranks (the most trustworthy with a configuration within every limit, else with one only
+the power limits reject), and a configuration measured only with another is summarised on its own source's
+runs, `not_compared`, and never chosen, tied or repeated as a contender. A decision that ranks estimates says so.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from joulepilot.policies.noise import (
     break_tie,
     compare,
     confirmation,
+    counted,
     median,
     median_interval,
     mode_rank,
@@ -76,6 +81,16 @@ from joulepilot.policies.noise import (
     typical_rel_std,
 )
 from joulepilot.policies.schema import Limits
+from joulepilot.policies.sources import (
+    estimate_note,
+    group_by_source,
+    not_compared_text,
+    own_sources,
+    pick_source,
+    ranked_sources,
+    source_key,
+    uncompared_summary,
+)
 from joulepilot.store.jsonvalues import json_column
 
 from .features import config_row
@@ -187,25 +202,59 @@ class GuidedSearch:
 
     # -- measured summaries ----------------------------------------------------------------------------
     def summaries(self) -> dict[str, MeasuredConfig]:
-        """Every arm with at least one run, summarised with the noise of this workload's repeats."""
+        """Every arm with at least one run, summarised with the noise of this workload's repeats.
+
+        Runs of different energy sources are never compared (`policies.sources`): each source's runs are
+        summarised apart, and an arm is judged on its runs of the source the decision ranks (the most
+        trustworthy with an arm within every limit, else with one only the power limits reject, else the most
+        trustworthy present); an arm measured only otherwise keeps its own source's figures, marked
+        `not_compared`."""
+        ok_by_arm = {arm.id: arm.ok_runs() for arm in self.arms.values() if arm.ok_runs()}
+        grouped = group_by_source(ok_by_arm, lambda run: run.energy_source)
+        per_source = {source: self._summaries_of(group) for source, group in grouped.items()}
+        order = ranked_sources({source: len(group) for source, group in grouped.items()})
+        ranked = pick_source(order, [
+            lambda source: any(m.feasible for m in per_source[source].values()),
+            lambda source: any(m.ok and m.violations and all(v.split(":")[0] in POWER_LIMITS for v in m.violations)
+                               for m in per_source[source].values())])
+        own = own_sources(grouped, order)
+        out: dict[str, MeasuredConfig] = {}
+        for arm in self.arms.values():
+            if not arm.runs:
+                continue
+            source = ranked if arm.id in grouped.get(ranked or "", {}) else own.get(arm.id)
+            if source is None:  # failed runs only
+                out[arm.id] = self._summaries_of({arm.id: []})[arm.id]
+                continue
+            summary = per_source[source][arm.id]
+            summary.energy_source = source
+            if source != ranked:
+                summary.not_compared = not_compared_text(source, str(ranked))
+            out[arm.id] = summary
+        return out
+
+    def _summaries_of(self, runs_by_arm: Mapping[str, Sequence[Observation]]) -> dict[str, MeasuredConfig]:
+        """The arms named, each judged on the ok runs given (of one energy source), with the typical spread of
+        their repeats."""
         s = self.settings
         objectives: dict[str, list[float]] = {}
         powers: dict[str, list[float]] = {}
-        for arm in self.arms.values():
-            runs = arm.counted_runs()
+        counted_by_arm: dict[str, list[Observation]] = {}
+        for arm_id, given in runs_by_arm.items():
+            arm = self.arms[arm_id]
+            runs = counted_by_arm[arm_id] = [given[i] for i in counted([r.mark() for r in given])]
             values = (run_objective(r, arm.config, objective=s.objective, expected_inferences=s.expected_inferences,
                                     per_sample=self.per_sample) for r in runs)
-            objectives[arm.id] = [v for v in values if v is not None]
-            powers[arm.id] = [r.avg_power_w for r in runs if r.avg_power_w is not None]
+            objectives[arm_id] = [v for v in values if v is not None]
+            powers[arm_id] = [r.avg_power_w for r in runs if r.avg_power_w is not None]
         typical_obj = typical_rel_std(list(objectives.values()))
         typical_pow = typical_rel_std(list(powers.values()))
         spread_obj = assumed_spread_rel(typical_obj, confidence=s.confidence)
         spread_pow = assumed_spread_rel(typical_pow, confidence=s.confidence)
         out: dict[str, MeasuredConfig] = {}
-        for arm in self.arms.values():
-            if not arm.runs:
-                continue
-            runs = arm.counted_runs()
+        for arm_id in runs_by_arm:
+            arm = self.arms[arm_id]
+            runs = counted_by_arm[arm_id]
             summary = MeasuredConfig(arm.id, arm.label, arm.config, list(arm.runs))
             out[arm.id] = summary
             if objectives[arm.id]:
@@ -254,17 +303,20 @@ class GuidedSearch:
     # -- the decision -----------------------------------------------------------------------------------
     def decide(self, summaries: Mapping[str, MeasuredConfig]) -> Decision:
         """(state, chosen, reason, confidence, ties): see the module docstring."""
-        ok = [m for m in summaries.values() if m.ok]
+        ok = [m for m in summaries.values() if m.ok and m.compared]
         if not ok:
             return "failed", None, "no configuration was measured successfully", "", []
+        ranked = ok[0].energy_source
         feasible = sorted((m for m in ok if m.feasible), key=lambda m: (m.objective.median, m.label))
         if not feasible:
-            return self._infeasible(ok)
+            return self._infeasible(ok, summaries)
         best = feasible[0]
         ties = [m for m in feasible if m is best or m.objective.overlaps(best.objective)]
         winner, criterion = break_tie([m.tie_entry() for m in ties])
         chosen = next(m for m in ties if m.config_id == winner.key)
-        status = confirmation([r.mark() for r in self.arms[chosen.config_id].runs], self.settings.min_repeats)
+        # Runs metered otherwise than those ranked do not confirm it (failed runs stay: they count nothing).
+        status = confirmation([r.mark() for r in self.arms[chosen.config_id].runs
+                               if not r.ok or source_key(r.energy_source) == ranked], self.settings.min_repeats)
         state = "verified" if status.confirmed else "provisional"
         if chosen is best:
             reason = (f"{chosen.label} has the lowest median {self._objective_text()} "
@@ -272,7 +324,10 @@ class GuidedSearch:
         else:
             reason = (f"{chosen.label} ties with {best.label} (lowest median, {fmt(best.objective.median, self.unit)})"
                       f" and wins the tie-break on {self._tie_text(criterion, chosen, best)}")
+        if estimate_note(ranked):
+            reason += f"; {estimate_note(ranked)}"
         reason += f"; {len(feasible)} of {len(ok)} measured configurations within every limit"
+        reason += self._uncompared_text(summaries, ranked)
         if state == "provisional":
             reason += "; " + status.shortfall()
         return state, chosen, reason, self._confidence(chosen, feasible), ties
@@ -303,7 +358,7 @@ class GuidedSearch:
             text += f"; {chosen.label} wins the tie-break on {self._tie_text(criterion, chosen, rival)}"
         return f"{text} ({self._objective_text()}, medians of {chosen.objective.n} and {rival.objective.n} runs)"
 
-    def _infeasible(self, ok: list[MeasuredConfig]) -> Decision:
+    def _infeasible(self, ok: list[MeasuredConfig], summaries: Mapping[str, MeasuredConfig]) -> Decision:
         def other_limits_met(m: MeasuredConfig) -> bool:
             return all(v.split(":")[0] in POWER_LIMITS for v in m.violations)
 
@@ -323,7 +378,20 @@ class GuidedSearch:
         others = [v for v in chosen.violations if v.split(":")[0] not in POWER_LIMITS]
         reason = (f"no measured configuration meets every limit; {chosen.label} is the lowest-power one"
                   + (" that meets the other limits" if not others else "") + ": " + "; ".join(shortfalls + others))
+        if estimate_note(chosen.energy_source):
+            reason += f"; {estimate_note(chosen.energy_source)}"
+        reason += self._uncompared_text(summaries, chosen.energy_source)
         return "infeasible", chosen, reason, "; ".join(shortfalls + others), []
+
+    @staticmethod
+    def _uncompared_text(summaries: Mapping[str, MeasuredConfig], ranked: str | None) -> str:
+        """'; 1 candidate measured only with estimate (...) is not compared: ...', or '' when every measured
+        configuration was compared."""
+        labels: dict[str, list[str]] = {}
+        for m in summaries.values():
+            if not m.compared and m.energy_source:
+                labels.setdefault(m.energy_source, []).append(m.label)
+        return f"; {uncompared_summary(labels, str(ranked))}" if labels else ""
 
     # -- what to measure next ---------------------------------------------------------------------------
     def _remaining_s(self) -> float:
@@ -415,11 +483,12 @@ class GuidedSearch:
         if chosen is None:
             return [], set()
         if state == "infeasible":
-            straddling = [m for m in summaries.values() if m.power_straddles and m is not chosen
+            straddling = [m for m in summaries.values() if m.power_straddles and m is not chosen and m.compared
                           and all(v.startswith("max_avg_power_w") for v in m.violations)]
             # Resting only on flagged runs, yet under the power limit: a clean run may make it feasible.
             bound = dict(self.limits.items()).get("max_avg_power_w")
-            flagged = [m for m in summaries.values() if not m.ok and m.status == "flagged" and bound is not None
+            flagged = [m for m in summaries.values() if not m.ok and m.status == "flagged" and m.compared
+                       and bound is not None
                        and any(r.avg_power_w is not None and r.avg_power_w <= limit_value(
                            "max_avg_power_w", bound, self.settings.margin_pct) for r in self.arms[m.config_id].ok_runs())]
             # Those that may yet be within every limit come first, lowest median first: one that turns
@@ -434,12 +503,12 @@ class GuidedSearch:
         for m in summaries.values():
             if m.config_id in level:
                 continue
-            if m.ok and m.objective.low <= best.objective.high and all(
+            if m.ok and m.compared and m.objective.low <= best.objective.high and all(
                     (v.startswith("max_avg_power_w") and m.power_straddles) or "was not measured" in v
                     for v in m.violations):
                 hopeful.add(m.config_id)
                 level[m.config_id] = m.objective.median
-            elif not m.ok and m.status == "flagged" and self._level(m) <= best.objective.high:
+            elif not m.ok and m.status == "flagged" and m.compared and self._level(m) <= best.objective.high:
                 hopeful.add(m.config_id)
                 level[m.config_id] = self._level(m)
         # A tie is a close call only while more runs may change the decision: when the tie-break chose
@@ -544,7 +613,7 @@ class GuidedSearch:
         state, chosen, reason, confidence, ties = self.decide(summaries)
         for m in summaries.values():
             if m.ok:
-                m.status = "rejected" if m.violations else "kept"
+                m.status = "uncompared" if not m.compared else "rejected" if m.violations else "kept"
         for m in ties:
             m.status = "tied"
         if chosen is not None:

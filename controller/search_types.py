@@ -55,6 +55,7 @@ class Observation:
     flagged: str | None = None  # bench's "repeat this run" window warning
     reason: str | None = None  # why it failed
     run_id: int | None = None
+    energy_source: str | None = None  # what metered it: nvml | rapl | estimate (runs are compared within one)
 
     @classmethod
     def from_run(cls, run: Mapping[str, Any], *, fresh_process: bool | None = None) -> Observation:
@@ -79,7 +80,7 @@ class Observation:
                    latency_ms_p95=num("latency_ms_p95"), compile_s=num("compile_s"),
                    compile_energy_j=num("compile_energy_j"), max_rel_error=num("max_rel_error"),
                    fresh_process=fresh_process, flagged=str(warning) if warning else None,
-                   reason=run.get("reason"), run_id=run.get("id"))
+                   reason=run.get("reason"), run_id=run.get("id"), energy_source=run.get("energy_source"))
 
     def mark(self) -> RunMark:
         return RunMark(ok=self.ok, flagged=bool(self.flagged), fresh_process=self.fresh_process)
@@ -149,15 +150,23 @@ class MeasuredConfig:
     max_rel_error: float | None = None  # median of the runs that measured it
     violations: list[str] = field(default_factory=list)  # limits broken (or not verifiable)
     power_straddles: bool = False  # median average power within the envelope, upper bound over it
-    status: str = "measured"  # chosen | tied | kept | rejected | failed | flagged
+    status: str = "measured"  # chosen | tied | kept | rejected | failed | flagged | uncompared
+    # The energy source of the runs its figures rest on (`policies.sources`); `not_compared` says why it is
+    # not compared with the others when its runs are all of another source than the one the decision ranks.
+    energy_source: str | None = None
+    not_compared: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.objective is not None
 
     @property
+    def compared(self) -> bool:
+        return self.not_compared is None
+
+    @property
     def feasible(self) -> bool:
-        return self.ok and not self.violations
+        return self.ok and self.compared and not self.violations
 
     def tie_entry(self) -> TieEntry:
         assert self.objective is not None

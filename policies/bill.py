@@ -23,7 +23,8 @@ run and is not billed.
 
 Payback: the saving per call is the baseline's median J per call less the applied configuration's,
 both as the resolver counts runs (medians over counted repeats on the decision's device kind and
-torch). The baseline is what would run without tuning: stock `torch.compile` (mode default, fp32)
+torch; the baseline's over its runs metered like the applied configuration's when it has any, and a
+baseline metered otherwise gives no saving: two sources are not like for like). The baseline is what would run without tuning: stock `torch.compile` (mode default, fp32)
 when it is measured, else eager fp32. The search pays back after `search energy / saving` calls;
 where nothing is saved (the decision keeps the baseline, or costs more per call) it never pays back.
 With the batch-size lever (`policies.batches`) the search is every run of the policy's workload at each
@@ -307,10 +308,14 @@ def bill_text(bill: Mapping[str, Any]) -> str:
 
 
 # -- payback ----------------------------------------------------------------------------------------
-def _counted_median_j(runs: Sequence[RunRow]) -> tuple[float | None, int, str | None]:
-    """(median J per call over the counted repeats, how many, their energy source)."""
+def _counted_median_j(runs: Sequence[RunRow], source: str | None = None) -> tuple[float | None, int, str | None]:
+    """(median J per call over the counted repeats, how many, their energy source). With `source`, over the
+    runs metered by it when there are any (as the resolver counts a configuration: runs of one source)."""
     from .resolve import counted_runs
 
+    if source:
+        same = [r for r in runs if joined_sources([r.energy_source]) == source]
+        runs = same or runs
     counted, _clean = counted_runs(list(runs))
     values = [r.energy_j_per_inference for r in counted if r.energy_j_per_inference is not None]
     if not values:
@@ -338,18 +343,18 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
     applied_batch = int(decision.config.get("batch_size") or 1)
     batch_sizes = getattr(decision, "batch_sizes", None) or [applied_batch]
     batch = int(batch_sizes[0])  # the policy's own batch size
+    applied_j = _number((decision.measured or {}).get("energy_j_per_inference"))
+    applied_source = (decision.measured or {}).get("energy_source")
     baseline: dict[str, Any] | None = None
     for mode, label in BASELINES:
         cfg = CompileConfig(mode=mode, precision="fp32", batch_size=batch)
-        j, count, source = _counted_median_j(ok_by_config.get(cfg.id, []))
+        j, count, source = _counted_median_j(ok_by_config.get(cfg.id, []), applied_source)
         if j is not None:
             baseline = {"kind": label, "config_id": cfg.id, "label": cfg.label, "energy_j_per_inference": j,
                         "runs": count, "source": source, "batch_size": batch}
             if applied_batch != batch:  # as many samples as one call of the applied configuration
                 baseline["kind"] = f"{label} at batch {batch}, for {applied_batch} samples"
             break
-    applied_j = _number((decision.measured or {}).get("energy_j_per_inference"))
-    applied_source = (decision.measured or {}).get("energy_source")
     out: dict[str, Any] = {
         "search": search.to_dict(run_ids=True),
         "daemon_runs": len(by_policy),

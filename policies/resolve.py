@@ -12,6 +12,13 @@ Rules (the README's "How a decision is made" says the same for users):
   the same device kind under the same torch major.minor. Limits are checked against these
   measurements only. A measured figure that a limit needs but the run lacks rejects the candidate:
   a hard limit is never granted on a guess.
+* Candidates are compared only on runs of one energy source (`policies.sources`): the most trustworthy
+  source (nvml/rapl, then partly estimated, then estimate) with a candidate counted within every limit, else
+  one with a candidate only the power limits reject, else the most trustworthy present
+  (`Decision.ranked_source`). A configuration is judged on its runs of that source alone (its other runs are
+  named in its notes and not counted: no median, interval, envelope check or break-even mixes meters);
+  one with no run of it is listed as `uncompared`, its reason saying so, on its own source's figures. A
+  decision that ranks estimates says so in its reason.
 * A candidate with no measurement may still be scored by the trade-off model's prediction. It can be
   *proposed* (to be measured next), never applied:
     - best measured feasible candidate exists -> that config is applied; a predicted candidate that
@@ -99,6 +106,18 @@ from .noise import (
     typical_rel_std,
 )
 from .schema import Policy
+from .sources import (
+    UNCOMPARED,
+    estimate_note,
+    group_by_source,
+    left_out_text,
+    not_compared_text,
+    own_sources,
+    pick_source,
+    ranked_sources,
+    source_key,
+    uncompared_summary,
+)
 
 LIMIT_FIGURES = {
     "max_avg_power_w": ("avg_power_w", "W"),
@@ -147,7 +166,7 @@ class Candidate:
     config: dict[str, Any]  # configs row
     label: str
     source: str  # 'measured' | 'predicted' | 'none'
-    status: str = "pending"  # chosen | kept | flagged | rejected | proposed | unverified | unknown
+    status: str = "pending"  # chosen | kept | flagged | rejected | proposed | unverified | unknown | uncompared
     reasons: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)  # measured
     predicted: dict[str, list[float]] = field(default_factory=dict)  # target -> [mean, std]
@@ -219,6 +238,9 @@ class Decision:
     batch_sizes: list[int] = field(default_factory=list)
     workload_ids: list[str] = field(default_factory=list)
     objective_unit: str = ""
+    # The energy source of the runs the candidates were ranked on (`policies.sources`): candidates measured
+    # only otherwise are listed as `uncompared`. None when nothing is measured (or stored before it was kept).
+    ranked_source: str | None = None
 
     @property
     def config_id(self) -> str:
@@ -597,8 +619,8 @@ def _rank(feasible: list[Candidate], repeats: Mapping[str, _Repeats]
 
 
 def _to_confirm(policy: Policy, ties: Sequence[Candidate], chosen: Candidate, best: Candidate,
-                all_by_config: Mapping[str, Sequence[RunRow]], no_repeat: Mapping[str, str] | None
-                ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+                all_by_config: Mapping[str, Sequence[RunRow]], no_repeat: Mapping[str, str] | None,
+                source: str | None = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(the contenders to measure again, the chosen one first, then lowest median first: each one's config
     id, label, the runs it still needs and why; config id -> why a contender that is not confirmed is not
     measured again).
@@ -607,17 +629,21 @@ def _to_confirm(policy: Policy, ties: Sequence[Candidate], chosen: Candidate, be
     `[search] min_repeats` counted runs from two processes; a tie that more runs may still decide otherwise
     (the tie-break chose another than the lowest median) is a close call and gets more, and no
     configuration gets more than MAX_REPEATS runs, failed and flagged ones included. A policy that asks for
-    one run (`min_repeats = 1`) has said one is enough: nothing is repeated, close calls included."""
+    one run (`min_repeats = 1`) has said one is enough: nothing is repeated, close calls included. With
+    `source`, an ok run metered otherwise does not confirm (the cap still counts it)."""
     if policy.search.min_repeats <= 1:
         return [], {}
     close = {c.config_id for c in ties} if len(ties) > 1 and chosen is not best else set()
     wanted: list[dict[str, Any]] = []
     not_again: dict[str, str] = {}
     for cand in sorted(ties, key=lambda c: c is not chosen):  # stable: the others stay lowest median first
-        marks = [run_mark(run) for run in all_by_config.get(cand.config_id, ())]
+        every = list(all_by_config.get(cand.config_id, ()))
+        marks = [run_mark(run) for run in every]
         advice = repeat_advice(marks, close_call=cand.config_id in close, min_repeats=policy.search.min_repeats)
+        confirming = [run_mark(run) for run in every
+                      if source is None or not run.ok or source_key(run.energy_source) == source]
         if advice.more <= 0:
-            if not confirmation(marks, policy.search.min_repeats).confirmed:
+            if not confirmation(confirming, policy.search.min_repeats).confirmed:
                 not_again[cand.config_id] = advice.why
             continue
         if no_repeat and cand.config_id in no_repeat:
@@ -702,19 +728,64 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     configs = candidate_configs(policy)
     # J per sample when the grid spans several batch sizes (the batch-size lever), else J per call as ever.
     by_sample = per_sample(policy)
-    repeats = {cid: _repeats(policy, ok, int(ok[0].batch_size or policy.batch_size) if by_sample else 1)
-               for cid, ok in ok_by_config.items()}
-    _intervals(repeats)
+    # Runs of different energy sources are never compared (`policies.sources`): each source's runs are
+    # summarised apart, with the typical spread of that source's repeats.
+    grouped = group_by_source(ok_by_config, lambda run: run.energy_source)
+    repeats_by_source: dict[str, dict[str, _Repeats]] = {}
+    for source, group in grouped.items():
+        repeats_by_source[source] = {
+            cid: _repeats(policy, ok, int(ok[0].batch_size or policy.batch_size) if by_sample else 1)
+            for cid, ok in group.items()}
+        _intervals(repeats_by_source[source])
+    ranked_order = ranked_sources({source: len(group) for source, group in grouped.items()})
+    own = own_sources(grouped, ranked_order)
 
     eager_id = fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id
-    eager_rep = repeats.get(eager_id)
-    eager_j = _figures(eager_rep.runs)["energy_j_per_inference"] if eager_rep else None
 
-    def eager_at(batch: int) -> float | None:
-        """Eager fp32's J per call at the policy's batch size, for as many samples as one call of `batch`."""
-        return None if eager_j is None else eager_j * batch / policy.batch_size
+    def eager_j_of(source: str | None) -> float | None:
+        """Eager fp32's J per call at the policy's batch size, over its runs of `source` (None without)."""
+        eager_rep = repeats_by_source.get(source or "", {}).get(eager_id)
+        return _figures(eager_rep.runs)["energy_j_per_inference"] if eager_rep else None
 
-    unmeasured = [c for c in configs if c.id not in repeats]
+    def eager_at(batch: int, source: str | None) -> float | None:
+        """Eager fp32's J per call (runs of `source`), for as many samples as one call of `batch`."""
+        eager = eager_j_of(source)
+        return None if eager is None else eager * batch / policy.batch_size
+
+    def measured_candidate(cfg: Any, source: str) -> Candidate:
+        """`cfg` judged on its runs of `source` alone."""
+        rep = repeats_by_source[source][cfg.id]
+        cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none")
+        _set_measured(cand, policy, rep, eager_at(cfg.batch_size, source), cfg.compiles)
+        if cand.score is None:
+            cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
+        cand.status = "rejected" if cand.reasons else "kept"
+        hit = next((r for r in rep.runs if r.extra.get("recompile_limit_hit")), None)
+        if hit is not None:
+            cand.notes.append(f"run {hit.id}: {hit.extra.get('recompile_warning') or 'hit the recompile limit'}")
+        if not rep.clean:
+            newest = rep.runs[0]
+            cand.flagged = run_flag(newest)
+            times = flagged_counts.get(cfg.id, 1)
+            cand.reasons.append(f"run {newest.id} was flagged by bench, \"repeat this run\" ({cand.flagged})"
+                                + ("" if needs_repeat(times) else
+                                   f"; flagged in {times} runs, so it is not repeated again: look for "
+                                   f"contention on the host and bench it by hand"))
+            if cand.status == "kept":
+                cand.status = "flagged"
+        return cand
+
+    trials = {source: [measured_candidate(cfg, source) for cfg in configs if cfg.id in repeats_by_source[source]]
+              for source in ranked_order}
+    # The source the decision ranks: the most trustworthy with a candidate counted within every limit, else
+    # with one that only the power limits reject (the infeasible path), else the most trustworthy present.
+    ranked = pick_source(ranked_order, [
+        lambda source: any(c.status == "kept" and c.config_id not in exclude for c in trials[source]),
+        lambda source: _infeasible_pick(trials[source], exclude) is not None])
+    repeats = repeats_by_source.get(ranked or "", {})
+    trial_of = {c.config_id: c for c in trials.get(ranked or "", [])}
+
+    unmeasured = [c for c in configs if c.id not in ok_by_config]
     predictions: dict[str, dict[str, tuple[float, float]]] = {}
     workload_ids = list(grid_workload_ids(policy).values())
     device_known = any(device_name in run_coverage(db, wid).device_kinds for wid in workload_ids)
@@ -729,32 +800,23 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                 predictions[cfg.id] = pred
 
     candidates: list[Candidate] = []
+    uncompared: dict[str, list[str]] = {}
     for cfg in configs:
         run = runs.get(cfg.id)
-        rep = repeats.get(cfg.id)
-        cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none")
-        candidates.append(cand)
-        if rep is not None:
-            _set_measured(cand, policy, rep, eager_at(cfg.batch_size), cfg.compiles)
-            if cand.score is None:
-                cand.reasons.append(f"{policy.objective.minimize}: the objective's figures were not measured")
-            cand.status = "rejected" if cand.reasons else "kept"
-            hit = next((r for r in rep.runs if r.extra.get("recompile_limit_hit")), None)
-            if hit is not None:
-                cand.notes.append(f"run {hit.id}: {hit.extra.get('recompile_warning') or 'hit the recompile limit'}")
-            if not rep.clean:
-                newest = rep.runs[0]
-                cand.flagged = run_flag(newest)
-                times = flagged_counts.get(cfg.id, 1)
-                cand.reasons.append(f"run {newest.id} was flagged by bench, \"repeat this run\" ({cand.flagged})"
-                                    + ("" if needs_repeat(times) else
-                                       f"; flagged in {times} runs, so it is not repeated again: look for "
-                                       f"contention on the host and bench it by hand"))
-                if cand.status == "kept":
-                    cand.status = "flagged"
+        if cfg.id in trial_of:
+            cand = trial_of[cfg.id]
+            others = {source: len(group[cfg.id]) for source, group in grouped.items()
+                      if source != ranked and cfg.id in group}
+            if others:
+                cand.notes.append(left_out_text(others, str(ranked)))
+        elif cfg.id in own:  # measured, but only with another source than the one ranked: listed, not compared
+            cand = next(c for c in trials[own[cfg.id]] if c.config_id == cfg.id)
+            cand.reasons.insert(0, not_compared_text(own[cfg.id], str(ranked)))
+            cand.status = UNCOMPARED
+            uncompared.setdefault(own[cfg.id], []).append(cand.label)
         elif cfg.id in predictions:
+            cand = Candidate(config=cfg.to_row(), label=cfg.label, source="predicted")
             pred = predictions[cfg.id]
-            cand.source = "predicted"
             cand.predicted = {k: [m, s] for k, (m, s) in pred.items()}
             if run is not None:
                 cand.reasons.append(f"last benchmark failed: {run.reason or 'no reason recorded'}")
@@ -768,14 +830,14 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             compile_j = (pred["compile_energy_j"][0] if "compile_energy_j" in pred else compile_s * power) \
                 if cfg.compiles else 0.0
             _amortise(cand, policy, energy, compile_j, latency, cfg.batch_size if by_sample else 1)
-            _set_break_even(cand, compile_j, energy, eager_at(cfg.batch_size), not cfg.compiles)
+            _set_break_even(cand, compile_j, energy, eager_at(cfg.batch_size, ranked), not cfg.compiles)
             if cand.reasons:
                 cand.status = "rejected"
             else:
                 cand.status = "unverified"
                 cand.reasons.append("not measured: prediction only" + ("; " + "; ".join(notes) if notes else ""))
         else:
-            cand.status = "unknown"
+            cand = Candidate(config=cfg.to_row(), label=cfg.label, source="none", status="unknown")
             if run is not None:
                 cand.reasons.append(f"benchmark failed: {run.reason or 'no reason recorded'}")
                 cand.status, cand.source, cand.run_id = "rejected", "measured", run.id
@@ -786,7 +848,9 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
                                     f"prediction ({why})")
         if cfg.id in exclude:
             cand.reasons.append("broke the power envelope in a live deployment (envelope guard)")
-            cand.status = "rejected"
+            if cand.status != UNCOMPARED:
+                cand.status = "rejected"
+        candidates.append(cand)
 
     def order(c: Candidate) -> tuple:
         return (c.score if c.score is not None else math.inf, c.figures.get("compile_s") or 0.0, c.label)
@@ -800,8 +864,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     worth_repeating = sorted((c for c in candidates if c.status == "flagged"
                               and (chosen is None or order(c) < order(chosen))), key=order)
     # A repeat that failed is not tried again: the flagged run stays what is known of it.
+    # Nor one whose newest run was metered otherwise than the runs ranked: this host no longer meters it so.
     repeat = [c for c in worth_repeating if needs_repeat(flagged_counts.get(c.config_id, 1))
-              and c.config_id not in newest_failed]
+              and c.config_id not in newest_failed
+              and source_key(ok_by_config[c.config_id][0].energy_source) == ranked]
     lowest_power = None if chosen is not None or worth_repeating else _infeasible_pick(candidates, exclude)
 
     confirm: list[dict[str, Any]] = []
@@ -815,7 +881,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         chosen.status = "chosen"
         # The best measured configuration is applied either way: on too few runs it is still a better bet
         # than the fallback, but the decision says it is not confirmed yet.
-        status = confirmation([run_mark(run) for run in ok_by_config[chosen.config_id]], policy.search.min_repeats)
+        status = confirmation([run_mark(run) for run in grouped[str(ranked)][chosen.config_id]],
+                              policy.search.min_repeats)
         state, applied = ("verified" if status.confirmed else "provisional"), chosen.config
         reason = (f"{chosen.label} is the measured configuration with the lowest median "
                   f"{objective_text} ({chosen.score:.4g}, {chosen.repeats} "
@@ -824,11 +891,17 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
             reason = (f"{chosen.label} ties with {feasible[0].label} (lowest median {objective_text} "
                       f"{feasible[0].score:.4g}) within noise and wins the tie-break on "
                       f"{_tie_text(criterion, chosen, feasible[0])}")
+        if estimate_note(ranked):
+            reason += f"; {estimate_note(ranked)}"
         reason += f"; {len(feasible)} of {len(candidates)} candidates measured within limits"
+        if uncompared:
+            reason += f"; {uncompared_summary(uncompared, str(ranked))}"
         if not status.confirmed:
             reason += "; " + status.shortfall()
         if policy.search.strategy == "exhaustive":  # the guided search repeats its contenders itself
-            confirm, not_again = _to_confirm(policy, ties, chosen, feasible[0], scan.all_by_config, no_repeat)
+            # The repeat cap counts every run; confirming counts the runs of the source ranked.
+            confirm, not_again = _to_confirm(policy, ties, chosen, feasible[0], scan.all_by_config, no_repeat,
+                                             str(ranked))
             confirm_reason = _confirm_reason(chosen, status, confirm)
             if not status.confirmed and chosen.config_id in not_again:
                 reason += f"; it is not measured again: {not_again[chosen.config_id]}"
@@ -845,6 +918,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         reason = (f"the power envelope cannot be met: no measured configuration is within it, so "
                   f"{lowest_power.label}, the lowest-power one that meets the other limits, is applied: "
                   f"{confidence}")
+        if estimate_note(ranked):
+            reason += f"; {estimate_note(ranked)}"
         if proposed is not None:
             reason += f"; {proposed.label} is predicted to fit and should be measured"
     elif proposed is not None:
@@ -856,6 +931,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         state, applied = "fallback", fallback.to_row()
         reason = f"no configuration is feasible, so the fallback {fallback.label} is applied: " + \
             _rejection_summary(candidates, device_name, torch_version, workload_row is None, policy)
+    if uncompared and chosen is None:
+        reason += f"; {uncompared_summary(uncompared, str(ranked))}"
     if elsewhere:
         reason += "; " + _elsewhere_text(policy, device_name, torch_version, elsewhere)
     if proposed is not None:
@@ -869,11 +946,13 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         reason += "; " + batch_note(policy, applied)
 
     applied_cand = next((c for c in candidates if c.config_id == applied["id"]), None)
-    applied_rep = repeats.get(applied["id"])
-    if applied_cand is None and applied_rep is not None:
+    # A fallback outside the grid: its figures from the runs ranked, else from its own most trustworthy source.
+    applied_source = ranked if applied["id"] in repeats else own.get(applied["id"])
+    if applied_cand is None and applied_source is not None:
         applied_cand = Candidate(config=applied, label=applied["label"], source="measured")
         applied_batch = int(applied.get("batch_size") or policy.batch_size)
-        _set_measured(applied_cand, policy, applied_rep, eager_at(applied_batch), applied.get("mode") != "eager")
+        _set_measured(applied_cand, policy, repeats_by_source[applied_source][applied["id"]],
+                      eager_at(applied_batch, applied_source), applied.get("mode") != "eager")
     return Decision(
         policy=policy.name, policy_hash=policy.hash, device_kind=device_name, torch_version=torch_version,
         workload=policy.workload, workload_id=workload_id, config=applied, state=state, reason=reason,
@@ -882,7 +961,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         measured=_key_figures(applied_cand),
         break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
         break_even_never=applied_cand.break_even_never if applied_cand else False,
-        eager_energy_j_per_inference=eager_j,
+        eager_energy_j_per_inference=eager_j_of(ranked), ranked_source=ranked,
         repeat=[c.config_id for c in repeat], contenders=[c.config_id for c in ties], confirm=confirm,
         confirm_reason=confirm_reason, measured_elsewhere=elsewhere,
         excluded_violated=sorted(set(exclude)), confidence=confidence,

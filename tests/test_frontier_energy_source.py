@@ -55,24 +55,36 @@ def test_a_metered_frontier_names_its_meter_and_no_estimate(tmp_path, monkeypatc
     assert "estimate" not in out and ESTIMATE_LINE not in out
 
 
-def test_a_points_source_covers_every_run_its_median_rests_on(tmp_path):
-    # default: two RAPL runs then a newer estimate one; the median is over all three.
+def test_a_points_median_rests_on_its_runs_of_the_source_ranked(tmp_path):
+    # default: two RAPL runs then a newer estimate one; the frontier ranks RAPL points, so default's point rests
+    # on its two RAPL runs and its estimate run is named as not counted.
     db = _store(tmp_path, {"eager": ["rapl"] * 3, "default": ["rapl", "rapl", "estimate"]})
     data = json.loads(_invoke("frontier", "mlp", "--db", db, "--no-predict", "--json"))
     by_label = {p["label"]: p for p in data["points"]}
-    assert by_label["default/fp32/b8"]["repeats"] == 3
-    assert by_label["default/fp32/b8"]["energy_source"] == "rapl+estimate"
-    assert by_label["eager/fp32/b8"]["energy_source"] == "rapl"
-    assert all(p["source"] == "measured" for p in data["points"])
-    # The points are compared on one axis: the result says they were not metered alike.
-    assert any("not like for like" in note and "rapl+estimate" in note for note in data["notes"])
+    assert by_label["default/fp32/b8"]["repeats"] == 2 and len(by_label["default/fp32/b8"]["run_ids"]) == 2
+    assert by_label["default/fp32/b8"]["energy_source"] == by_label["eager/fp32/b8"]["energy_source"] == "rapl"
+    assert all(p["source"] == "measured" and p["compared"] for p in data["points"])
+    assert any(note.startswith("default/fp32/b8: 1 run metered by estimate not counted") for note in data["notes"])
 
 
-def test_points_metered_alike_carry_no_like_for_like_note(tmp_path):
+def test_a_point_measured_only_with_an_estimate_is_shown_but_off_the_frontier(tmp_path):
+    # default (estimate) looks cheaper than eager (RAPL), but the two are not compared: only eager is ranked.
+    db = _store(tmp_path, {"eager": ["rapl"] * 3, "default": ["estimate"] * 3})
+    data = json.loads(_invoke("frontier", "mlp", "--db", db, "--no-predict", "--json"))
+    by_label = {p["label"]: p for p in data["points"]}
+    default, eager = by_label["default/fp32/b8"], by_label["eager/fp32/b8"]
+    assert default["energy_j_per_inference"] < eager["energy_j_per_inference"]
+    assert default["compared"] is False and default["pareto"] is False and default["measured_pareto"] is False
+    assert default["not_compared"] == "not compared: measured with estimate; the frontier ranks rapl runs"
+    assert eager["compared"] is True and data["frontier"] == data["measured_frontier"] == ["eager/fp32/b8"]
+    assert any("not compared" in note and "default/fp32/b8" in note for note in data["notes"])
+
+
+def test_points_metered_alike_are_all_compared_without_a_note(tmp_path):
     db = open_db(_store(tmp_path, {"eager": ["nvml"] * 3, "default": ["nvml"] * 3}), read_only=True)
     result = frontier(db, "mlp", predict=False)
     assert {p["energy_source"] for p in result["points"]} == {"nvml"}
-    assert not [n for n in result["notes"] if "like for like" in n]
+    assert all(p["compared"] for p in result["points"]) and result["notes"] == []
 
 
 def _texts(fig) -> list[str]:
@@ -130,13 +142,18 @@ def test_policy_explain_with_a_meter_names_it_and_no_estimate(tmp_path, monkeypa
     assert "measured (rapl)" in out and ESTIMATE_LINE not in out
 
 
-def test_a_candidates_source_covers_every_run_its_median_rests_on(tmp_path, monkeypatch):
-    # default: two RAPL runs then a newer estimate one; eager: all RAPL. The median of default rests on both.
+def test_a_candidates_median_rests_on_its_runs_of_the_source_ranked(tmp_path, monkeypatch):
+    # default: two RAPL runs then a newer estimate one; eager: all RAPL. The decision ranks RAPL runs, so
+    # default is judged on its two RAPL runs and its estimate run is named as not counted.
     monkeypatch.setenv("COLUMNS", "250")
     db = _store(tmp_path, {"eager": ["rapl"] * 3, "default": ["rapl", "rapl", "estimate"]})
     args = ["policy", "explain", str(tmp_path / "svc.toml"), "--db", db, "--device-name", "cpu"]
     data = json.loads(_invoke(*args, "--json"))
-    sources = {c["label"]: c["figures"]["energy_source"] for c in data["candidates"]}
-    assert sources == {"eager/fp32/b8": "rapl", "default/fp32/b8": "rapl+estimate"}
+    by_label = {c["label"]: c for c in data["candidates"]}
+    assert {label: c["figures"]["energy_source"] for label, c in by_label.items()} == {
+        "eager/fp32/b8": "rapl", "default/fp32/b8": "rapl"}
+    assert by_label["default/fp32/b8"]["repeats"] == 2
+    assert "1 run metered by estimate not counted: the decision ranks rapl runs" in by_label["default/fp32/b8"]["notes"]
+    assert data["ranked_source"] == "rapl"
     out = _invoke(*args)
-    assert "measured (rapl+estimate)" in out and ESTIMATE_LINE in out
+    assert "measured (rapl)" in out and ESTIMATE_LINE not in out
