@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_PORT = 9464
 NVML_RETRY_S = 300.0  # how long to wait before asking NVML again after it could not be loaded
+# How long a scrape waits for a lock another process holds on the database. Readers never wait for the daemon's
+# writes (WAL); only a program holding the file exclusively makes them wait, and a scrape must still answer
+# (with joulepilot_exporter_scrape_error 1) well within Prometheus's scrape timeout (10 s by default).
+SCRAPE_LOCK_WAIT_MS = 2_000
 ENERGY_SOURCES = ("nvml", "rapl", "estimate")
 
 
@@ -157,7 +161,7 @@ class JoulepilotCollector(Collector):
             log.info("exporter: reading %s again", self.db_path)
 
     def _read_database(self) -> list[Metric]:
-        db = open_db(self.db_path, read_only=True)
+        db = open_db(self.db_path, read_only=True, busy_timeout_ms=SCRAPE_LOCK_WAIT_MS)
         try:
             require_current_schema(db, self.db_path)
             with read_snapshot(db):

@@ -10,7 +10,7 @@ import jinja2
 from joulepilot.policies.bill import calls_text
 
 from . import report_format as f
-from .report_model import DeploymentReport, Summary, iso
+from .report_model import DeploymentReport, Summary, iso, partly_estimate_text
 
 TEMPLATE = "report_template.html"
 
@@ -42,5 +42,5 @@ def render_html(report: DeploymentReport | Summary) -> str:
             any_estimate=any("estimate" in (r.energy_source or "") for r in report.deployments), **common)
     from .report_plots import report_plots
 
-    return template.render(summary=None, report=report, plots=report_plots(report),
+    return template.render(summary=None, report=report, plots=report_plots(report), partly_estimate=partly_estimate_text,
                            title=f"joulepilot energy report: {report.deployment.name}", **common)

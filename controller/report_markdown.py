@@ -8,7 +8,7 @@ import re
 from joulepilot.policies.bill import calls_text
 
 from . import report_format as f
-from .report_model import DeploymentReport, Summary, iso
+from .report_model import DeploymentReport, Summary, iso, partly_estimate_text
 
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~&])")
 
@@ -28,7 +28,9 @@ def _limit(value: float | None) -> str:
 def report_md(r: DeploymentReport) -> str:
     d, t, e, c, p = r.deployment, r.totals, r.envelope, r.configuration, r.period
     lines = [f"# Energy report: deployment {md(d.name)}", ""]
-    if t.is_estimate:
+    if t.partly_estimate:
+        lines += [f"> **PARTLY ESTIMATE** — {md(partly_estimate_text(t, p.samples))}.", ""]
+    elif t.is_estimate:
         lines += ["> **ESTIMATE** — no energy counter was readable on this host. Energy here is CPU time × "
                   "watts per core, not a measurement.", ""]
     lines += [
@@ -96,13 +98,14 @@ def report_md(r: DeploymentReport) -> str:
               f"- Fraction of peak: {f.percent(eff.fraction_of_peak_flops_per_j)}"]
     if r.notes:
         lines += ["", "## Notes", ""] + [f"- {md(n)}" for n in r.notes]
-    lines += ["", "## Windows", "", "| end (UTC) | s | J | inferences | J/inference | avg W | peak W | shared |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Windows", "",
+              "| end (UTC) | s | J | inferences | J/inference | avg W | peak W | source | shared |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for w in r.samples:
         shared = f"{w.other_processes} other(s)" if w.other_processes else "no"
         lines.append(f"| {iso(w.t_end)} | {f.number(w.duration_s, 3)} | {f.number(w.energy_j)} | "
                      f"{w.inferences} | {f.number(w.j_per_inference)} | {f.number(w.avg_power_w)} | "
-                     f"{f.number(w.peak_power_w)} | {shared} |")
+                     f"{f.number(w.peak_power_w)} | {md(w.energy_source)} | {shared} |")
     return "\n".join(lines) + "\n"
 
 

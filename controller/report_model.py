@@ -137,6 +137,14 @@ class Totals(Section):
     energy_source: str | None
     is_estimate: bool
     attributed_energy_j: float | None
+    # The part that is an estimate, when some windows were metered and others estimated (a meter that failed
+    # for a while): `is_estimate` is then set too, but the rest was measured.
+    estimated_energy_j: float = 0.0
+    estimated_windows: int = 0
+
+    @property
+    def partly_estimate(self) -> bool:
+        return self.is_estimate and self.energy_source != "estimate"
 
 
 @dataclass
@@ -536,6 +544,7 @@ def _totals(windows: Sequence[Window]) -> Totals:
     busy_j = sum(w.energy_j for w in windows if w.inferences)
     peaks = [w.peak_power_w for w in windows if w.peak_power_w is not None]
     shared = any(w.other_processes for w in windows)
+    estimated = [w for w in windows if "estimate" in w.energy_source]
     return Totals(
         energy_j=energy_j, energy_kwh=energy_j / J_PER_KWH, inferences=inferences,
         j_per_inference=energy_j / inferences if inferences else None,
@@ -545,6 +554,7 @@ def _totals(windows: Sequence[Window]) -> Totals:
         energy_source="+".join(sources) if sources else None, is_estimate="estimate" in sources,
         attributed_energy_j=sum(w.energy_j * (w.share if w.share is not None else 1.0) for w in windows)
         if shared else None,
+        estimated_energy_j=sum(w.energy_j for w in estimated), estimated_windows=len(estimated),
     )
 
 
@@ -641,11 +651,21 @@ def _sharing(windows: Sequence[Window], totals: Totals) -> Sharing:
                    attributed_energy_j=totals.attributed_energy_j)
 
 
+def partly_estimate_text(totals: Totals, windows: int) -> str:
+    """What is an estimate in a deployment metered partly by a counter and partly estimated."""
+    measured = "+".join(x for x in (totals.energy_source or "").split("+") if x != "estimate")
+    return (f"{totals.estimated_windows} of {windows} windows ({energy(totals.estimated_energy_j)} of "
+            f"{energy(totals.energy_j)}) are an estimate, CPU time x watts per core, read while no energy counter "
+            f"could be; the other windows were measured by {measured}, and figures over the whole period mix the two")
+
+
 def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], windows: Sequence[Window]) -> list[str]:
     notes = []
     if not windows:
         notes.append("no samples in this period: the deployment served nothing metered yet")
-    if totals.is_estimate:
+    if totals.partly_estimate:
+        notes.append(f"PARTLY ESTIMATE: {partly_estimate_text(totals, len(windows))}")
+    elif totals.is_estimate:
         notes.append("ESTIMATE: no energy counter could be read on this host; energy is CPU time x watts per "
                      "core, not a measurement")
     if sharing.windows_shared:

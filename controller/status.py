@@ -54,6 +54,13 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
     }
     if hb and hb.state == "stopped" and not held:
         daemon["doing"] = detail.get("doing") or "stopped"
+    elif hb and not held and detail.get("hostname") in (None, socket.gethostname()):
+        # Its last heartbeat was not `stopped` and nobody holds its lock on this host: it was killed or crashed,
+        # so what that heartbeat said it was doing is no longer going on.
+        was = detail.get("doing")
+        daemon.update(current_job=None, current_jobs=[],
+                      doing="nothing: the daemon ended without stopping (killed or crashed)"
+                            + (f"; its last heartbeat said: {was}" if was else ""))
     decisions = [{
         "policy": d.policy,
         "device_kind": d.device_kind,

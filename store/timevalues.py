@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+EARLIEST_T = datetime(1, 1, 1, tzinfo=UTC).timestamp()  # the earliest time iso_utc can write
 SINCE_HELP = "an ISO time (2024-05-01, 2024-05-01T12:00) or a duration back from now (90s, 30m, 24h, 7d, 2w)"
 
 
@@ -21,12 +22,18 @@ def parse_since(text: str | float | None, *, now: float | None = None) -> float 
         return float(text)
     match = _DURATION.match(text)
     if match:
-        return (now if now is not None else time.time()) - float(match.group(1)) * _UNIT_S[match.group(2)]
+        back_s = float(match.group(1)) * _UNIT_S[match.group(2)]
+        # A duration reaching back past the earliest time a date can name means "everything": the earliest.
+        return max((now if now is not None else time.time()) - back_s, EARLIEST_T)
     try:
-        return datetime.fromisoformat(text.strip()).timestamp()
+        parsed = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"--since {text!r}: expected an ISO time such as 2024-05-01T12:00 or a duration "
                          "such as 30m, 24h, 7d") from None
+    try:
+        return parsed.timestamp()
+    except (OverflowError, ValueError, OSError):  # the first hours of year 1 in a zone east of UTC
+        return EARLIEST_T
 
 
 def iso_utc(t: float | None) -> str | None:
