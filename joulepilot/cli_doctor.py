@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .clikit import FiniteFloat, echo_json, echo_table, progress
+from .clikit import FiniteFloat, echo_json, echo_table, progress, sigterm_as_exit
 
 
 def _place(file: str | None, line: int | None) -> str:
@@ -112,7 +112,7 @@ def doctor_command(spec: str, batch_size: int, seq_len: int | None, image_size: 
 
     try:
         device = check_doctor_args(spec, device, backend)
-        with progress(1, "doctor", noun="model") as report:
+        with sigterm_as_exit(), progress(1, "doctor", noun="model") as report:
             report.start(1, spec, "starting the worker")
             found = doctor(spec, batch_size=batch_size, seq_len=seq_len, image_size=image_size, device=device,
                            backend=backend, budget_s=budget_s,
