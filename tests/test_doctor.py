@@ -488,3 +488,34 @@ def test_sigterm_stops_the_doctor_kills_its_worker_and_removes_its_scratch_folde
         time.sleep(0.1)
     assert not _alive(worker_pid)
     assert [p.name for p in scratch.iterdir() if p.name.startswith("joulepilot-run-")] == []
+
+
+SLOW_FORWARD_MODEL = '''import time
+
+import torch
+from torch import nn
+
+
+class SlowForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(0.15)  # seconds a call, as a large model's forward on a CPU
+        return self.linear(x)
+
+
+def make(batch_size=1):
+    return SlowForward(), (torch.randn(batch_size, 8),)
+'''
+
+
+def test_the_profile_of_a_slow_model_stops_at_its_time_limit(tmp_path, fresh_dynamo):
+    """Ten profiled calls of a model that takes seconds a call would outlast the worker's allowance, and the
+    kill would lose the breaks already found: past its time limit the profile starts no further call."""
+    workload = load_workload(f"{_write(tmp_path, SLOW_FORWARD_MODEL)}:make")
+    found = analyse_model(workload.model, workload.example_inputs, backend="eager", profile_calls=10,
+                          profile_min_s=0.05, profile_max_s=0.2)
+    assert 1 <= found["profiled_calls"] <= 2  # the call that crossed 0.2 s is the last
+    assert found["forward_ms"] >= 150 and found["eager_time_fraction"] > 0.5
