@@ -519,3 +519,13 @@ def test_the_profile_of_a_slow_model_stops_at_its_time_limit(tmp_path, fresh_dyn
                           profile_min_s=0.05, profile_max_s=0.2)
     assert 1 <= found["profiled_calls"] <= 2  # the call that crossed 0.2 s is the last
     assert found["forward_ms"] >= 150 and found["eager_time_fraction"] > 0.5
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--seq-len", "-5"),
+                                           ("--seq-len", "99999999999999999999"), ("--image-size", "2097152")])
+def test_sizes_out_of_range_are_refused_naming_the_option_before_a_worker_starts(monkeypatch, option, value):
+    started = []
+    monkeypatch.setattr(runner, "run_worker_job", lambda job, **_: started.append(job) or {"status": "ok"})
+    result = CliRunner().invoke(main, ["doctor", "transformer", "--backend", "eager", "--device", "cpu", option, value])
+    assert result.exit_code == 2 and started == [] and "Traceback" not in result.output
+    assert f"Invalid value for '{option}'" in result.stderr and "1<=x<=1048576" in result.stderr
