@@ -33,6 +33,9 @@ BACKENDS = ("inductor", "eager")
 DEFAULT_PROFILE_CALLS = 10
 DEFAULT_PROFILE_MIN_S = 0.5
 PROFILE_CALLS_MAX = 500  # enough for a steady share; more only makes the profile slow to read
+# The profile of a slow model (seconds a call on a CPU) stops after this long, at least one call in: ten calls
+# of it could outlast the worker's allowance, and a kill then would lose the breaks already found.
+PROFILE_MAX_S = 30.0
 WARM_CALLS = 2
 WARM_CALLS_MAX = 32  # above Dynamo's recompile limit (8), so a model that recompiles on every call settles
 RECOMPILES_LISTED = 20
@@ -196,14 +199,22 @@ def _warm_up(call: Callable[[], Any], sync: Callable[[], None]) -> int:
 
 
 def _profile(call: Callable[[], Any], sync: Callable[[], None], graphs: list[GraphInfo], *, min_calls: int,
-             min_s: float) -> dict[str, Any]:
-    """Forward and graph time over at least `min_calls` calls and `min_s` seconds, from torch.profiler."""
+             min_s: float, max_s: float = PROFILE_MAX_S) -> dict[str, Any]:
+    """Forward and graph time over at least `min_calls` calls and `min_s` seconds, from torch.profiler; past
+    `max_s`, no further call is started (one call at least is profiled)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     calls = 0
     started = time.perf_counter()
+
+    def more() -> bool:
+        elapsed = time.perf_counter() - started
+        if calls >= PROFILE_CALLS_MAX or (calls >= 1 and elapsed >= max_s):
+            return False
+        return calls < min_calls or elapsed < min_s
+
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        while (calls < min_calls or time.perf_counter() - started < min_s) and calls < PROFILE_CALLS_MAX:
+        while more():
             with record_function(FORWARD_RANGE):
                 call()
                 sync()
@@ -230,7 +241,7 @@ def _profile(call: Callable[[], Any], sync: Callable[[], None], graphs: list[Gra
 
 def analyse_model(model: Any, inputs: tuple, *, device: str = "cpu", backend: str | Callable[..., Any] = "inductor",
                   profile_calls: int = DEFAULT_PROFILE_CALLS, profile_min_s: float = DEFAULT_PROFILE_MIN_S,
-                  phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  profile_max_s: float = PROFILE_MAX_S, phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Compile `model` (Dynamo in front of `backend`), call it with `inputs`, and report its graph breaks,
     graphs, recompiles and the share of forward time outside compiled graphs (see the module doc).
 
@@ -259,7 +270,7 @@ def analyse_model(model: Any, inputs: tuple, *, device: str = "cpu", backend: st
         _, compile_s = timed_call(call, sync)
     _warm_up(call, sync)
     phase("profiling")
-    profiled = _profile(call, sync, timer.graphs, min_calls=profile_calls, min_s=profile_min_s)
+    profiled = _profile(call, sync, timer.graphs, min_calls=profile_calls, min_s=profile_min_s, max_s=profile_max_s)
     new = [m for m in _metrics_now() if id(m) not in known]
     recompiles = [_recompile(m) for m in new if getattr(m, "recompile_reason", None)]
     gave_up = [found for found in (_gave_up(m) for m in new) if found is not None]

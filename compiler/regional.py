@@ -20,6 +20,7 @@ regional-compilation recipe does: the model passed in is the model that runs.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -95,6 +96,19 @@ def block_classes(model: Any, *, blocks_only: bool = True) -> list[BlockClass]:
     return found
 
 
+def _names_class(regional: str, block: BlockClass) -> bool:
+    """Whether `regional` names the block's class: its name, its qualified name, or a dotted name the class is
+    exported under (`torch.nn.Linear` for torch.nn.modules.linear.Linear), looked up in the modules imported."""
+    if regional in (block.name, block.qualname):
+        return True
+    module_name, _, name = regional.rpartition(".")
+    if name != block.name or not module_name:
+        return False
+    module = sys.modules.get(module_name)
+    found = getattr(module, name, None) if module is not None else None
+    return isinstance(found, type) and _qualname(found) == block.qualname
+
+
 def _listing(classes: list[BlockClass], limit: int = 5) -> str:
     shown = [f"{b.name} ({b.instances})" for b in classes[:limit]]
     return ", ".join(shown) if shown else "none"
@@ -112,13 +126,25 @@ def choose_block(model: Any, regional: str = REGIONAL_AUTO) -> BlockClass:
                 "block class")
         return repeated[0]
     every = block_classes(model, blocks_only=False)
-    for block in every:
-        if regional in (block.name, block.qualname):
-            return block
+    named = [b for b in every if _names_class(regional, b)]
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:
+        raise RegionalError(
+            f"regional compilation: {regional!r} names {len(named)} classes of {type(model).__name__} "
+            f"({', '.join(b.qualname for b in named)}); name one of them by its qualified name")
     repeated = [b for b in block_classes(model) if b.instances >= 2]
+    model_class = type(model)
+    if regional in (model_class.__name__, _qualname(model_class)):
+        raise RegionalError(
+            f"regional compilation: {regional!r} is the class of the whole model, not of a block inside it; "
+            f"compile the whole model (regional = false) or name a block class: {_listing(repeated)}")
+    short = regional.rpartition(".")[2]
+    alike = [b for b in every if b.name == short]
+    hint = f" (did you mean {' or '.join(repr(b.qualname) for b in alike)}?)" if alike else ""
     raise RegionalError(
-        f"regional compilation: {type(model).__name__} has no submodule of class {regional!r}; its repeated "
-        f"block classes are {_listing(repeated)}")
+        f"regional compilation: {type(model).__name__} has no submodule of class {regional!r}{hint}; its "
+        f"repeated block classes are {_listing(repeated)}")
 
 
 def compile_blocks(model: Any, regional: str, compile_kwargs: dict[str, Any]) -> BlockClass:

@@ -22,6 +22,8 @@ from .options import ConfigError
 SHAPE_DIMS = ("seq_len", "image_size")
 # Each size is measured on its own (first call, warm-up, latency pass, energy window), so a set is bounded.
 MAX_SHAPES = 16
+# A size or bucket past this can only be a typo (as a policy bounds them): refused before a worker builds it.
+MAX_SHAPE_SIZE = 1 << 20
 
 
 def next_power_of_two(size: int) -> int:
@@ -29,7 +31,7 @@ def next_power_of_two(size: int) -> int:
 
 
 def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SHAPE_SIZE
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ class ShapeSet:
             raise ConfigError(f"a shape set varies one of {', '.join(SHAPE_DIMS)}, not {self.dim!r}")
         sizes = list(self.sizes)
         if not sizes or not all(_positive_int(s) for s in sizes):
-            raise ConfigError(f"shape set sizes must be positive integers, got {self.sizes!r}")
+            raise ConfigError(f"shape set sizes must be positive integers of at most {MAX_SHAPE_SIZE:,}, "
+                              f"got {self.sizes!r}")
         if len(set(sizes)) != len(sizes):
             raise ConfigError(f"shape set sizes must be distinct, got {self.sizes!r}")
         if len(sizes) > MAX_SHAPES:
@@ -60,7 +63,8 @@ class ShapeSet:
             raise ConfigError(f"shape set weights must be positive numbers, got {self.weights!r}")
         buckets = sorted(self.buckets)
         if not all(_positive_int(b) for b in buckets) or len(set(buckets)) != len(buckets):
-            raise ConfigError(f"padding buckets must be distinct positive integers, got {self.buckets!r}")
+            raise ConfigError(f"padding buckets must be distinct positive integers of at most {MAX_SHAPE_SIZE:,}, "
+                              f"got {self.buckets!r}")
         if buckets and buckets[-1] < max(sizes):
             raise ConfigError(f"the largest padding bucket ({buckets[-1]}) is below the largest size ({max(sizes)}); "
                               "every size needs a bucket at least as large")
@@ -73,8 +77,10 @@ class ShapeSet:
     @property
     def shares(self) -> tuple[float, ...]:
         """Each size's share of the calls (the weights, normalised to sum to 1)."""
-        total = sum(self.weights)
-        return tuple(w / total for w in self.weights)
+        largest = max(self.weights)  # scaled first: weights near the float maximum would sum to inf
+        scaled = [w / largest for w in self.weights]
+        total = sum(scaled)
+        return tuple(w / total for w in scaled)
 
     def bucket_for(self, size: int) -> int:
         """The size `size` is padded up to: the smallest bucket >= size (the next power of two by default)."""

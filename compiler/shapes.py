@@ -35,6 +35,7 @@ from typing import Any
 
 from .compile_meter import CompileWindow, summed_compile_fields
 from .config import CompileConfig
+from .options import ConfigError
 from .shape_set import ShapeSet
 
 # What Dynamo writes when a function reaches the recompile limit: the graph-break record of torch >= 2.7 and
@@ -117,6 +118,19 @@ def pad_like(value: Any, target: Any) -> Any:
     return value
 
 
+def _tensor_shapes(value: Any) -> tuple:
+    """The shapes of every tensor in `value` (nested tuples, lists and dicts), in order."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape),)
+    if isinstance(value, tuple | list):
+        return tuple(shape for item in value for shape in _tensor_shapes(item))
+    if isinstance(value, dict):
+        return tuple(shape for key in sorted(value, key=str) for shape in _tensor_shapes(value[key]))
+    return ()
+
+
 def _weighted_percentile(samples: list[tuple[float, float]], q: float) -> float | None:
     """The q-th percentile of (value, weight) pairs: the smallest value whose cumulative weight reaches q %."""
     ordered = sorted(samples)
@@ -146,6 +160,8 @@ class ShapeSetRun:
         self._windows: list[Any] = []
         self._first_calls: list[dict[str, Any]] = []  # each size's first call, as compile-energy columns
         self._bucket_inputs: dict[int, tuple] = {}
+        self._built: dict[int, tuple] = {}  # inputs built ahead of their size's turn (the second size's)
+        self._sizes_by_shapes: dict[tuple, int] = {}  # the input shapes each size was built with
         self._log = _LimitLog()
         self._frames_at_start = _frames_compiled()
         self._limit_records_at_start = _limit_records()
@@ -173,14 +189,36 @@ class ShapeSetRun:
             self._bucket_inputs[run_size] = self._build_inputs(run_size)
         return pad_like(inputs, self._bucket_inputs[run_size])
 
+    def _check_varies(self, size: int, inputs: tuple) -> None:
+        """Refuse a set whose sizes do not change the workload's inputs (a workload that ignores the set's
+        dimension, or clamps it): its sizes would be measured as one, under the set's name."""
+        shapes = _tensor_shapes(inputs)
+        same = self._sizes_by_shapes.setdefault(shapes, size)
+        if same != size:
+            dim, spec = self.shape_set.dim, self.job["spec"]
+            raise ConfigError(
+                f"shape set {self.shape_set.label}: workload {spec!r} builds the same inputs at {dim} {same} and "
+                f"{size} (shapes {', '.join(map(str, shapes)) or 'none'}), so it does not take {dim} from the set; "
+                f"measure it without a shape set, or give its factory a {dim} argument that sizes its inputs")
+
     def first_inputs(self, inputs: tuple) -> tuple:
-        """The worker's inputs (built at the set's first size) as this configuration runs them."""
-        return self.padded(inputs, self.shape_set.sizes[0])
+        """The worker's inputs (built at the set's first size) as this configuration runs them. The second
+        size's inputs are built now too, to refuse a set that does not change the inputs before anything runs."""
+        sizes = self.shape_set.sizes
+        self._check_varies(sizes[0], inputs)
+        if len(sizes) > 1:
+            self._built[sizes[1]] = self._build_inputs(sizes[1])
+            self._check_varies(sizes[1], self._built[sizes[1]])
+        return self.padded(inputs, sizes[0])
 
     def _inputs_for(self, size: int) -> tuple:
         from .workloads import _to_device
 
-        return tuple(_to_device(self.padded(self._build_inputs(size), size), self.device))
+        built = self._built.pop(size, None)
+        if built is None:
+            built = self._build_inputs(size)
+            self._check_varies(size, built)
+        return tuple(_to_device(self.padded(built, size), self.device))
 
     # --- measuring -------------------------------------------------------------------------------------
     def _limit_hits(self) -> int:

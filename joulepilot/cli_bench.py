@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
-from .clikit import FiniteFloat, db_option, echo_json, echo_table, progress
+from .clikit import FiniteFloat, db_option, echo_json, echo_table, progress, sigterm_as_exit
 
 SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_s", "latency_ms_p50",
                    "latency_ms_p95", "throughput_per_s", "energy_j_per_inference", "avg_power_w", "peak_power_w",
@@ -95,24 +92,6 @@ def _echo_graph_breaks(runs: list[dict[str, Any]], spec: str, batch_size: int, s
 
 def _notice(text: str) -> None:
     click.echo(f"bench: {text}", err=True)
-
-
-@contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C does: the running worker is killed and its scratch folder removed."""
-
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command("bench")
@@ -201,7 +180,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             if {"seq_len": seq_len, "image_size": image_size}[shape_set.dim] is not None:
                 raise ConfigError(f"--shapes gives the {shape_set.dim} sizes: drop --{shape_set.dim.replace('_', '-')}")
             configs = shape_set_variants(configs, shape_set, (True,) if dynamic else (False, True))
-        with _sigterm_as_exit():
+        with sigterm_as_exit():
             runs = _bench_with_progress(configs, parallel=len(devices or [device]), spec=spec, device=device,
                                         devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,

@@ -553,6 +553,26 @@ class ProgressReport:
 
 
 @contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C does (SystemExit 143): a running worker is killed and its scratch folder
+    removed on the way out, instead of the process dying where it stands."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
 def progress(total: int | None, label: str, *, noun: str = "item", tag: str = "",
              heartbeat_s: float | None = None, parallel: int = 1) -> Iterator[ProgressReport]:
     """A ProgressReport on stderr for `total` items (None while unknown): live on a terminal, plain

@@ -423,3 +423,109 @@ def test_bench_with_inductor_counts_and_summarises_the_breaks(tmp_path):
     label = CompileConfig(mode="default").label
     assert (f"graph breaks in {label}: 2 graph breaks: print() at model.py:{print_line}; data-dependent branch at "
             f"model.py:{branch_line} — run `{doctor_command(spec)}`") in result.stdout.splitlines()
+
+
+SLOW_LOADING_MODEL = '''import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+
+def make(batch_size=1):
+    with open(os.environ["DOCTOR_TEST_MARKER"], "w") as marker:
+        marker.write(str(os.getpid()))
+    time.sleep(120)
+    return nn.Linear(8, 8), (torch.randn(batch_size, 8),)
+'''
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (killed, not yet reaped by its parent) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_the_doctor_kills_its_worker_and_removes_its_scratch_folder(tmp_path):
+    """SIGTERM (systemd, a job runner's timeout) unwinds like Ctrl-C: the worker dies and no scratch folder is
+    left behind; the process exits 143 without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = _write(tmp_path / "model", SLOW_LOADING_MODEL)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    marker = tmp_path / "worker.pid"
+    env = {**os.environ, "TMPDIR": str(scratch), "DOCTOR_TEST_MARKER": str(marker)}
+    proc = subprocess.Popen([sys.executable, "-m", "joulepilot", "doctor", f"{path}:make", "--backend", "eager",
+                             "--device", "cpu"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 60
+        while not (marker.is_file() and marker.read_text()) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        worker_pid = int(marker.read_text())
+        assert [p.name for p in scratch.iterdir() if p.name.startswith("joulepilot-run-")]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err.decode() and out.decode() == ""
+    deadline = time.time() + 5
+    while _alive(worker_pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker_pid)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("joulepilot-run-")] == []
+
+
+SLOW_FORWARD_MODEL = '''import time
+
+import torch
+from torch import nn
+
+
+class SlowForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(0.15)  # seconds a call, as a large model's forward on a CPU
+        return self.linear(x)
+
+
+def make(batch_size=1):
+    return SlowForward(), (torch.randn(batch_size, 8),)
+'''
+
+
+def test_the_profile_of_a_slow_model_stops_at_its_time_limit(tmp_path, fresh_dynamo):
+    """Ten profiled calls of a model that takes seconds a call would outlast the worker's allowance, and the
+    kill would lose the breaks already found: past its time limit the profile starts no further call."""
+    workload = load_workload(f"{_write(tmp_path, SLOW_FORWARD_MODEL)}:make")
+    found = analyse_model(workload.model, workload.example_inputs, backend="eager", profile_calls=10,
+                          profile_min_s=0.05, profile_max_s=0.2)
+    assert 1 <= found["profiled_calls"] <= 2  # the call that crossed 0.2 s is the last
+    assert found["forward_ms"] >= 150 and found["eager_time_fraction"] > 0.5
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--seq-len", "-5"),
+                                           ("--seq-len", "99999999999999999999"), ("--image-size", "2097152")])
+def test_sizes_out_of_range_are_refused_naming_the_option_before_a_worker_starts(monkeypatch, option, value):
+    started = []
+    monkeypatch.setattr(runner, "run_worker_job", lambda job, **_: started.append(job) or {"status": "ok"})
+    result = CliRunner().invoke(main, ["doctor", "transformer", "--backend", "eager", "--device", "cpu", option, value])
+    assert result.exit_code == 2 and started == [] and "Traceback" not in result.output
+    assert f"Invalid value for '{option}'" in result.stderr and "1<=x<=1048576" in result.stderr

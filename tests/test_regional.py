@@ -472,3 +472,33 @@ def test_warm_start_regional_script_compares_whole_and_regional(tmp_path, fake_w
     assert table[1].split()[:4] == ["variant", "precompile", "compile", "s"]
     assert table[3].split()[0] == "regional" and table[3].endswith("Block x4 (1 variant(s))")
     assert table[-1].startswith("regional vs whole (precompile off): compile ")  # off by default
+
+
+def test_a_class_is_named_by_its_public_dotted_name_and_mistakes_say_what_to_write():
+    model = BlockStack(layers=2)
+    # torch.nn.Linear is torch.nn.modules.linear.Linear: the name everyone writes
+    assert choose_block(model, "torch.nn.Linear") == choose_block(model, "torch.nn.modules.linear.Linear")
+    assert choose_block(model, "torch.nn.LayerNorm").paths == ("blocks.0.norm", "blocks.1.norm")
+    with pytest.raises(RegionalError, match=r"no submodule of class 'nn\.Linear' \(did you mean "
+                                            r"'torch\.nn\.modules\.linear\.Linear'\?\)"):
+        choose_block(model, "nn.Linear")
+    # the model's own class is not one of its blocks
+    with pytest.raises(RegionalError, match=r"'BlockStack' is the class of the whole model.*regional = false"):
+        choose_block(model, "BlockStack")
+
+
+def test_a_plain_name_two_classes_share_is_refused_not_half_compiled():
+    class Block(torch.nn.Module):  # another library's Block beside tests.block_models.Block
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    model = BlockStack(layers=2)
+    model.extra = torch.nn.ModuleList(Block() for _ in range(3))
+    with pytest.raises(RegionalError, match=r"'Block' names 2 classes of BlockStack") as err:
+        choose_block(model, "Block")
+    assert f"{Block.__module__}.{Block.__qualname__}" in str(err.value) and "tests.block_models.Block" in str(err.value)
+    assert choose_block(model, "tests.block_models.Block").paths == ("blocks.0", "blocks.1")

@@ -129,3 +129,25 @@ def test_bench_variants_sweep_static_dynamic_and_padding_for_compiled_modes_only
     assert [c.label for c in shape_set_variants(plain, on_buckets, (True,))] == ["eager/fp32/b1",
                                                                                "default/bf16/dynamic/b1"]
     assert parse_shape_set("image_size=224:1,160:3") == ShapeSet("image_size", (160, 224), (3, 1))
+
+
+def test_a_size_or_bucket_past_the_bound_is_one_line_before_anything_runs():
+    """A typo'd size would reach the worker, whose tensor constructor fails with C++ frames in the run's reason."""
+    from joulepilot.compiler.shape_set import parse_shape_set
+
+    with pytest.raises(ConfigError, match=r"sizes must be positive integers of at most 1,048,576, got "
+                                          r"\(64, 99999999999999999999\)"):
+        parse_shape_set("seq_len=64,99999999999999999999")
+    with pytest.raises(ConfigError, match="buckets must be distinct positive integers of at most 1,048,576"):
+        parse_shape_set("seq_len=64,128", buckets="128,4294967296")
+    assert ShapeSet("seq_len", (1 << 20,)).sizes == (1 << 20,)  # the bound itself is a size
+
+
+def test_shares_of_weights_near_the_float_maximum_still_sum_to_one():
+    """Weights are relative, so 1e308 each is an even split; summed as they are they overflow to inf, and every
+    share (and the J per call weighted by them) became 0."""
+    huge = ShapeSet("seq_len", (64, 128), (1e308, 1e308))
+    assert huge.shares == (0.5, 0.5)
+    assert huge.key() == ShapeSet("seq_len", (64, 128)).key()
+    uneven = ShapeSet("seq_len", (64, 128), (1.5e308, 0.5e308))
+    assert uneven.shares == pytest.approx((0.75, 0.25))

@@ -357,3 +357,16 @@ def test_first_calls_add_up_part_by_part_and_a_part_one_call_missed_is_not_meter
     partial = summed_compile_fields([compile_, unmetered])
     assert (partial["compile_energy_cpu_j"], partial["compile_energy_cpu_source"]) == (None, None)
     assert partial["compile_energy_j"] == partial["compile_energy_gpu_j"] == 150.0
+
+
+@pytest.mark.parametrize("mode", ["eager", "default"])
+def test_a_workload_that_ignores_the_sets_dimension_fails_before_anything_runs(mode):
+    """The built-in mlp takes no sequence length: its 'seq_len 4' and 'seq_len 64' are the same calls, which
+    measured as a shape set would show a static compile meeting four sizes without a recompile."""
+    shapes = ShapeSet("seq_len", (4, 16, 64))
+    job = {"device": "cpu", "spec": "mlp", "min_seconds": 0.1, "warmup_max_s": 0.05, "latency_s": 0.02,
+           "config": CompileConfig(mode=mode, batch_size=2).to_row(), "shapes": shapes.to_dict(), "seq_len": 4}
+    result = worker_mod.run_job(job)
+    assert result["status"] == "failed" and result["phase"] == "load", result
+    assert "'mlp' builds the same inputs at seq_len 4 and 16" in result["reason"]
+    assert "measure it without a shape set, or give its factory a seq_len argument" in result["reason"]
