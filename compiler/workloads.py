@@ -20,7 +20,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,6 +352,11 @@ def load_workload(spec: str, batch_size: int = 1, device: str = "cpu", seq_len: 
     model, inputs, notes = _build(kind, name, spec, batch_size, device, seq_len, image_size, generator)
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
+    elif isinstance(inputs, Mapping):  # tuple() of it would pass the keys as the model's inputs
+        raise WorkloadError(
+            f"workload {quote_spec(spec)}: the factory returned its example inputs as a dict "
+            f"({', '.join(map(str, inputs))}); every call passes them positionally: return a tuple in the order "
+            "forward() takes them, or wrap the model in a module whose forward() takes them positionally")
     if hasattr(model, "eval"):
         model.eval()
     if hasattr(model, "to"):

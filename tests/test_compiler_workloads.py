@@ -114,6 +114,12 @@ def test_factory_that_raises_is_reported_with_its_error():
         load_workload("tests.workload_factories:raises")
 
 
+def test_inputs_returned_as_a_dict_are_refused_not_passed_as_their_keys():
+    with pytest.raises(WorkloadError, match=r"returned its example inputs as a dict \(input\); every call passes "
+                                            r"them positionally"):
+        load_workload("tests.workload_factories:dict_inputs")
+
+
 def test_missing_library_says_how_to_install(monkeypatch):
     import importlib
 

@@ -125,3 +125,9 @@ def parallel_at_build(batch_size: int = 1):
     with torch.no_grad():
         linear.weight.copy_(mixed)
     return linear, (torch.randn(max(batch_size, 64), 512),)
+
+
+def dict_inputs(batch_size: int = 1):
+    """A factory that returns its inputs as keyword inputs (a dict), which joulepilot does not pass."""
+    model = torch.nn.Linear(4, 2)
+    return model, {"input": torch.randn(batch_size, 4)}
