@@ -121,9 +121,21 @@ def _quote(value: Any) -> str:
     return shorten(repr(value), QUOTE_CHARS)
 
 
-def _unknown(where: str, key: str, valid: set[str]) -> DaemonConfigError:
+def _unknown(where: str, key: str, valid: set[str], section: str = "") -> DaemonConfigError:
+    """An unknown key of the document (`section` '') or of a section, with the closest valid key there; or, for a
+    key of another place (TOML puts every key below a [section] header into that section), where it goes."""
     close = difflib.get_close_matches(key, sorted(valid), n=1) if len(key) <= 100 else []
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+    home = next((name for name, cls in _SECTIONS.items() if name != section and key in vars(cls())), None)
+    if close and difflib.SequenceMatcher(None, key, close[0]).ratio() >= 0.8:  # a typo of a key here
+        hint = f"; did you mean {close[0]!r}?"
+    elif section and key in _TOP and key not in _SECTIONS:
+        hint = f"; {key} is a top-level key: move it above the first [section] header"
+    elif home is not None:
+        hint = f"; did you mean '{home}.{key}'? move it under the [{home}] header"
+    elif close:
+        hint = f"; did you mean {close[0]!r}?"
+    else:
+        hint = f"; valid keys: {', '.join(sorted(valid))}"
     return DaemonConfigError(f"{where}: unknown key {_quote(key)}{hint}")
 
 
@@ -242,7 +254,7 @@ def _section(where: str, name: str, cls: type, section: Any) -> Any:
     values: dict[str, Any] = {}
     for key, value in section.items():
         if key not in valid:
-            raise _unknown(f"{where} [{name}]", key, valid)
+            raise _unknown(f"{where} [{name}]", key, valid, name)
         default = getattr(defaults, key)
         label = f"{name}.{key}"
         if isinstance(default, bool):

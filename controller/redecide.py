@@ -18,20 +18,30 @@ def load_policy_folders(folders: Sequence[Path]) -> tuple[list[Any], list[dict[s
 
     Only regular files are opened (a FIFO would block the daemon for good). A policy whose workload
     does not resolve is an error too, found without running any of its code. Two files with the same
-    policy name: the first folder wins and the other is reported.
+    policy name: the first folder wins and the other is reported. A folder named twice (or through a
+    symbolic link to it), and a file reached twice, is read once: it is not a second policy of that name.
     """
     from joulepilot.policies import PolicyError, load_policy
     from joulepilot.store.safeio import file_kind, shorten
 
     policies: dict[str, Any] = {}
     errors: list[dict[str, str]] = []
+    seen_folders: set[Path] = set()
+    seen_files: set[Path] = set()
     for folder in folders:
         folder = Path(folder)
         if not folder.is_dir():
-            errors.append({"file": str(folder), "error": "policy folder does not exist; create it or fix "
-                                                           "`policies` in the daemon config / --policies"})
+            errors.append({"file": str(folder), "error": _not_a_folder(folder)})
             continue
+        resolved = folder.resolve()
+        if resolved in seen_folders:
+            continue
+        seen_folders.add(resolved)
         for path in sorted(folder.glob("*.toml")):
+            real = path.resolve()
+            if real in seen_files:
+                continue
+            seen_files.add(real)
             try:
                 mode = path.stat().st_mode
             except OSError as exc:
@@ -56,6 +66,15 @@ def load_policy_folders(folders: Sequence[Path]) -> tuple[list[Any], list[dict[s
                 continue
             policies[policy.name] = policy
     return list(policies.values()), errors
+
+
+def _not_a_folder(folder: Path) -> str:
+    """Why a policy folder named in the config or with --policies cannot be read, and the fix."""
+    fix = "fix `policies` in the daemon config / --policies"
+    if folder.exists():  # a policy file given where its folder belongs, most often
+        return (f"not a folder: `policies` names folders of *.toml files; name the folder that holds this "
+                f"file, or {fix}")
+    return f"policy folder does not exist; create it or {fix}"
 
 
 def fit_or_none(db: Any) -> Any:

@@ -370,11 +370,23 @@ REQUIRED = ("name", "workload", "batch_size")
 REQUIRED_IN_TABLE = {"fallback": ("mode",)}
 
 
-def _unknown(file: str, key: str, known: list[str], value: Any) -> Problem:
+def _unknown(file: str, key: str, known: list[str], value: Any, spec: Mapping[str, Any]) -> Problem:
+    """An unknown key, with the closest valid key here; or, for a key that belongs elsewhere (TOML puts every key
+    below a [table] header into that table, so a key written after the wrong header lands there), where it goes."""
     leaf = key.rsplit(".", 1)[-1]
     prefix = key[: -len(leaf)]
     close = difflib.get_close_matches(leaf, known, n=1, cutoff=0.5)
-    hint = f"did you mean '{prefix}{close[0]}'?" if close else "valid keys here: " + ", ".join(known)
+    if close and difflib.SequenceMatcher(None, leaf, close[0]).ratio() >= 0.8:  # a typo of a key here
+        hint = f"did you mean '{prefix}{close[0]}'?"
+    elif prefix and leaf in spec and not isinstance(spec[leaf], dict):
+        hint = f"'{leaf}' is a top-level key: move it above the first [table] header"
+    elif (table := next((t for t, keys in spec.items() if isinstance(keys, dict) and leaf in keys
+                         and f"{t}." != prefix), None)) is not None:
+        hint = f"did you mean '{table}.{leaf}'? move it under the [{table}] header"
+    elif close:
+        hint = f"did you mean '{prefix}{close[0]}'?"
+    else:
+        hint = "valid keys here: " + ", ".join(known)
     return Problem(file, key, "a known key", f"unknown key with {_found(value)}", hint)
 
 
@@ -388,7 +400,7 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
     for key, value in raw.items():
         checker = spec.get(key)
         if checker is None:
-            problems.append(_unknown(file, key, list(spec), value))
+            problems.append(_unknown(file, key, list(spec), value, spec))
         elif isinstance(checker, dict):
             if not isinstance(value, dict):
                 problems.append(Problem(file, key, f"a table [{key}]", _found(value)))
@@ -397,7 +409,7 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
             for sub, sub_value in value.items():
                 sub_checker = checker.get(sub)
                 if sub_checker is None:
-                    problems.append(_unknown(file, f"{key}.{sub}", list(checker), sub_value))
+                    problems.append(_unknown(file, f"{key}.{sub}", list(checker), sub_value, spec))
                     continue
                 checked, err = sub_checker(sub_value)
                 if err:
@@ -429,6 +441,12 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
             problems.append(Problem(file, "limits.max_peak_power_w",
                                     f"a value >= limits.max_avg_power_w ({limits['max_avg_power_w']:g})",
                                     _found(limits["max_peak_power_w"]), "peak power cannot be below the average"))
+    if search.get("strategy") == "exhaustive":  # the exhaustive sweep measures every configuration: no budget
+        for key in ("budget_s", "max_measurements"):
+            if key in search:
+                problems.append(Problem(file, f"search.{key}", "no budget with strategy = \"exhaustive\", which "
+                                        "measures every configuration", f"{key} = {search[key]:g}",
+                                        f"remove {key}, or set strategy = \"guided\" to measure within it"))
     if search.get("regional_block") is not None and True not in search.get("regional", (False,)):
         problems.append(Problem(file, "search.regional_block", "search.regional to include true",
                                 f"regional = {str(list(search.get('regional', (False,)))).lower()}",

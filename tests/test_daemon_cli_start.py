@@ -104,3 +104,42 @@ def test_a_sqlite_error_mid_pass_names_the_database_of_the_config(_isolated_home
     assert result.exit_code == 1
     assert f"database {db} stayed locked" in result.output, result.output
     assert "joulepilot.db" not in result.output and "Traceback" not in result.output
+
+
+def test_a_policy_file_named_as_the_folder_says_so_and_how_to_fix_it(_isolated_home, tmp_path):
+    """`policies = "svc.toml"` in the config: the file exists, so 'does not exist; create it' would mislead."""
+    policy = tmp_path / "svc.toml"
+    policy.write_text('name = "svc"\nworkload = "mlp"\nbatch_size = 8\n')
+    config = tmp_path / "daemon.toml"
+    config.write_text(f'policies = "{policy}"\n[exporter]\nenabled = false\n')
+    result = daemon("--once", "--json", "--config", str(config))
+    assert result.exit_code == 1
+    (error,) = json.loads(result.stdout)["policy_errors"]
+    assert error["file"] == str(policy)
+    assert error["error"].startswith("not a folder: `policies` names folders of *.toml files; name the folder "
+                                     "that holds this file")
+    assert "does not exist" not in error["error"]
+
+
+def test_a_folder_named_twice_or_through_a_link_is_read_once(tmp_path):
+    """The same folder in the config and with --policies, or beside a symbolic link to it, holds no second policy
+    of each name: reading it twice once reported every policy as defined twice (and `--once` exited 1)."""
+    from joulepilot.controller.redecide import load_policy_folders
+
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "svc.toml").write_text('name = "svc"\nworkload = "mlp"\nbatch_size = 8\n')
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "svc2.toml").symlink_to(folder / "svc.toml")  # the same file under another name elsewhere
+    policies, errors = load_policy_folders([folder, tmp_path / "policies/", link, other])
+    assert errors == []
+    assert [(p.name, p.path) for p in policies] == [("svc", str((folder / "svc.toml").resolve()))]
+    # Two different files of one name are still reported, as before.
+    (other / "copy.toml").write_text((folder / "svc.toml").read_text())
+    policies, errors = load_policy_folders([folder, other])
+    assert [p.name for p in policies] == ["svc"]
+    assert [e["file"] for e in errors] == [str(other / "copy.toml")]
+    assert "is already defined by" in errors[0]["error"]

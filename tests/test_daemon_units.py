@@ -89,6 +89,29 @@ def test_bad_config_names_file_key_and_fix(tmp_path, text, message):
     assert str(path.name) in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # TOML puts every key below a [section] header into that section: a key written below the wrong header,
+        # or above all of them, gets where it belongs (it once got 'did you mean 'exporter'?' or a list of keys)
+        ("port = 9464", "unknown key 'port'; did you mean 'exporter.port'? move it under the [exporter] header"),
+        ("min_seconds = 2", "unknown key 'min_seconds'; did you mean 'bench.min_seconds'? move it under the [bench] "
+                            "header"),
+        ("[bench]\npoll_s = 1", "[bench]: unknown key 'poll_s'; did you mean 'idle.poll_s'? move it under the [idle] "
+                                "header"),
+        ("[idle]\npoll_s = 1\ninterval_s = 60", "[idle]: unknown key 'interval_s'; interval_s is a top-level key: "
+                                                "move it above the first [section] header"),
+    ],
+)
+def test_a_key_below_the_wrong_header_is_pointed_to_where_it_belongs(tmp_path, text, message):
+    path = tmp_path / "daemon.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(DaemonConfigError) as err:
+        load_daemon_config(path)
+    assert str(err.value).startswith(str(path.resolve())) and str(err.value).endswith(message)
+    assert "\n" not in str(err.value)
+
+
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(DaemonConfigError, match="cannot read daemon config .*nope.toml"):
         load_daemon_config(tmp_path / "nope.toml")

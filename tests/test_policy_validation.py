@@ -76,6 +76,27 @@ def test_unknown_keys_get_the_closest_valid_one(tmp_path):
     assert "batch_size" in found  # and the required key is reported missing in the same error
 
 
+def test_a_key_under_the_wrong_table_header_is_pointed_to_its_table(tmp_path):
+    """TOML puts every key below a [table] header into that table: a limit written after [search], or a top-level
+    key after the first header, is unknown where it landed; the hint says where it belongs, not 'valid keys here'
+    (a close typo of a key of its own table still wins: search.mode is search.modes, not fallback.mode)."""
+    text = (GOOD.replace("max_avg_power_w = 400\n", "")
+            .replace('fusion = ["default"]\n', 'fusion = ["default"]\nmax_avg_power_w = 400\nmode = ["eager"]\n')
+            .replace("[guard]\n", '[guard]\ndescription = "bert, served"\n')
+            .replace('[objective]\n', '[objective]\nstrategy = "exhaustive"\n'))
+    found = problems(tmp_path, text)
+    assert set(found) == {"search.max_avg_power_w", "search.mode", "guard.description", "objective.strategy"}
+    assert found["search.max_avg_power_w"].hint == ("did you mean 'limits.max_avg_power_w'? move it under the "
+                                                    "[limits] header")
+    assert found["objective.strategy"].hint == "did you mean 'search.strategy'? move it under the [search] header"
+    assert found["guard.description"].hint == ("'description' is a top-level key: move it above the first [table] "
+                                               "header")
+    assert found["search.mode"].hint == "did you mean 'search.modes'?"
+    top = problems(tmp_path, GOOD.replace("[objective]\n", 'max_p95_latency_ms = 10\n[objective]\n'))
+    assert top["max_p95_latency_ms"].hint == ("did you mean 'limits.max_p95_latency_ms'? move it under the "
+                                              "[limits] header")
+
+
 def test_wrong_types_and_values_say_expected_and_found(tmp_path):
     text = GOOD.replace("max_avg_power_w = 400", "max_avg_power_w = -3").replace('minimize = "edp"',
                                                                                  'minimize = "joules"')
