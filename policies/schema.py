@@ -441,12 +441,6 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
             problems.append(Problem(file, "limits.max_peak_power_w",
                                     f"a value >= limits.max_avg_power_w ({limits['max_avg_power_w']:g})",
                                     _found(limits["max_peak_power_w"]), "peak power cannot be below the average"))
-    if search.get("strategy") == "exhaustive":  # the exhaustive sweep measures every configuration: no budget
-        for key in ("budget_s", "max_measurements"):
-            if key in search:
-                problems.append(Problem(file, f"search.{key}", "no budget with strategy = \"exhaustive\", which "
-                                        "measures every configuration", f"{key} = {search[key]:g}",
-                                        f"remove {key}, or set strategy = \"guided\" to measure within it"))
     if search.get("regional_block") is not None and True not in search.get("regional", (False,)):
         problems.append(Problem(file, "search.regional_block", "search.regional to include true",
                                 f"regional = {str(list(search.get('regional', (False,)))).lower()}",

@@ -262,16 +262,3 @@ def test_search_keys_are_validated_with_one_line_errors() -> None:
     search = validate(policy_doc(budget_s=600, max_measurements=12, batch_sizes=[8, 32, 8]), "p").search
     assert (search.strategy, search.budget_s, search.max_measurements, search.batch_sizes) == \
         ("guided", 600.0, 12, (8, 32))
-
-
-@pytest.mark.parametrize("key, value", [("budget_s", 600), ("max_measurements", 4)])
-def test_a_budget_with_the_exhaustive_strategy_is_refused_in_one_line(key: str, value: int) -> None:
-    """The exhaustive sweep measures every configuration and never read the budget: a policy that set one was
-    accepted and then measured its whole grid, however long that took."""
-    with pytest.raises(PolicyError) as info:
-        validate(policy_doc(strategy="exhaustive", **{key: value}), "svc.toml")
-    assert str(info.value) == (f"svc.toml: search.{key}: expected no budget with strategy = \"exhaustive\", which "
-                               f"measures every configuration, found {key} = {value} (remove {key}, or set strategy "
-                               f"= \"guided\" to measure within it)")
-    assert validate(policy_doc(strategy="guided", **{key: value}), "svc.toml").search.strategy == "guided"
-    assert validate(policy_doc(**{key: value}), "svc.toml").search.strategy == "guided"  # the default strategy
