@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,15 @@ def load_policy_folders(folders: Sequence[Path]) -> tuple[list[Any], list[dict[s
         if resolved in seen_folders:
             continue
         seen_folders.add(resolved)
-        for path in sorted(folder.glob("*.toml")):
+        try:  # not Path.glob, which on Python 3.11 takes a folder it may not read for an empty one
+            with os.scandir(folder) as entries:
+                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+        except OSError as exc:
+            errors.append({"file": str(folder), "error": f"cannot list the policy folder "
+                                                         f"({exc.strerror or exc}); let the daemon's user "
+                                                         "read and enter it (chmod, chown or its group)"})
+            continue
+        for path in (folder / name for name in names):
             real = path.resolve()
             if real in seen_files:
                 continue

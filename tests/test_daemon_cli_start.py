@@ -143,3 +143,30 @@ def test_a_folder_named_twice_or_through_a_link_is_read_once(tmp_path):
     assert [p.name for p in policies] == ["svc"]
     assert [e["file"] for e in errors] == [str(other / "copy.toml")]
     assert "is already defined by" in errors[0]["error"]
+
+
+def test_a_policy_folder_the_daemon_cannot_list_is_an_error_not_an_empty_folder(tmp_path, monkeypatch):
+    """A folder the daemon's user may not read (root-owned, mode 0700, under systemd) raises PermissionError
+    when listed. The tests run as root, for whom no mode refuses a listing, so the refusal is the kernel's as
+    os.scandir reports it, for that folder only: Path.glob used to take it for a folder without policies."""
+    import errno
+    import os
+
+    from joulepilot.controller.redecide import load_policy_folders
+
+    locked, readable = tmp_path / "locked", tmp_path / "readable"
+    for folder in (locked, readable):
+        folder.mkdir()
+        (folder / f"{folder.name}.toml").write_text(f'name = "{folder.name}"\nworkload = "mlp"\nbatch_size = 8\n')
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == str(locked):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    policies, errors = load_policy_folders([locked, readable])
+    assert [p.name for p in policies] == ["readable"]
+    assert [e["file"] for e in errors] == [str(locked)]
+    assert errors[0]["error"].startswith("cannot list the policy folder (Permission denied)")
