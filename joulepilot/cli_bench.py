@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .clikit import FiniteFloat, db_option, echo_json, echo_table, progress, sigterm_as_exit
+from .clikit import SIZE, FiniteFloat, db_option, echo_json, echo_table, progress, sigterm_as_exit
 
 SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_s", "latency_ms_p50",
                    "latency_ms_p95", "throughput_per_s", "energy_j_per_inference", "avg_power_w", "peak_power_w",
@@ -96,7 +96,7 @@ def _notice(text: str) -> None:
 
 @click.command("bench")
 @click.argument("spec")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch-size", type=SIZE, default=1, show_default=True,
               help="Samples per forward call.")
 @click.option("--modes", "--mode", "modes", multiple=True,
               help="Compile modes, comma list or repeated: eager, default, reduce-overhead, "
@@ -114,8 +114,8 @@ def _notice(text: str) -> None:
                    "repeated block class compiled instance by instance instead of the whole model.")
 @click.option("--regional-block", metavar="CLASS",
               help="The block class regional compilation compiles (e.g. BertLayer); implies --regional.")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length for token workloads.")
-@click.option("--image-size", type=click.IntRange(min=1), help="Image side for vision workloads.")
+@click.option("--seq-len", type=SIZE, help="Sequence length for token workloads.")
+@click.option("--image-size", type=SIZE, help="Image side for vision workloads.")
 @click.option("--shapes", metavar="DIM=SIZE[:WEIGHT],...",
               help="Measure over a shape set, e.g. seq_len=64:4,128:3,256:2,512:1: J per call weighted by the "
                    "sizes' shares, recompiles counted over them; compiled modes are swept static and dynamic "

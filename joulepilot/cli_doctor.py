@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .clikit import FiniteFloat, echo_json, echo_table, progress, sigterm_as_exit
+from .clikit import SIZE, FiniteFloat, echo_json, echo_table, progress, sigterm_as_exit
 
 
 def _place(file: str | None, line: int | None) -> str:
@@ -83,17 +83,14 @@ def _echo_report(found: dict[str, Any]) -> None:
         click.echo("no graph breaks and no recompiles: Dynamo captures this model whole")
 
 
-# Past this, a batch size, sequence length or image side can only be a typo (a policy bounds them alike); the
-# worker would fail on it with a tensor constructor's overflow or allocation error instead of naming the option.
-MAX_SIZE = 1 << 20
 
 
 @click.command("doctor")
 @click.argument("spec")
-@click.option("--batch-size", type=click.IntRange(min=1, max=MAX_SIZE), default=1, show_default=True,
+@click.option("--batch-size", type=SIZE, default=1, show_default=True,
               help="Samples per forward call.")
-@click.option("--seq-len", type=click.IntRange(min=1, max=MAX_SIZE), help="Sequence length for token workloads.")
-@click.option("--image-size", type=click.IntRange(min=1, max=MAX_SIZE), help="Image side for vision workloads.")
+@click.option("--seq-len", type=SIZE, help="Sequence length for token workloads.")
+@click.option("--image-size", type=SIZE, help="Image side for vision workloads.")
 @click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
 @click.option("--backend", type=click.Choice(["inductor", "eager"]), default="inductor", show_default=True,
               help="What compiles Dynamo's graphs. 'eager' finds the same graph breaks without Inductor's compile "

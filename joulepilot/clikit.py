@@ -28,6 +28,12 @@ from joulepilot.store.timevalues import SINCE_HELP
 
 DB_META_KEY = "joulepilot.db"
 
+# Past this, a batch size, sequence length or image side can only be a typo (a policy and a shape set bound them
+# alike: compiler.shape_set.MAX_SHAPE_SIZE, not imported here to keep the CLI's start light); a worker would
+# fail on it with a tensor constructor's overflow or allocation error instead of naming the option.
+MAX_SIZE = 1 << 20
+SIZE = click.IntRange(min=1, max=MAX_SIZE)
+
 
 DB_ENV = "JOULEPILOT_DB"
 HOME_ENV = "JOULEPILOT_HOME"

@@ -154,3 +154,21 @@ def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, flow_worker):
     assert len(list_runs(db)) == 3  # the earlier sweep's runs are kept
     assert db.execute("SELECT count(*) FROM workloads").fetchone()[0] == 1
     db.close()
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--seq-len", "99999999999999999999"),
+                                           ("--image-size", "2097152")])
+def test_sizes_out_of_range_are_refused_naming_the_option_before_anything_runs(tmp_path, option, value):
+    result = CliRunner().invoke(main, ["bench", "mlp", "--device", "cpu", "--db", str(tmp_path / "b.db"),
+                                       option, value])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert not (tmp_path / "b.db").exists()  # refused before the database was opened
+    assert f"Invalid value for '{option}'" in result.stderr and "1<=x<=1048576" in result.stderr
+
+
+def test_the_clis_size_bound_is_the_shape_sets():
+    from joulepilot.compiler.shape_set import MAX_SHAPE_SIZE
+
+    from joulepilot.clikit import MAX_SIZE
+
+    assert MAX_SIZE == MAX_SHAPE_SIZE
