@@ -12,7 +12,7 @@ from joulepilot.policies import PolicyError, break_even_text, find_policy, load_
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
 from joulepilot.store.safeio import shorten
 
-from .clikit import db_option, echo_json, echo_table, reading_store, table_width
+from .clikit import SIZE, db_option, echo_json, echo_table, reading_store, table_width
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 device_name_option = click.option(
@@ -101,7 +101,7 @@ def _plot_path(_ctx: click.Context, _param: click.Parameter, value: str | None) 
 @click.argument("workload")
 @db_option
 @click.option("--device-name", help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Batch size; default: the one with most runs.")
+@click.option("--batch-size", type=SIZE, help="Batch size; default: the one with most runs.")
 @click.option("--policy", "policy_file", metavar="POLICY",
               help="Predict the search space of POLICY, a file or a name (see `joulepilot policy --help`); "
                    "default: combinations of the knobs measured.")

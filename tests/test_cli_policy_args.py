@@ -130,7 +130,7 @@ def test_frontier_refuses_a_batch_size_below_one_as_bench_does(measured, batch_s
     for command in (["frontier", "mlp", "--db", measured, "--no-predict"], ["bench", "mlp"]):
         result = invoke(*command, "--batch-size", batch_size)
         assert result.exit_code == 2
-        assert f"Invalid value for '--batch-size': {batch_size} is not in the range x>=1" in result.output
+        assert f"Invalid value for '--batch-size': {batch_size} is not in the range 1<=x<=1048576" in result.output
 
 
 # --- policies given by name ---------------------------------------------------------------------------------------
