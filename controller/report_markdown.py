@@ -36,7 +36,7 @@ def report_md(r: DeploymentReport) -> str:
     lines += [
         f"- Policy: {md(d.policy)} · device {md(d.device)} ({md(d.device_kind)}) · host {md(d.hostname)}",
         f"- Workload: {md(d.workload)}" + (f" (batch {d.batch_size})" if d.batch_size else ""),
-        f"- Period: {p.start or f.DASH} → {p.end or f.DASH} ({p.samples} windows, "
+        f"- Period: {p.start or f.DASH} → {p.end or f.DASH} ({f.number(p.samples)} windows, "
         f"{f.fmt(t.metered_s, 's')} metered)" + (f", since {p.since}" if p.since else ""),
         f"- Energy source: {md(f.source_label(t.energy_source))}",
         "",
@@ -98,8 +98,10 @@ def report_md(r: DeploymentReport) -> str:
               f"- Fraction of peak: {f.percent(eff.fraction_of_peak_flops_per_j)}"]
     if r.notes:
         lines += ["", "## Notes", ""] + [f"- {md(n)}" for n in r.notes]
-    lines += ["", "## Windows", "",
-              "| end (UTC) | s | J | inferences | J/inference | avg W | peak W | source | shared |",
+    lines += ["", "## Windows", ""]
+    if p.listing_text:
+        lines += [f"{md(p.listing_text)}; every figure above counts all of them.", ""]
+    lines += ["| end (UTC) | s | J | inferences | J/inference | avg W | peak W | source | shared |",
               "|---|---|---|---|---|---|---|---|---|"]
     for w in r.samples:
         shared = f"{w.other_processes} other(s)" if w.other_processes else "no"
