@@ -83,9 +83,9 @@ def report_md(r: DeploymentReport) -> str:
               f"- Windows above the average-power limit: {e.windows_above_avg_limit}",
               f"- Windows above the peak-power limit: {e.windows_above_peak_limit}",
               f"- Violations: {len(e.violations)}"]
-    lines += [f"  - {v.at_iso}: {md(v.limit_name)} {f.fmt(v.limit_value, 'W')} exceeded, measured "
-              f"{f.fmt(v.measured_value, 'W')} (configuration {md(v.config_label or v.config_id)})"
-              for v in e.violations]
+    lines += [f"  - {v.at_iso}: {md(v.limit_name)} {f.fmt(v.limit_value, 'W')} exceeded, "
+              f"{md(f.power_reading(v.measured_value, v.energy_source))} (configuration "
+              f"{md(v.config_label or v.config_id)})" for v in e.violations]
     eff = r.efficiency
     peak = eff.device_peak
     lines += ["", "## Efficiency", "",
@@ -139,7 +139,7 @@ def summary_md(summary: Summary) -> str:
             f"{f.energy_with_kwh(r.energy_j)} | {f.number(r.inferences)} | {f.energy(r.j_per_inference)} | "
             f"{f.number(r.avg_power_w)} | {f.number(r.peak_power_w)} | {f.number(r.max_avg_power_w)} | "
             f"{r.violations} | {f.summary_versus(r, 'eager_fp32')} | {f.summary_versus(r, 'compile_default_fp32')} | "
-            f"{md(r.payback)} | {md(f.source_label(r.energy_source))} |")
+            f"{md(r.payback)} | {md(f.summary_source(r))} |")
     if not summary.deployments:
         lines.append("| (no deployments recorded) |" + " |" * 14)
     return "\n".join(lines) + "\n"

@@ -49,6 +49,7 @@ from joulepilot.store.deployment_figures import (
     recent_samples,
     sample_timeline,
     sample_totals,
+    sources_at,
 )
 from joulepilot.store.devicekind import device_kind
 from joulepilot.store.runs import latest_runs
@@ -189,6 +190,8 @@ class Violation(Section):
     config_id: str | None
     config_label: str | None
     decision_id: int | None
+    # The source of the window the trip ended (`measured_value` is a reading of that meter, or an estimate).
+    energy_source: str | None = None
 
 
 @dataclass
@@ -379,6 +382,9 @@ class SummaryRow(Section):
     paid_back_after_s: float | None = None
     per_sample: list[str] = field(default_factory=list)  # baselines compared per sample (another batch size)
     not_like_for_like: list[str] = field(default_factory=list)  # baselines metered by another source: no saving
+    # The part that is an estimate (as in `Totals`): a `estimate+rapl` row was partly measured.
+    estimated_energy_j: float = 0.0
+    estimated_windows: int = 0
 
 
 @dataclass
@@ -625,10 +631,14 @@ def _cannot_be_met(decision: DecisionRow | None) -> str | None:
     return f"the envelope cannot be met: {shortfall}".rstrip(": ")
 
 
-def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_from: str | None,
+def _envelope(db: sqlite_utils.Database, dep_id: int, limits: Mapping[str, float], limits_from: str | None,
               sums: SampleTotals, violations: Sequence[Mapping[str, Any]],
               decision: DecisionRow | None = None) -> Envelope:
     labels = store_reports.config_labels(db, (v.get("config_id") for v in violations))
+    # Each violation's reading carries the source of the window that tripped it; one outside every window
+    # stored (written before its windows were) that of the deployment's windows when they all have one.
+    sources = sources_at(db, dep_id, (v["at"] for v in violations))
+    uniform = sums.sources[0] if len(sums.sources) == 1 else None
     return Envelope(
         max_avg_power_w=limits.get("max_avg_power_w"), max_peak_power_w=limits.get("max_peak_power_w"),
         limits_from=limits_from, windows_above_avg_limit=sums.windows_above_avg_limit,
@@ -637,7 +647,8 @@ def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_fro
                               deployment=v.get("deployment"), limit_name=v["limit_name"],
                               limit_value=v["limit_value"], measured_value=v["measured_value"],
                               config_id=v.get("config_id"), config_label=labels.get(v.get("config_id") or ""),
-                              decision_id=v.get("decision_id")) for v in violations],
+                              decision_id=v.get("decision_id"), energy_source=sources.get(v["at"], uniform))
+                    for v in violations],
         cannot_be_met=_cannot_be_met(decision),
     )
 
@@ -671,7 +682,7 @@ def _sharing(sums: SampleTotals, totals: Totals) -> Sharing:
 def partly_estimate_text(totals: Totals, windows: int) -> str:
     """What is an estimate in a deployment metered partly by a counter and partly estimated."""
     measured = "+".join(x for x in (totals.energy_source or "").split("+") if x != "estimate")
-    return (f"{totals.estimated_windows} of {windows} windows ({energy(totals.estimated_energy_j)} of "
+    return (f"{totals.estimated_windows:,} of {windows:,} windows ({energy(totals.estimated_energy_j)} of "
             f"{energy(totals.energy_j)}) are an estimate, CPU time x watts per core, read while no energy counter "
             f"could be; the other windows were measured by {measured}, and figures over the whole period mix the two")
 
@@ -792,7 +803,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                       start_t=sums.first_t_start, end_t=sums.last_t_end, samples=sums.windows,
                       samples_listed=len(samples), samples_left_out=left_out),
         totals=totals,
-        envelope=_envelope(db, limits, limits_from, sums, violations, decision),
+        envelope=_envelope(db, dep["id"], limits, limits_from, sums, violations, decision),
         configuration=configuration,
         baselines=baselines,
         co2=None if intensity is None else Co2(grid_gco2_per_kwh=intensity,
@@ -829,6 +840,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             shared_windows=r.sharing.windows_shared, payback=r.payback.text if r.payback else None,
             paid_back_after_s=r.payback.paid_back_after_s if r.payback else None,
             per_sample=[k for k, b in r.baselines.items() if b.per_sample],
-            not_like_for_like=[k for k, b in r.baselines.items() if b.like_for_like is False]))
+            not_like_for_like=[k for k, b in r.baselines.items() if b.like_for_like is False],
+            estimated_energy_j=t.estimated_energy_j, estimated_windows=t.estimated_windows))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

@@ -4,7 +4,8 @@ Each plot takes the report's per-window samples, or, when the report lists only 
 timeline: the whole period in spans that each sum the windows started in them (drawn the same way, a span's
 figures being averages over it). Time runs along x as elapsed time from the first window, in a unit chosen for
 the span (s, min or h), so a one-minute test and a month of serving both read well. When the energy source is an estimate the plot says so in its title and across
-its face: an estimate must never pass for a measurement.
+its face, and "partly estimate" when some windows were estimated and the others measured: an estimate must never
+pass for a measurement.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402 - the backend is chosen before pyplot loads
 
-from .report_format import per_sample  # noqa: E402
+from .report_format import estimate_part, per_sample  # noqa: E402
 
 AVG_COLOUR = "#1f6fb4"
 PEAK_COLOUR = "#e08a1e"
@@ -40,16 +41,23 @@ def time_axis(samples: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[f
     return ([(s["t_start"] - t0) / scale for s in samples], [(s["t_end"] - t0) / scale for s in samples], unit)
 
 
-def mark_estimate(ax: Any, title: str, estimate: bool) -> None:
-    """Title the axes; when what they show rests on an estimate, say so in the title and across the face."""
+def mark_estimate(ax: Any, title: str, estimate: bool, *, partly: bool = False) -> None:
+    """Title the axes; when what they show rests on an estimate, say so in the title and across the face; when
+    only in part (`partly`: some windows estimated, the others measured), say that."""
+    if partly:
+        ax.set_title(title + "  (PARTLY ESTIMATE: some windows estimated)", fontsize=11, loc="left")
+        ax.text(0.5, 0.5, "PARTLY ESTIMATE", transform=ax.transAxes, fontsize=32, color="grey", alpha=0.15,
+                ha="center", va="center", rotation=12)
+        return
     ax.set_title(title + ("  (ESTIMATE, not measured)" if estimate else ""), fontsize=11, loc="left")
     if estimate:
         ax.text(0.5, 0.5, "ESTIMATE", transform=ax.transAxes, fontsize=40, color="grey", alpha=0.15,
                 ha="center", va="center", rotation=12)
 
 
-def _finish(fig: Any, ax: Any, title: str, estimate: bool) -> bytes:
-    mark_estimate(ax, title, estimate)
+def _finish(fig: Any, ax: Any, title: str, source: str | None) -> bytes:
+    part = estimate_part(source)
+    mark_estimate(ax, title, part == "whole", partly=part == "part")
     ax.grid(True, alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if handles:  # below the axes, so it never hides the data
@@ -66,7 +74,7 @@ def _empty(title: str) -> bytes:
     fig, ax = plt.subplots(figsize=SIZE_IN)
     ax.text(0.5, 0.5, "no samples in this period", ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
-    return _finish(fig, ax, title, False)
+    return _finish(fig, ax, title, None)
 
 
 def _steps(starts: list[float], ends: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:
@@ -114,7 +122,7 @@ def power_timeline(samples: Sequence[Mapping[str, Any]], *, max_avg_power_w: flo
     ax.set_ylim(0, top * 1.15)
     ax.set_xlabel(f"time since first window ({unit})")
     ax.set_ylabel("power (W)")
-    return _finish(fig, ax, title, "estimate" in (source or ""))
+    return _finish(fig, ax, title, source)
 
 
 def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
@@ -154,7 +162,7 @@ def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: st
     if any(v is None for v in values):
         ax.text(0.01, 0.02, f"gaps: {'spans' if spans else 'windows'} with no calls", transform=ax.transAxes,
                 fontsize=8, color="grey")
-    return _finish(fig, ax, title, "estimate" in (source or ""))
+    return _finish(fig, ax, title, source)
 
 
 def cumulative_energy(samples: Sequence[Mapping[str, Any]], *, source: str | None) -> bytes:
@@ -172,7 +180,7 @@ def cumulative_energy(samples: Sequence[Mapping[str, Any]], *, source: str | Non
     ax.set_ylim(0, max(ys) * 1.1 if max(ys) > 0 else 1.0)
     ax.set_xlabel(f"time since first window ({unit})")
     ax.set_ylabel(f"energy ({e_unit})")
-    return _finish(fig, ax, title, "estimate" in (source or ""))
+    return _finish(fig, ax, title, source)
 
 
 def data_uri(png: bytes) -> str:

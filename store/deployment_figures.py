@@ -10,6 +10,7 @@ then `id`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,3 +215,16 @@ def calls_progress(db: sqlite_utils.Database, deployment_id: int, config_id: str
         crossing = tuple(row) if row else None
     return CallsProgress(calls=calls, metered_s=metered_s, first_t_start=first[0] if first else None,
                          crossing=crossing)  # type: ignore[arg-type]
+
+
+def sources_at(db: sqlite_utils.Database, deployment_id: int, moments: Iterable[float]) -> dict[float, str]:
+    """{moment: the energy source of the window it falls in} (t_start < moment <= t_end: a guard trip's time is
+    the end of the window that tripped it; where windows overlap, the one that started last); moments in no
+    window are left out. One index seek per moment."""
+    found: dict[float, str] = {}
+    for moment in set(moments):
+        row = db.execute("SELECT t_end, energy_source FROM deployment_samples WHERE deployment_id = ? "
+                         "AND t_start < ? ORDER BY t_start DESC, id DESC LIMIT 1", [deployment_id, moment]).fetchone()
+        if row is not None and row[0] >= moment:
+            found[moment] = row[1]
+    return found
