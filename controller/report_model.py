@@ -16,7 +16,8 @@ Where figures come from:
 - the configuration and why: the newest decision of the policy for the configuration served;
 - baselines: `runs` of the policy's workload at its own batch size (the deployment's workload when it is
   served at that batch size: same id, hence same batch and shapes) on the same device kind, for eager fp32
-  and stock `torch.compile` (mode default, fp32); a deployment served at another batch size (the batch-size
+  and stock `torch.compile` (mode default, fp32), each a median over its runs of one energy source (the
+  deployment's when it has runs of it); a deployment served at another batch size (the batch-size
   lever) is compared with them per sample (`Baseline`);
 - peak efficiency: the datasheet rows of `gpu_datasheets.toml`;
 - the tuning's payback: the tuning bill (`policies.bill`) of the newest decision for the configuration
@@ -35,7 +36,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
-from joulepilot.policies.bill import NEVER, PAYS_BACK, payback_progress
+from joulepilot.policies.bill import NEVER, PAYS_BACK, UNKNOWN_SOURCE, payback_progress
+from joulepilot.policies.sources import ranked_sources, source_key
 from joulepilot.store import get_deployment, list_deployments, list_violations
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
@@ -244,7 +246,9 @@ class Baseline(Section):
     `served_is_baseline` is set and the saving figures are None. Nor is there when the baseline's runs were
     metered by other sources than the deployment's windows (`like_for_like` is False: RAPL benchmarks, an
     `estimate` deployment): their J are not like for like. Whenever a baseline has no saving figure,
-    `no_saving_reason` says why.
+    `no_saving_reason` says why. The median is over the baseline's runs of one source, never a mix: those
+    metered like the deployment's windows when there are any, else the most trustworthy source's
+    (`policies.sources`); `left_out_runs` counts the others per source.
 
     `j_per_inference` is the baseline's median J per call, at its own `batch_size`. When the deployment is
     served at another batch size (`served_batch_size`: a decision made with the batch-size lever) the two
@@ -269,6 +273,8 @@ class Baseline(Section):
     deployment_j_per_sample: float | None = None
     like_for_like: bool | None = None  # same energy source(s) on both sides; None when either is unknown
     no_saving_reason: str | None = None
+    # Runs of the baseline metered by other sources than `energy_source`, by source: not in its median.
+    left_out_runs: dict[str, int] = field(default_factory=dict)
 
     @property
     def per_sample(self) -> bool:
@@ -513,24 +519,28 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     if not workload_id:
         out.note = out.no_saving_reason = "no baseline measured: the deployment's workload is unknown"
         return out
-    runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if device_kind(r) == kind]
-    if not runs:
+    all_runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if device_kind(r) == kind]
+    if not all_runs:
         out.note = out.no_saving_reason = f"no baseline measured for this workload on {kind}"
         return out
-    sources = sorted({r["energy_source"] for r in runs if r["energy_source"]})
+    chosen, runs, out.left_out_runs = _baseline_source(all_runs, source)
     out.measured = True
     out.j_per_inference = statistics.median(r["energy_j_per_inference"] for r in runs)
     out.runs = len(runs)
     out.run_ids = [r["id"] for r in runs]
-    out.energy_source = "+".join(sources) or None
+    out.energy_source = None if chosen == UNKNOWN_SOURCE else chosen
     out.served_is_baseline = bool(served) and served <= {r["config_id"] for r in runs}
     batches = {int(r["batch_size"]) for r in runs if r.get("batch_size")}
     out.batch_size = batches.pop() if len(batches) == 1 else None
-    if sources and source:
-        out.like_for_like = sources == sorted(source.split("+"))
-    unlike = (f"the baseline was metered by {'+'.join(sources)} and this deployment by {source}: not like for "
+    if out.energy_source and source:
+        out.like_for_like = out.energy_source == source_key(source)
+    unlike = (f"the baseline was metered by {out.energy_source} and this deployment by {source}: not like for "
               f"like, so no saving is shown")
     notes = []
+    if out.left_out_runs:
+        others = ", ".join(f"{n} run{'s' if n != 1 else ''} metered by {s}" for s, n in sorted(out.left_out_runs.items()))
+        notes.append(f"the median of its {len(runs)} {chosen} run{'s' if len(runs) != 1 else ''}; {others} not counted "
+                     "(a median never mixes meters)")
     if out.served_is_baseline:
         notes.append("this deployment serves the baseline's own configuration, so there is no saving to "
                      "report; any difference from the benchmark is live serving (load, idle time, "
@@ -558,6 +568,19 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
         notes.append(unlike)
     out.note = "; ".join(notes) or None
     return out
+
+
+def _baseline_source(runs: Sequence[Mapping[str, Any]], deployment_source: str
+                     ) -> tuple[str, list[Mapping[str, Any]], dict[str, int]]:
+    """Which of a baseline's runs its median is over: those metered like the deployment's windows when there are
+    any, else those of the most trustworthy source (`policies.sources`: a median never mixes meters). Returns that
+    source, its runs, and how many runs of each other source are left out."""
+    by_source: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        by_source.setdefault(source_key(run["energy_source"]), []).append(run)
+    wanted = source_key(deployment_source) if deployment_source else None
+    chosen = wanted if wanted in by_source else ranked_sources({s: len(r) for s, r in by_source.items()})[0]
+    return chosen, by_source[chosen], {s: len(r) for s, r in by_source.items() if s != chosen}
 
 
 def _windows(samples: Sequence[Mapping[str, Any]], energy_before_j: float = 0.0) -> list[Window]:
