@@ -15,8 +15,9 @@ from joulepilot.controller.report import (
     render,
 )
 from joulepilot.store import default_db_path
+from joulepilot.store.files import write_file_atomic
 
-from .clikit import db_option, reading_store, since_option
+from .clikit import db_option, os_error_message, reading_store, since_option
 
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json", ".csv": "csv"}
 
@@ -71,10 +72,22 @@ def report_command(db: str | None, name: str | None, all_deployments: bool, sinc
         raise click.ClickException(str(exc)) from None
     text = render(data, fmt)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        _write_whole(Path(output), text)
         click.echo(f"wrote {fmt} report to {output}", err=True)
     else:
         click.echo(text, nl=False)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """The report at `path` whole or not at all: written to a temporary file beside it, synced, then renamed over
+    it, so a full disk, a file size limit or a kill never leaves half a report (nor spoils the one there)."""
+    existed = path.exists()
+    try:
+        write_file_atomic(path, text.encode("utf-8"))
+    except OSError as exc:
+        why = os_error_message(OSError(exc.errno, exc.strerror)) if exc.errno else str(exc)  # not the temp file's name
+        kept = f"; {path} is as it was" if existed else ""
+        raise click.ClickException(f"cannot write the report to {path}: {why}; nothing was written{kept}") from None
 
 
 commands = [report_command]
