@@ -4,7 +4,10 @@ It runs inside the daemon (`[exporter] enabled`) or as its own process (`joulepi
 `serve_exporter`); the separate process keeps answering when the daemon dies, so
 `joulepilot_daemon_up` can drop to 0. Each scrape opens the database read-only (never migrating it)
 and reads one consistent snapshot. When the database cannot be read (missing, corrupt, too old or
-new), the scrape still answers with `joulepilot_daemon_up` and `joulepilot_exporter_scrape_error` = 1.
+new), the scrape still answers with `joulepilot_daemon_up` and `joulepilot_exporter_scrape_error` = 1. A
+deployment whose stored record cannot be read (a GPU index that is not a number in `details.gpus`) is left out
+alone: its series are missing, every other series is served, `joulepilot_exporter_scrape_error` is 1 and the log
+names the deployment, the field and the fix.
 
 Series (base units, Prometheus naming; the README's exporter table is the reference):
   joulepilot_policy_decision_info{policy,device,config,mode,fusion,precision,state}
@@ -66,6 +69,24 @@ NVML_RETRY_S = 300.0  # how long to wait before asking NVML again after it could
 # (with joulepilot_exporter_scrape_error 1) well within Prometheus's scrape timeout (10 s by default).
 SCRAPE_LOCK_WAIT_MS = 2_000
 ENERGY_SOURCES = ("nvml", "rapl", "estimate")
+FIX_DEPLOYMENT = "attach it again (that records its GPUs anew) or correct its row in the deployments table"
+
+
+class MalformedDeployment(ValueError):
+    """A deployment's stored record that the exporter cannot turn into series; the message names the field."""
+
+
+def _gpu_index(value: Any) -> int:
+    """A recorded CUDA index as an int: a whole number, or its digits as text (None or absent: 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise MalformedDeployment(f"details.gpus[0].index is {value!r}, not a GPU index (a whole number >= 0)")
 
 
 class NvmlIndexResolver:
@@ -137,11 +158,12 @@ class JoulepilotCollector(Collector):
                           f"read access to the database's folder")
         metrics: list[Metric] = []
         try:
-            metrics = self._read_database()
+            metrics = self._read_database(errors)
         except Exception as exc:
             errors.append(str(exc))
         failed = GaugeMetricFamily("joulepilot_exporter_scrape_error",
-                                   "1 when this scrape could not read the database or the daemon lock")
+                                   "1 when this scrape could not read the database or the daemon lock, or left out "
+                                   "a deployment whose record it could not read (the log names it)")
         failed.add_metric([], 1.0 if errors else 0.0)
         self._note_errors(errors)
         yield up
@@ -160,12 +182,13 @@ class JoulepilotCollector(Collector):
         elif previous is not None:
             log.info("exporter: reading %s again", self.db_path)
 
-    def _read_database(self) -> list[Metric]:
+    def _read_database(self, errors: list[str]) -> list[Metric]:
+        """Every series but the two `collect` adds; `errors` gets one line per deployment left out."""
         db = open_db(self.db_path, read_only=True, busy_timeout_ms=SCRAPE_LOCK_WAIT_MS)
         try:
             require_current_schema(db, self.db_path)
             with read_snapshot(db):
-                return [*self._policy_metrics(db), *self._deployment_metrics(db), *self._daemon_metrics(db)]
+                return [*self._policy_metrics(db), *self._deployment_metrics(db, errors), *self._daemon_metrics(db)]
         finally:
             db.close()
 
@@ -216,13 +239,15 @@ class JoulepilotCollector(Collector):
         if isinstance(gpus, list):
             if len(gpus) != 1 or not isinstance(gpus[0], dict) or not gpus[0].get("uuid"):
                 return None
-            return str(gpus[0]["uuid"]), int(gpus[0].get("index") or 0)
+            return str(gpus[0]["uuid"]), _gpu_index(gpus[0].get("index"))
         # Deployments registered before their GPUs were recorded: the host's row for their CUDA index.
         index = int(device[5:]) if device[5:].isdigit() else 0
         row = recorded_gpu(db, dep.get("host_id"), f"gpu:{index}")
         return (str(row["uuid"]), index) if row and row.get("uuid") else None
 
-    def _deployment_metrics(self, db: Any) -> list[Metric]:
+    def _deployment_metrics(self, db: Any, errors: list[str]) -> list[Metric]:
+        """The deployments' series. One whose record cannot be read is left out, with a line in `errors`; the others
+        are served (each deployment's series are worked out whole before any is added)."""
         energy = CounterMetricFamily("joulepilot_energy_joules", "Energy metered for a deployment, by energy source",
                                      labels=["deployment", "policy", "source", "gpu", "UUID"])
         inferences = CounterMetricFamily("joulepilot_inferences", "Inferences (forward calls) served by a deployment",
@@ -231,30 +256,56 @@ class JoulepilotCollector(Collector):
                                   "Average and peak power in the deployment's latest sample",
                                   labels=["deployment", "source", "gpu", "UUID", "stat"])
         deployments = deployment_totals(db)
-        gpus = {dep["id"]: self._deployment_gpu(db, dep) for dep in deployments}
+        gpus: dict[int, tuple[str, int] | None] = {}
+        for dep in deployments:
+            try:
+                gpus[dep["id"]] = self._deployment_gpu(db, dep)
+            except Exception as exc:  # noqa: BLE001 - one unreadable record costs its own series only
+                errors.append(self._left_out(dep, exc))
         host_index = self._gpu_index.resolve({g[0] for g in gpus.values() if g})
         for dep in deployments:
-            gpu = gpus[dep["id"]]
-            gpu_labels = [str(host_index.get(gpu[0], gpu[1])), gpu[0]] if gpu else ["", ""]
-            name, policy = dep["name"], dep.get("policy") or ""
-            by_source = dict(dep["energy_by_source"])
-            declared = dep["details"].get("energy_source")
-            if not by_source and declared in ENERGY_SOURCES:
-                by_source[declared] = 0.0  # a registered deployment starts its counter at 0
-            for source, joules in sorted(by_source.items()):
-                energy.add_metric([name, policy, source, *gpu_labels], joules)
-            if by_source:
-                inferences.add_metric([name, policy, *gpu_labels], float(dep["inferences"]))
-            last = dep["last_sample"]
-            if last is not None:
-                for stat in ("avg", "peak"):
-                    if last.get(f"{stat}_power_w") is not None:
-                        power.add_metric([name, last["energy_source"], *gpu_labels, stat], last[f"{stat}_power_w"])
+            if dep["id"] not in gpus:
+                continue
+            try:
+                series = self._deployment_series(dep, gpus[dep["id"]], host_index)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(self._left_out(dep, exc))
+                continue
+            for family, labels, value in series:
+                {"energy": energy, "inferences": inferences, "power": power}[family].add_metric(labels, value)
         violations = CounterMetricFamily("joulepilot_violations", "Envelope violations recorded by the guard",
                                          labels=["policy", "deployment"])
         for r in violation_counts(db):
             violations.add_metric([r["policy"], r["deployment"]], r["n"])
         return [energy, inferences, power, violations]
+
+    @staticmethod
+    def _left_out(dep: dict[str, Any], exc: Exception) -> str:
+        why = str(exc) if isinstance(exc, MalformedDeployment) else f"its record cannot be read ({exc!r})"
+        return f"deployment {dep.get('name')!r}: {why}; its series are left out of the scrape; {FIX_DEPLOYMENT}"
+
+    @staticmethod
+    def _deployment_series(dep: dict[str, Any], gpu: tuple[str, int] | None,
+                           host_index: dict[str, int]) -> list[tuple[str, list[str], float]]:
+        """(family, labels, value) for each series of one deployment."""
+        gpu_labels = [str(host_index.get(gpu[0], gpu[1])), gpu[0]] if gpu else ["", ""]
+        name, policy = str(dep["name"]), str(dep.get("policy") or "")
+        series: list[tuple[str, list[str], float]] = []
+        by_source = dict(dep["energy_by_source"])
+        declared = dep["details"].get("energy_source")
+        if not by_source and declared in ENERGY_SOURCES:
+            by_source[declared] = 0.0  # a registered deployment starts its counter at 0
+        for source, joules in sorted(by_source.items()):
+            series.append(("energy", [name, policy, source, *gpu_labels], float(joules)))
+        if by_source:
+            series.append(("inferences", [name, policy, *gpu_labels], float(dep["inferences"])))
+        last = dep["last_sample"]
+        if last is not None:
+            for stat in ("avg", "peak"):
+                if last.get(f"{stat}_power_w") is not None:
+                    series.append(("power", [name, last["energy_source"], *gpu_labels, stat],
+                                   float(last[f"{stat}_power_w"])))
+        return series
 
     def _daemon_metrics(self, db: Any) -> list[Metric]:
         hb = latest_heartbeat(db)

@@ -12,6 +12,7 @@ The parts:
 from __future__ import annotations
 
 from .report_model import (
+    DEFAULT_WINDOWS,
     GRID_ENV,
     GRID_OPTION,
     REPORT_KIND,
@@ -27,6 +28,7 @@ from .report_model import (
 from .report_render import FORMATS, render
 
 __all__ = [
+    "DEFAULT_WINDOWS",
     "FORMATS",
     "GRID_ENV",
     "GRID_OPTION",

@@ -58,6 +58,9 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
         ("totals", "attributed_energy_j", t.attributed_energy_j, "J", src),
         ("totals", "estimated_energy_j", t.estimated_energy_j, "J", "estimate"),
         ("totals", "estimated_windows", t.estimated_windows, "windows", "estimate"),
+        ("period", "samples", report.period.samples, "windows", None),
+        ("period", "samples_listed", report.period.samples_listed, "windows", None),
+        ("period", "samples_left_out", report.period.samples_left_out, "windows", None),
         ("envelope", "max_avg_power_w", e.max_avg_power_w, "W", e.limits_from),
         ("envelope", "max_peak_power_w", e.max_peak_power_w, "W", e.limits_from),
         ("envelope", "windows_above_avg_limit", e.windows_above_avg_limit, "windows", src),
@@ -116,7 +119,8 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
 
 
 def report_csv(report: DeploymentReport) -> str:
-    """One figure per row; samples carry their window in t_start/t_end."""
+    """One figure per row; samples (the windows the report lists: `period.samples_listed` of
+    `period.samples`) carry their window in t_start/t_end."""
     name = report.deployment.name
     rows: list[list[Any]] = [["deployment", "section", "metric", "value", "unit", "source", "t_start", "t_end",
                               "config_id"]]

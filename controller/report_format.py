@@ -105,10 +105,54 @@ ESTIMATE_ROWS = ("estimate: no energy counter was readable when the rows marked 
                  "energy is CPU time x watts per core, not a measurement")
 
 
+def estimate_part(source: str | None) -> str | None:
+    """How much of a figure of `source` is an estimate: 'whole' (`estimate` alone), 'part' (`estimate` and a
+    meter: `estimate+rapl`, `nvml+estimate`), or None (measured, or no source known)."""
+    parts = set((source or "").split("+")) - {""}
+    if "estimate" not in parts:
+        return None
+    return "whole" if parts == {"estimate"} else "part"
+
+
+def measured_part(source: str | None) -> str:
+    """The meters among a source's parts: 'rapl' of 'estimate+rapl'."""
+    return "+".join(x for x in (source or "").split("+") if x and x != "estimate")
+
+
 def source_label(source: str | None) -> str:
+    """'rapl (measured)', 'estimate (ESTIMATE, not measured)', or for figures mixing both
+    'estimate+rapl (PARTLY ESTIMATE, the rest measured by rapl)'."""
     if not source:
         return DASH
-    return f"{source} (ESTIMATE, not measured)" if "estimate" in source else f"{source} (measured)"
+    part = estimate_part(source)
+    if part == "whole":
+        return f"{source} (ESTIMATE, not measured)"
+    if part == "part":
+        return f"{source} (PARTLY ESTIMATE, the rest measured by {measured_part(source)})"
+    return f"{source} (measured)"
+
+
+def summary_source(row: Mapping[str, Any]) -> str:
+    """A summary row's energy source as `source_label` words it; for a deployment partly estimated, how much:
+    'estimate+rapl (PARTLY ESTIMATE: 30 of 300 windows estimated, the rest measured by rapl)'."""
+    source = row.get("energy_source")
+    if estimate_part(source) != "part":
+        return source_label(source)
+    return (f"{source} (PARTLY ESTIMATE: {row.get('estimated_windows', 0):,} of {row.get('samples', 0):,} windows "
+            f"estimated, the rest measured by {measured_part(source)})")
+
+
+def power_reading(watts: Any, source: str | None) -> str:
+    """A power figure with how it was read: 'measured 475 W (nvml)', 'estimated 10 W (ESTIMATE, not measured)',
+    '12 W (PARTLY ESTIMATE: nvml+estimate)', or '12 W (source unknown)'."""
+    part = estimate_part(source)
+    if not source:
+        return f"{fmt(watts, 'W')} (source unknown)"
+    if part == "whole":
+        return f"estimated {fmt(watts, 'W')} (ESTIMATE, not measured)"
+    if part == "part":
+        return f"{fmt(watts, 'W')} (PARTLY ESTIMATE: {source})"
+    return f"measured {fmt(watts, 'W')} ({source})"
 
 
 # -- the tuning's payback -------------------------------------------------------------------------

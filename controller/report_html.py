@@ -27,7 +27,8 @@ def environment() -> jinja2.Environment:
         energy=f.energy, kwh=f.kwh, kwh_if_readable=f.kwh_if_readable, fmt=f.fmt, number=f.number, si=f.si,
         percent=f.percent, human_time=f.human_time, iso=iso, versus=f.versus_baseline, saved=f.energy_saved,
         payback_headline=f.payback_headline, search_cost=f.search_cost, calls=calls_text,
-        baseline_energy=f.baseline_energy, deployment_energy=f.deployment_energy)
+        baseline_energy=f.baseline_energy, deployment_energy=f.deployment_energy, power_reading=f.power_reading,
+        estimate_part=f.estimate_part, summary_source=f.summary_source)
     return env
 
 
@@ -39,7 +40,8 @@ def render_html(report: DeploymentReport | Summary) -> str:
     if isinstance(report, Summary):
         return template.render(
             summary=report, title="joulepilot: energy of every deployment", summary_versus=f.summary_versus,
-            any_estimate=any("estimate" in (r.energy_source or "") for r in report.deployments), **common)
+            any_estimate=any(f.estimate_part(r.energy_source) == "whole" for r in report.deployments),
+            any_partly_estimate=any(f.estimate_part(r.energy_source) == "part" for r in report.deployments), **common)
     from .report_plots import report_plots
 
     return template.render(summary=None, report=report, plots=report_plots(report), partly_estimate=partly_estimate_text,

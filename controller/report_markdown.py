@@ -36,7 +36,7 @@ def report_md(r: DeploymentReport) -> str:
     lines += [
         f"- Policy: {md(d.policy)} · device {md(d.device)} ({md(d.device_kind)}) · host {md(d.hostname)}",
         f"- Workload: {md(d.workload)}" + (f" (batch {d.batch_size})" if d.batch_size else ""),
-        f"- Period: {p.start or f.DASH} → {p.end or f.DASH} ({p.samples} windows, "
+        f"- Period: {p.start or f.DASH} → {p.end or f.DASH} ({f.number(p.samples)} windows, "
         f"{f.fmt(t.metered_s, 's')} metered)" + (f", since {p.since}" if p.since else ""),
         f"- Energy source: {md(f.source_label(t.energy_source))}",
         "",
@@ -83,9 +83,9 @@ def report_md(r: DeploymentReport) -> str:
               f"- Windows above the average-power limit: {e.windows_above_avg_limit}",
               f"- Windows above the peak-power limit: {e.windows_above_peak_limit}",
               f"- Violations: {len(e.violations)}"]
-    lines += [f"  - {v.at_iso}: {md(v.limit_name)} {f.fmt(v.limit_value, 'W')} exceeded, measured "
-              f"{f.fmt(v.measured_value, 'W')} (configuration {md(v.config_label or v.config_id)})"
-              for v in e.violations]
+    lines += [f"  - {v.at_iso}: {md(v.limit_name)} {f.fmt(v.limit_value, 'W')} exceeded, "
+              f"{md(f.power_reading(v.measured_value, v.energy_source))} (configuration "
+              f"{md(v.config_label or v.config_id)})" for v in e.violations]
     eff = r.efficiency
     peak = eff.device_peak
     lines += ["", "## Efficiency", "",
@@ -98,8 +98,10 @@ def report_md(r: DeploymentReport) -> str:
               f"- Fraction of peak: {f.percent(eff.fraction_of_peak_flops_per_j)}"]
     if r.notes:
         lines += ["", "## Notes", ""] + [f"- {md(n)}" for n in r.notes]
-    lines += ["", "## Windows", "",
-              "| end (UTC) | s | J | inferences | J/inference | avg W | peak W | source | shared |",
+    lines += ["", "## Windows", ""]
+    if p.listing_text:
+        lines += [f"{md(p.listing_text)}; every figure above counts all of them.", ""]
+    lines += ["| end (UTC) | s | J | inferences | J/inference | avg W | peak W | source | shared |",
               "|---|---|---|---|---|---|---|---|---|"]
     for w in r.samples:
         shared = f"{w.other_processes} other(s)" if w.other_processes else "no"
@@ -137,7 +139,7 @@ def summary_md(summary: Summary) -> str:
             f"{f.energy_with_kwh(r.energy_j)} | {f.number(r.inferences)} | {f.energy(r.j_per_inference)} | "
             f"{f.number(r.avg_power_w)} | {f.number(r.peak_power_w)} | {f.number(r.max_avg_power_w)} | "
             f"{r.violations} | {f.summary_versus(r, 'eager_fp32')} | {f.summary_versus(r, 'compile_default_fp32')} | "
-            f"{md(r.payback)} | {md(f.source_label(r.energy_source))} |")
+            f"{md(r.payback)} | {md(f.summary_source(r))} |")
     if not summary.deployments:
         lines.append("| (no deployments recorded) |" + " |" * 14)
     return "\n".join(lines) + "\n"

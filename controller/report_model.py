@@ -7,18 +7,22 @@ Markdown, JSON or CSV; `to_dict()` is the JSON. Sections also read like the JSON
 output works on the model unchanged.
 
 Where figures come from:
-- energy, inferences and power: the deployment's samples (each carries its energy source);
+- energy, inferences, power, the envelope's window counts, sharing and per-configuration shares: sums over
+  every window of the period, computed by the store (`store.deployment_figures`), never by loading the windows;
+  the report lists only the newest `windows` of them (DEFAULT_WINDOWS) and, when it leaves some out, the period
+  in spans for the plots (`timeline`);
 - the envelope: the policy file found by name (`policies.find_policy`), else the limits recorded by
   `attach`, else the newest decision's details, else the limit cited by recorded violations;
 - the configuration and why: the newest decision of the policy for the configuration served;
 - baselines: `runs` of the policy's workload at its own batch size (the deployment's workload when it is
   served at that batch size: same id, hence same batch and shapes) on the same device kind, for eager fp32
-  and stock `torch.compile` (mode default, fp32); a deployment served at another batch size (the batch-size
+  and stock `torch.compile` (mode default, fp32), each a median over its runs of one energy source (the
+  deployment's when it has runs of it); a deployment served at another batch size (the batch-size
   lever) is compared with them per sample (`Baseline`);
 - peak efficiency: the datasheet rows of `gpu_datasheets.toml`;
 - the tuning's payback: the tuning bill (`policies.bill`) of the newest decision for the configuration
   served, and every call this deployment served with that configuration, from its first window
-  (whatever `since` says: payback counts from the start).
+  (whatever `since` says: payback counts from the start), summed by the store as well.
 """
 
 from __future__ import annotations
@@ -32,11 +36,23 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
-from joulepilot.policies.bill import NEVER, PAYS_BACK, deployment_payback
-from joulepilot.store import get_deployment, list_deployments, list_violations, read_samples
+from joulepilot.policies.bill import NEVER, PAYS_BACK, UNKNOWN_SOURCE, payback_progress
+from joulepilot.policies.sources import ranked_sources, source_key
+from joulepilot.store import get_deployment, list_deployments, list_violations
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
+from joulepilot.store.deployment_figures import (
+    ConfigTotals,
+    SampleTotals,
+    TimelineSpan,
+    calls_progress,
+    config_totals,
+    recent_samples,
+    sample_timeline,
+    sample_totals,
+    sources_at,
+)
 from joulepilot.store.devicekind import device_kind
 from joulepilot.store.runs import latest_runs
 from joulepilot.store.timevalues import iso_utc, parse_since
@@ -49,6 +65,11 @@ GRID_OPTION = "--grid-gco2-per-kwh"
 REPORT_KIND = "joulepilot.deployment_report"
 SUMMARY_KIND = "joulepilot.deployments_summary"
 BASELINE_LABELS = {"eager_fp32": "eager fp32", "compile_default_fp32": "torch.compile default fp32"}
+# Windows a report lists (the newest; `joulepilot report --windows N`): its figures cover every window of the
+# period whatever this says, and a deployment metered every 5 s writes 17,280 a day.
+DEFAULT_WINDOWS = 500
+# Spans of the period the plots draw when windows are left out of the list (`DeploymentReport.timeline`).
+TIMELINE_SPANS = 500
 LIMIT_NAMES = ("max_avg_power_w", "max_peak_power_w")
 
 
@@ -102,7 +123,18 @@ class Period(Section):
     end: str | None
     start_t: float | None
     end_t: float | None
-    samples: int
+    samples: int  # windows in the period, all counted in every figure
+    samples_listed: int = 0  # of them listed in `samples` (the newest)
+    samples_left_out: int = 0  # the older ones, not listed
+
+    @property
+    def listing_text(self) -> str | None:
+        """'Showing the last 500 of 120,960 windows' when some windows are not listed, else None."""
+        if not self.samples_left_out:
+            return None
+        if not self.samples_listed:
+            return f"No windows listed of {self.samples:,} (--windows N lists the last N)"
+        return f"Showing the last {self.samples_listed:,} of {self.samples:,} windows"
 
 
 @dataclass
@@ -160,6 +192,8 @@ class Violation(Section):
     config_id: str | None
     config_label: str | None
     decision_id: int | None
+    # The source of the window the trip ended (`measured_value` is a reading of that meter, or an estimate).
+    energy_source: str | None = None
 
 
 @dataclass
@@ -212,7 +246,9 @@ class Baseline(Section):
     `served_is_baseline` is set and the saving figures are None. Nor is there when the baseline's runs were
     metered by other sources than the deployment's windows (`like_for_like` is False: RAPL benchmarks, an
     `estimate` deployment): their J are not like for like. Whenever a baseline has no saving figure,
-    `no_saving_reason` says why.
+    `no_saving_reason` says why. The median is over the baseline's runs of one source, never a mix: those
+    metered like the deployment's windows when there are any, else the most trustworthy source's
+    (`policies.sources`); `left_out_runs` counts the others per source.
 
     `j_per_inference` is the baseline's median J per call, at its own `batch_size`. When the deployment is
     served at another batch size (`served_batch_size`: a decision made with the batch-size lever) the two
@@ -237,6 +273,8 @@ class Baseline(Section):
     deployment_j_per_sample: float | None = None
     like_for_like: bool | None = None  # same energy source(s) on both sides; None when either is unknown
     no_saving_reason: str | None = None
+    # Runs of the baseline metered by other sources than `energy_source`, by source: not in its median.
+    left_out_runs: dict[str, int] = field(default_factory=dict)
 
     @property
     def per_sample(self) -> bool:
@@ -317,6 +355,9 @@ class DeploymentReport(Section):
     notes: list[str]
     samples: list[Window]
     payback: Payback | None = None
+    # When windows are left out of `samples`: the whole period in at most TIMELINE_SPANS spans, each summing the
+    # windows that started in it (the plots draw these then). None when every window is listed.
+    timeline: list[TimelineSpan] | None = None
 
 
 @dataclass
@@ -347,6 +388,9 @@ class SummaryRow(Section):
     paid_back_after_s: float | None = None
     per_sample: list[str] = field(default_factory=list)  # baselines compared per sample (another batch size)
     not_like_for_like: list[str] = field(default_factory=list)  # baselines metered by another source: no saving
+    # The part that is an estimate (as in `Totals`): a `estimate+rapl` row was partly measured.
+    estimated_energy_j: float = 0.0
+    estimated_windows: int = 0
 
 
 @dataclass
@@ -475,24 +519,28 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     if not workload_id:
         out.note = out.no_saving_reason = "no baseline measured: the deployment's workload is unknown"
         return out
-    runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if device_kind(r) == kind]
-    if not runs:
+    all_runs = [r for r in store_reports.baseline_runs(db, workload_id, key) if device_kind(r) == kind]
+    if not all_runs:
         out.note = out.no_saving_reason = f"no baseline measured for this workload on {kind}"
         return out
-    sources = sorted({r["energy_source"] for r in runs if r["energy_source"]})
+    chosen, runs, out.left_out_runs = _baseline_source(all_runs, source)
     out.measured = True
     out.j_per_inference = statistics.median(r["energy_j_per_inference"] for r in runs)
     out.runs = len(runs)
     out.run_ids = [r["id"] for r in runs]
-    out.energy_source = "+".join(sources) or None
+    out.energy_source = None if chosen == UNKNOWN_SOURCE else chosen
     out.served_is_baseline = bool(served) and served <= {r["config_id"] for r in runs}
     batches = {int(r["batch_size"]) for r in runs if r.get("batch_size")}
     out.batch_size = batches.pop() if len(batches) == 1 else None
-    if sources and source:
-        out.like_for_like = sources == sorted(source.split("+"))
-    unlike = (f"the baseline was metered by {'+'.join(sources)} and this deployment by {source}: not like for "
+    if out.energy_source and source:
+        out.like_for_like = out.energy_source == source_key(source)
+    unlike = (f"the baseline was metered by {out.energy_source} and this deployment by {source}: not like for "
               f"like, so no saving is shown")
     notes = []
+    if out.left_out_runs:
+        others = ", ".join(f"{n} run{'s' if n != 1 else ''} metered by {s}" for s, n in sorted(out.left_out_runs.items()))
+        notes.append(f"the median of its {len(runs)} {chosen} run{'s' if len(runs) != 1 else ''}; {others} not counted "
+                     "(a median never mixes meters)")
     if out.served_is_baseline:
         notes.append("this deployment serves the baseline's own configuration, so there is no saving to "
                      "report; any difference from the benchmark is live serving (load, idle time, "
@@ -522,8 +570,22 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     return out
 
 
-def _windows(samples: Sequence[Mapping[str, Any]]) -> list[Window]:
-    rows, cumulative = [], 0.0
+def _baseline_source(runs: Sequence[Mapping[str, Any]], deployment_source: str
+                     ) -> tuple[str, list[Mapping[str, Any]], dict[str, int]]:
+    """Which of a baseline's runs its median is over: those metered like the deployment's windows when there are
+    any, else those of the most trustworthy source (`policies.sources`: a median never mixes meters). Returns that
+    source, its runs, and how many runs of each other source are left out."""
+    by_source: dict[str, list[Mapping[str, Any]]] = {}
+    for run in runs:
+        by_source.setdefault(source_key(run["energy_source"]), []).append(run)
+    wanted = source_key(deployment_source) if deployment_source else None
+    chosen = wanted if wanted in by_source else ranked_sources({s: len(r) for s, r in by_source.items()})[0]
+    return chosen, by_source[chosen], {s: len(r) for s, r in by_source.items() if s != chosen}
+
+
+def _windows(samples: Sequence[Mapping[str, Any]], energy_before_j: float = 0.0) -> list[Window]:
+    """Listed windows; their cumulative energy counts from `energy_before_j`, the period's windows before them."""
+    rows, cumulative = [], energy_before_j
     for s in samples:
         cumulative += s["energy_j"]
         rows.append(Window(
@@ -536,38 +598,27 @@ def _windows(samples: Sequence[Mapping[str, Any]]) -> list[Window]:
     return rows
 
 
-def _totals(windows: Sequence[Window]) -> Totals:
-    energy_j = sum(w.energy_j for w in windows)
-    inferences = sum(w.inferences for w in windows)
-    metered_s = sum(w.duration_s for w in windows)
-    sources = sorted({w.energy_source for w in windows})
-    busy_j = sum(w.energy_j for w in windows if w.inferences)
-    peaks = [w.peak_power_w for w in windows if w.peak_power_w is not None]
-    shared = any(w.other_processes for w in windows)
-    estimated = [w for w in windows if "estimate" in w.energy_source]
+def _totals(sums: SampleTotals) -> Totals:
+    energy_j, inferences, metered_s = sums.energy_j, sums.inferences, sums.metered_s
     return Totals(
         energy_j=energy_j, energy_kwh=energy_j / J_PER_KWH, inferences=inferences,
         j_per_inference=energy_j / inferences if inferences else None,
-        busy_j_per_inference=busy_j / inferences if inferences else None,
+        busy_j_per_inference=sums.busy_energy_j / inferences if inferences else None,
         avg_power_w=energy_j / metered_s if metered_s > 0 else None,
-        peak_power_w=max(peaks) if peaks else None, metered_s=metered_s,
-        energy_source="+".join(sources) if sources else None, is_estimate="estimate" in sources,
-        attributed_energy_j=sum(w.energy_j * (w.share if w.share is not None else 1.0) for w in windows)
-        if shared else None,
-        estimated_energy_j=sum(w.energy_j for w in estimated), estimated_windows=len(estimated),
+        peak_power_w=sums.peak_power_w, metered_s=metered_s,
+        energy_source="+".join(sums.sources) if sums.sources else None, is_estimate="estimate" in sums.sources,
+        attributed_energy_j=sums.attributed_energy_j if sums.shared_windows else None,
+        estimated_energy_j=sums.estimated_energy_j, estimated_windows=sums.estimated_windows,
     )
 
 
 def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: DecisionRow | None,
-                   windows: Sequence[Window], kind: str) -> Configuration:
-    served = sorted({w.config_id for w in windows if w.config_id} | ({dep["config_id"]} if dep.get("config_id") else set()))
+                   shares: Sequence[ConfigTotals], kind: str) -> Configuration:
+    served = sorted({c.config_id for c in shares} | ({dep["config_id"]} if dep.get("config_id") else set()))
     labels = store_reports.config_labels(db, served)
     config = config_row(db, dep.get("config_id")) or {}
-    history = [ConfigShare(config_id=cid, label=labels.get(cid),
-                           samples=sum(1 for w in windows if w.config_id == cid),
-                           energy_j=sum(w.energy_j for w in windows if w.config_id == cid),
-                           inferences=sum(w.inferences for w in windows if w.config_id == cid))
-               for cid in sorted({w.config_id for w in windows if w.config_id})]
+    history = [ConfigShare(config_id=c.config_id, label=labels.get(c.config_id), samples=c.windows,
+                           energy_j=c.energy_j, inferences=c.inferences) for c in shares]
     if decision is None:
         reason = f"no decision recorded for this policy on {kind}" if dep.get("policy") else "deployed without a policy"
     else:
@@ -603,21 +654,24 @@ def _cannot_be_met(decision: DecisionRow | None) -> str | None:
     return f"the envelope cannot be met: {shortfall}".rstrip(": ")
 
 
-def _envelope(db: sqlite_utils.Database, limits: Mapping[str, float], limits_from: str | None,
-              windows: Sequence[Window], violations: Sequence[Mapping[str, Any]],
+def _envelope(db: sqlite_utils.Database, dep_id: int, limits: Mapping[str, float], limits_from: str | None,
+              sums: SampleTotals, violations: Sequence[Mapping[str, Any]],
               decision: DecisionRow | None = None) -> Envelope:
-    avg_limit, peak_limit = limits.get("max_avg_power_w"), limits.get("max_peak_power_w")
     labels = store_reports.config_labels(db, (v.get("config_id") for v in violations))
+    # Each violation's reading carries the source of the window that tripped it; one outside every window
+    # stored (written before its windows were) that of the deployment's windows when they all have one.
+    sources = sources_at(db, dep_id, (v["at"] for v in violations))
+    uniform = sums.sources[0] if len(sums.sources) == 1 else None
     return Envelope(
-        max_avg_power_w=avg_limit, max_peak_power_w=peak_limit, limits_from=limits_from,
-        windows_above_avg_limit=sum(1 for w in windows if avg_limit is not None and (w.avg_power_w or 0) > avg_limit),
-        windows_above_peak_limit=sum(1 for w in windows
-                                     if peak_limit is not None and (w.peak_power_w or 0) > peak_limit),
+        max_avg_power_w=limits.get("max_avg_power_w"), max_peak_power_w=limits.get("max_peak_power_w"),
+        limits_from=limits_from, windows_above_avg_limit=sums.windows_above_avg_limit,
+        windows_above_peak_limit=sums.windows_above_peak_limit,
         violations=[Violation(id=v.get("id"), at=v["at"], at_iso=iso(v["at"]), policy=v.get("policy"),
                               deployment=v.get("deployment"), limit_name=v["limit_name"],
                               limit_value=v["limit_value"], measured_value=v["measured_value"],
                               config_id=v.get("config_id"), config_label=labels.get(v.get("config_id") or ""),
-                              decision_id=v.get("decision_id")) for v in violations],
+                              decision_id=v.get("decision_id"), energy_source=sources.get(v["at"], uniform))
+                    for v in violations],
         cannot_be_met=_cannot_be_met(decision),
     )
 
@@ -642,29 +696,26 @@ def _efficiency(workload: Mapping[str, Any] | None, dep: Mapping[str, Any], kind
                       note=note)
 
 
-def _sharing(windows: Sequence[Window], totals: Totals) -> Sharing:
-    shared = [w for w in windows if w.other_processes]
-    shares = [w.share for w in shared if w.share is not None]
-    return Sharing(windows=len(windows), windows_shared=len(shared),
-                   max_other_processes=max((w.other_processes for w in windows), default=0),
-                   mean_share=statistics.fmean(shares) if shares else None,
+def _sharing(sums: SampleTotals, totals: Totals) -> Sharing:
+    return Sharing(windows=sums.windows, windows_shared=sums.shared_windows,
+                   max_other_processes=sums.max_other_processes, mean_share=sums.mean_share,
                    attributed_energy_j=totals.attributed_energy_j)
 
 
 def partly_estimate_text(totals: Totals, windows: int) -> str:
     """What is an estimate in a deployment metered partly by a counter and partly estimated."""
     measured = "+".join(x for x in (totals.energy_source or "").split("+") if x != "estimate")
-    return (f"{totals.estimated_windows} of {windows} windows ({energy(totals.estimated_energy_j)} of "
+    return (f"{totals.estimated_windows:,} of {windows:,} windows ({energy(totals.estimated_energy_j)} of "
             f"{energy(totals.energy_j)}) are an estimate, CPU time x watts per core, read while no energy counter "
             f"could be; the other windows were measured by {measured}, and figures over the whole period mix the two")
 
 
-def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], windows: Sequence[Window]) -> list[str]:
+def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], windows: int) -> list[str]:
     notes = []
     if not windows:
         notes.append("no samples in this period: the deployment served nothing metered yet")
     if totals.partly_estimate:
-        notes.append(f"PARTLY ESTIMATE: {partly_estimate_text(totals, len(windows))}")
+        notes.append(f"PARTLY ESTIMATE: {partly_estimate_text(totals, windows)}")
     elif totals.is_estimate:
         notes.append("ESTIMATE: no energy counter could be read on this host; energy is CPU time x watts per "
                      "core, not a measurement")
@@ -706,13 +757,14 @@ def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Pa
                   baseline=(bill.get("baseline") or {}).get("kind"),
                   saving_j_per_inference=bill.get("saving_j_per_inference"), saving_source=bill.get("saving_source"),
                   payback_inferences=bill.get("payback_inferences"), payback_source=bill.get("payback_source"))
-    windows = [(s["t_start"], s["t_end"], int(s["inferences"] or 0)) for s in read_samples(db, dep["id"])
-               if (s.get("config_id") or served) == served]
+    needed = out.payback_inferences if bill.get("verdict") == PAYS_BACK else None
+    progress = calls_progress(db, dep["id"], served, calls_needed=needed)
     if bill.get("verdict") not in (PAYS_BACK, NEVER):
         out.text = f"payback not known: {out.why}"
-        out.calls = sum(n for _, _, n in windows)
+        out.calls = progress.calls
         return out
-    reached = deployment_payback(out.payback_inferences if bill.get("verdict") == PAYS_BACK else None, windows)
+    reached = payback_progress(needed, calls=progress.calls, metered_s=progress.metered_s,
+                               first_t_start=progress.first_t_start, crossing=progress.crossing)
     out.verdict, out.calls, out.fraction = reached.verdict, reached.calls, reached.fraction
     out.calls_per_s, out.remaining_s = reached.calls_per_s, reached.remaining_s
     out.paid_back_at = reached.paid_back_at
@@ -729,8 +781,12 @@ def _break_notes(configuration: Configuration) -> list[str]:
 
 
 def build_report(db: sqlite_utils.Database, deployment: str, since: float | str | None = None, *,
-                 grid_gco2_per_kwh: float | str | None = None) -> DeploymentReport:
-    """Every figure of one deployment's report (see the module docstring)."""
+                 grid_gco2_per_kwh: float | str | None = None, windows: int = DEFAULT_WINDOWS,
+                 timeline_spans: int = TIMELINE_SPANS) -> DeploymentReport:
+    """Every figure of one deployment's report (see the module docstring).
+
+    The figures cover every window of the period, summed by the store; `samples` lists the newest `windows` of
+    them (0: none), and when some are left out `timeline` holds the period in at most `timeline_spans` spans."""
     dep = get_deployment(db, deployment)
     if dep is None:
         known = [d["name"] for d in list_deployments(db)]
@@ -738,22 +794,27 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                           + (f"; known: {', '.join(known)}" if known else "; none recorded yet"))
     intensity = grid_intensity(grid_gco2_per_kwh)
     since_t = parse_since(since)
-    windows = _windows(read_samples(db, dep["id"], since=since_t))
     violations = list_violations(db, deployment=deployment, since=since_t)
     kind = _device_kind(db, dep)
     decision = _decision(db, dep, kind)
     limits, limits_from = _limits(dep, decision, violations)
+    sums = sample_totals(db, dep["id"], since=since_t, max_avg_power_w=limits.get("max_avg_power_w"),
+                         max_peak_power_w=limits.get("max_peak_power_w"))
+    listed, energy_before_j = recent_samples(db, dep["id"], max(0, windows), since=since_t)
+    samples = _windows(listed, energy_before_j)
+    left_out = sums.windows - len(samples)
     workload = workload_row(db, dep.get("workload_id"))
     served_batch = _served_batch_size(db, dep, workload)
 
-    totals = _totals(windows)
-    configuration = _configuration(db, dep, decision, windows, kind)
+    totals = _totals(sums)
+    shares = config_totals(db, dep["id"], since=since_t)
+    configuration = _configuration(db, dep, decision, shares, kind)
     _graph_breaks(db, dep, workload, configuration, kind)
-    served = {w.config_id for w in windows if w.config_id} or ({dep["config_id"]} if dep.get("config_id") else set())
+    served = {c.config_id for c in shares} or ({dep["config_id"]} if dep.get("config_id") else set())
     baseline_workload = _baseline_workload_id(dep, decision)
     baselines = {key: _baseline(db, key, baseline_workload, kind, totals.j_per_inference, totals.inferences,
                                 totals.energy_source or "", served, served_batch) for key in BASELINE_LABELS}
-    sharing = _sharing(windows, totals)
+    sharing = _sharing(sums, totals)
     return DeploymentReport(
         kind=REPORT_KIND, version=1, generated_at=iso(time.time()),
         deployment=DeploymentInfo(
@@ -761,12 +822,11 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
             host_id=dep.get("host_id"), hostname=store_reports.hostname(db, dep.get("host_id")),
             workload_id=dep.get("workload_id"), workload=(workload or {}).get("spec"),
             batch_size=served_batch, created_at=iso(dep.get("created_at"))),
-        period=Period(since=iso(since_t), start=iso(windows[0].t_start) if windows else None,
-                      end=iso(windows[-1].t_end) if windows else None,
-                      start_t=windows[0].t_start if windows else None, end_t=windows[-1].t_end if windows else None,
-                      samples=len(windows)),
+        period=Period(since=iso(since_t), start=iso(sums.first_t_start), end=iso(sums.last_t_end),
+                      start_t=sums.first_t_start, end_t=sums.last_t_end, samples=sums.windows,
+                      samples_listed=len(samples), samples_left_out=left_out),
         totals=totals,
-        envelope=_envelope(db, limits, limits_from, windows, violations, decision),
+        envelope=_envelope(db, dep["id"], limits, limits_from, sums, violations, decision),
         configuration=configuration,
         baselines=baselines,
         co2=None if intensity is None else Co2(grid_gco2_per_kwh=intensity,
@@ -774,9 +834,10 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                                                energy_source=totals.energy_source),
         efficiency=_efficiency(workload, dep, kind, configuration.precision, totals, served_batch),
         sharing=sharing,
-        notes=_notes(totals, sharing, baselines, windows) + _break_notes(configuration),
-        samples=windows,
+        notes=_notes(totals, sharing, baselines, sums.windows) + _break_notes(configuration),
+        samples=samples,
         payback=_payback(db, dep, kind),
+        timeline=sample_timeline(db, dep["id"], timeline_spans, since=since_t) if left_out else None,
     )
 
 
@@ -786,7 +847,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
     grid_intensity(grid_gco2_per_kwh)  # a bad figure is refused even when there is no deployment yet
     rows = []
     for dep in list_deployments(db):
-        r = build_report(db, dep["name"], since, grid_gco2_per_kwh=grid_gco2_per_kwh)
+        r = build_report(db, dep["name"], since, grid_gco2_per_kwh=grid_gco2_per_kwh, windows=0, timeline_spans=0)
         t, c = r.totals, r.configuration
         eager, stock = r.baselines["eager_fp32"], r.baselines["compile_default_fp32"]
         rows.append(SummaryRow(
@@ -802,6 +863,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             shared_windows=r.sharing.windows_shared, payback=r.payback.text if r.payback else None,
             paid_back_after_s=r.payback.paid_back_after_s if r.payback else None,
             per_sample=[k for k, b in r.baselines.items() if b.per_sample],
-            not_like_for_like=[k for k, b in r.baselines.items() if b.like_for_like is False]))
+            not_like_for_like=[k for k, b in r.baselines.items() if b.like_for_like is False],
+            estimated_energy_j=t.estimated_energy_j, estimated_windows=t.estimated_windows))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

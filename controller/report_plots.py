@@ -1,9 +1,11 @@
 """The report's plots as PNG bytes (matplotlib, Agg backend, no display needed).
 
-Each plot takes the report's per-window samples. Time runs along x as elapsed time from the first
-window, in a unit chosen for the span (s, min or h), so a one-minute test and a month of serving
-both read well. When the energy source is an estimate the plot says so in its title and across
-its face: an estimate must never pass for a measurement.
+Each plot takes the report's per-window samples, or, when the report lists only its newest windows, its
+timeline: the whole period in spans that each sum the windows started in them (drawn the same way, a span's
+figures being averages over it). Time runs along x as elapsed time from the first window, in a unit chosen for
+the span (s, min or h), so a one-minute test and a month of serving both read well. When the energy source is an estimate the plot says so in its title and across
+its face, and "partly estimate" when some windows were estimated and the others measured: an estimate must never
+pass for a measurement.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402 - the backend is chosen before pyplot loads
 
-from .report_format import per_sample  # noqa: E402
+from .report_format import estimate_part, per_sample  # noqa: E402
 
 AVG_COLOUR = "#1f6fb4"
 PEAK_COLOUR = "#e08a1e"
@@ -39,16 +41,23 @@ def time_axis(samples: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[f
     return ([(s["t_start"] - t0) / scale for s in samples], [(s["t_end"] - t0) / scale for s in samples], unit)
 
 
-def mark_estimate(ax: Any, title: str, estimate: bool) -> None:
-    """Title the axes; when what they show rests on an estimate, say so in the title and across the face."""
+def mark_estimate(ax: Any, title: str, estimate: bool, *, partly: bool = False) -> None:
+    """Title the axes; when what they show rests on an estimate, say so in the title and across the face; when
+    only in part (`partly`: some windows estimated, the others measured), say that."""
+    if partly:
+        ax.set_title(title + "  (PARTLY ESTIMATE: some windows estimated)", fontsize=11, loc="left")
+        ax.text(0.5, 0.5, "PARTLY ESTIMATE", transform=ax.transAxes, fontsize=32, color="grey", alpha=0.15,
+                ha="center", va="center", rotation=12)
+        return
     ax.set_title(title + ("  (ESTIMATE, not measured)" if estimate else ""), fontsize=11, loc="left")
     if estimate:
         ax.text(0.5, 0.5, "ESTIMATE", transform=ax.transAxes, fontsize=40, color="grey", alpha=0.15,
                 ha="center", va="center", rotation=12)
 
 
-def _finish(fig: Any, ax: Any, title: str, estimate: bool) -> bytes:
-    mark_estimate(ax, title, estimate)
+def _finish(fig: Any, ax: Any, title: str, source: str | None) -> bytes:
+    part = estimate_part(source)
+    mark_estimate(ax, title, part == "whole", partly=part == "part")
     ax.grid(True, alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if handles:  # below the axes, so it never hides the data
@@ -65,7 +74,7 @@ def _empty(title: str) -> bytes:
     fig, ax = plt.subplots(figsize=SIZE_IN)
     ax.text(0.5, 0.5, "no samples in this period", ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
-    return _finish(fig, ax, title, False)
+    return _finish(fig, ax, title, None)
 
 
 def _steps(starts: list[float], ends: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:
@@ -83,31 +92,37 @@ def _steps(starts: list[float], ends: list[float], values: list[float | None]) -
 
 
 def power_timeline(samples: Sequence[Mapping[str, Any]], *, max_avg_power_w: float | None,
-                   max_peak_power_w: float | None, source: str | None) -> bytes:
-    title = "Power per window against the envelope"
+                   max_peak_power_w: float | None, source: str | None, spans: bool = False) -> bytes:
+    """`spans`: `samples` are a report's timeline spans, not windows: each span's average is drawn, and the
+    highest average of one window in it as a thin line, so a window above the limit still shows."""
+    title = "Power per span of windows against the envelope" if spans else "Power per window against the envelope"
     if not samples:
         return _empty(title)
     starts, ends, unit = time_axis(samples)
     fig, ax = plt.subplots(figsize=SIZE_IN)
     xs, ys = _steps(starts, ends, [s["avg_power_w"] for s in samples])
-    ax.plot(xs, ys, color=AVG_COLOUR, lw=1.8, label="average power per window")
+    ax.plot(xs, ys, color=AVG_COLOUR, lw=1.8, label="average power per span" if spans else "average power per window")
+    highest: list[float] = []
+    if spans:
+        hx, highest = _steps(starts, ends, [s["max_window_avg_power_w"] for s in samples])
+        ax.plot(hx, highest, color=AVG_COLOUR, lw=0.8, alpha=0.5, label="highest window average in span")
     mids = [(a + b) / 2 for a, b in zip(starts, ends, strict=True)]
     peaks = [s["peak_power_w"] for s in samples]
     if any(p is not None for p in peaks):
         ax.plot(mids, [float("nan") if p is None else p for p in peaks], ls="none", marker=".", ms=5,
-                color=PEAK_COLOUR, label="peak power in window")
+                color=PEAK_COLOUR, label="peak power in span" if spans else "peak power in window")
     if max_avg_power_w is not None:
         ax.axhline(max_avg_power_w, color=LIMIT_COLOUR, ls="--", lw=1.4,
                    label=f"average-power limit {max_avg_power_w:g} W")
     if max_peak_power_w is not None:
         ax.axhline(max_peak_power_w, color=LIMIT_COLOUR, ls=":", lw=1.4,
                    label=f"peak-power limit {max_peak_power_w:g} W")
-    top = max([v for v in ys if v == v] + [p for p in peaks if p is not None]
+    top = max([v for v in ys + highest if v == v] + [p for p in peaks if p is not None]
               + [x for x in (max_avg_power_w, max_peak_power_w) if x is not None] + [1e-9])
     ax.set_ylim(0, top * 1.15)
     ax.set_xlabel(f"time since first window ({unit})")
     ax.set_ylabel("power (W)")
-    return _finish(fig, ax, title, "estimate" in (source or ""))
+    return _finish(fig, ax, title, source)
 
 
 def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
@@ -121,10 +136,10 @@ def _baseline_level(baseline: Mapping[str, Any]) -> tuple[float | None, str]:
 
 
 def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: str | None,
-                             baselines: Mapping[str, Mapping[str, Any]] | None = None) -> bytes:
-    """The deployment's J per call per window, with a line for each benchmarked baseline metered by the same
-    source (one metered otherwise is not like for like and is left out)."""
-    title = "Energy per inference per window"
+                             baselines: Mapping[str, Mapping[str, Any]] | None = None, spans: bool = False) -> bytes:
+    """The deployment's J per call per window (per span with `spans`), with a line for each benchmarked baseline
+    metered by the same source (one metered otherwise is not like for like and is left out)."""
+    title = "Energy per inference per span of windows" if spans else "Energy per inference per window"
     if not samples:
         return _empty(title)
     starts, ends, unit = time_axis(samples)
@@ -145,8 +160,9 @@ def j_per_inference_timeline(samples: Sequence[Mapping[str, Any]], *, source: st
     ax.set_xlabel(f"time since first window ({unit})")
     ax.set_ylabel("energy per inference (J)")
     if any(v is None for v in values):
-        ax.text(0.01, 0.02, "gaps: windows with no calls", transform=ax.transAxes, fontsize=8, color="grey")
-    return _finish(fig, ax, title, "estimate" in (source or ""))
+        ax.text(0.01, 0.02, f"gaps: {'spans' if spans else 'windows'} with no calls", transform=ax.transAxes,
+                fontsize=8, color="grey")
+    return _finish(fig, ax, title, source)
 
 
 def cumulative_energy(samples: Sequence[Mapping[str, Any]], *, source: str | None) -> bytes:
@@ -164,7 +180,7 @@ def cumulative_energy(samples: Sequence[Mapping[str, Any]], *, source: str | Non
     ax.set_ylim(0, max(ys) * 1.1 if max(ys) > 0 else 1.0)
     ax.set_xlabel(f"time since first window ({unit})")
     ax.set_ylabel(f"energy ({e_unit})")
-    return _finish(fig, ax, title, "estimate" in (source or ""))
+    return _finish(fig, ax, title, source)
 
 
 def data_uri(png: bytes) -> str:
@@ -172,14 +188,17 @@ def data_uri(png: bytes) -> str:
 
 
 def report_plots(report: Mapping[str, Any]) -> dict[str, str]:
-    """The three plots of a report, as data URIs, ready for an image tag's src attribute."""
-    samples = report["samples"]
+    """The three plots of a report, as data URIs, ready for an image tag's src attribute: of its windows, or of
+    its timeline's spans when it lists only the newest windows."""
+    timeline = report.get("timeline")
+    spans = bool(timeline)
+    samples = timeline if spans else report["samples"]
     source = report["totals"]["energy_source"]
     env = report["envelope"]
     return {
         "power": data_uri(power_timeline(samples, max_avg_power_w=env["max_avg_power_w"],
-                                         max_peak_power_w=env["max_peak_power_w"], source=source)),
+                                         max_peak_power_w=env["max_peak_power_w"], source=source, spans=spans)),
         "j_per_inference": data_uri(j_per_inference_timeline(samples, source=source,
-                                                             baselines=report["baselines"])),
+                                                             baselines=report["baselines"], spans=spans)),
         "cumulative": data_uri(cumulative_energy(samples, source=source)),
     }

@@ -425,20 +425,34 @@ def deployment_payback(payback_inferences: float | None, windows: Sequence[tuple
     """When the calls in `windows` ((t_start, t_end, calls), in time order, of the tuned configuration)
     reached `payback_inferences`: the moment is placed within the window that crossed it, in proportion
     to its calls. None: the search never pays back."""
-    calls = sum(n for _, _, n in windows)
-    metered_s = sum(max(0.0, end - start) for start, end, _ in windows)
+    crossing, done = None, 0
+    if payback_inferences is not None:
+        for start, end, n in windows:
+            if n and done + n >= payback_inferences:
+                crossing = (start, end, n, done)
+                break
+            done += n
+    return payback_progress(payback_inferences, calls=sum(n for _, _, n in windows),
+                            metered_s=sum(max(0.0, end - start) for start, end, _ in windows),
+                            first_t_start=windows[0][0] if windows else None, crossing=crossing)
+
+
+def payback_progress(payback_inferences: float | None, *, calls: int, metered_s: float,
+                     first_t_start: float | None, crossing: tuple[float, float, int, int] | None
+                     ) -> DeploymentPayback:
+    """`deployment_payback` from the windows' sums, as a store aggregate gives them: the calls, the metered
+    seconds (each window at least 0), the first window's start, and the window whose calls reached
+    `payback_inferences` as (t_start, t_end, its calls, the calls before it), None when none did."""
     rate = calls / metered_s if metered_s > 0 and calls else None
     if payback_inferences is None:
         return DeploymentPayback(NEVER, None, calls, None, rate, None, None, None, "never pays back")
-    done = 0
-    for start, end, n in windows:
-        if n and done + n >= payback_inferences:
-            at = start + (end - start) * (payback_inferences - done) / n
-            after = at - windows[0][0]
-            return DeploymentPayback("paid_back", payback_inferences, calls, 1.0, rate, at, after, None,
-                                     f"was paid back after {duration_text(after)} "
-                                     f"({calls_text(payback_inferences)} calls)")
-        done += n
+    if crossing is not None and first_t_start is not None:
+        start, end, n, done = crossing
+        at = start + (end - start) * (payback_inferences - done) / n
+        after = at - first_t_start
+        return DeploymentPayback("paid_back", payback_inferences, calls, 1.0, rate, at, after, None,
+                                 f"was paid back after {duration_text(after)} "
+                                 f"({calls_text(payback_inferences)} calls)")
     fraction = calls / payback_inferences if payback_inferences > 0 else 1.0
     remaining = (payback_inferences - calls) / rate if rate else None
     text = f"is not paid back yet: {fraction_text(fraction)} after {calls:,} calls"
