@@ -108,10 +108,19 @@ def guard_from_policy(policy: Any) -> EnvelopeGuard | None:
 
 
 def trip_message(deployment: str, trip: Trip, config_label: str | None, source: str) -> str:
+    """The warning a trip gives; its figures are worded as what `source` made them (an estimate is never
+    called measured)."""
     powers = ", ".join(f"{p:.1f}" for p in trip.window_powers_w)
+    parts = set(source.split("+")) if source else set()
+    if parts == {"estimate"}:
+        figure = f"estimated average {trip.measured_w:.1f} W (ESTIMATE, not measured)"
+    elif "estimate" in parts:
+        figure = f"average {trip.measured_w:.1f} W ({source}: PARTLY ESTIMATE)"
+    else:
+        figure = f"measured average {trip.measured_w:.1f} W ({source or 'source unknown'})"
     return (
-        f"deployment {deployment!r} broke its power envelope: measured average {trip.measured_w:.1f} W "
-        f"({source}) over {len(trip.window_powers_w)} consecutive windows [{powers}] W, "
+        f"deployment {deployment!r} broke its power envelope: {figure} "
+        f"over {len(trip.window_powers_w)} consecutive windows [{powers}] W, "
         f"limit max_avg_power_w = {trip.limit_w:.1f} W"
         + (f", configuration {config_label}" if config_label else "")
     )

@@ -169,3 +169,16 @@ def test_fallback_built_from_the_policy(db):
     assert dep.config_id == CompileConfig(mode="eager", batch_size=8).id
     assert torch.allclose(dep(x), model(x))
     dep.close()
+
+
+@pytest.mark.parametrize("source, wording", [
+    ("nvml", "measured average 500.0 W (nvml)"),
+    ("estimate", "estimated average 500.0 W (ESTIMATE, not measured)"),
+    ("estimate+rapl", "average 500.0 W (estimate+rapl: PARTLY ESTIMATE)"),
+])
+def test_a_trips_warning_words_its_power_as_its_source_made_it(source, wording):
+    from joulepilot.runtime.guard import Trip, trip_message
+
+    text = trip_message("live", Trip(limit_w=450.0, window_powers_w=[490.0, 510.0]), "default/bf16/b8", source)
+    assert wording in text and "limit max_avg_power_w = 450.0 W" in text
+    assert ("measured" in text.replace("not measured", "")) == (source == "nvml")
