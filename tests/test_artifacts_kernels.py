@@ -23,16 +23,7 @@ from joulepilot.compiler.artifacts import (
     unpack_kernels,
     write_kernels,
 )
-
-
-def _tar(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+from kernel_tars import tar_of
 
 
 def test_kernels_file_sits_beside_the_artifacts(tmp_path):
@@ -60,7 +51,7 @@ def test_only_kernel_binaries_of_the_cache_folders_are_packed(tmp_path):
 
 def test_unpacking_writes_kernels_inside_their_cache_and_nothing_else(tmp_path):
     packed = tmp_path / "a.kernels.tar"
-    packed.write_bytes(_tar({"inductor/ab/cabc.so": b"new", "inductor/cd/ccd.so": b"kernel",
+    packed.write_bytes(tar_of({"inductor/ab/cabc.so": b"new", "inductor/cd/ccd.so": b"kernel",
                              "triton/KEY/cuda_utils.so": b"launcher", "inductor/../escape.so": b"x",
                              "/abs/olute.so": b"x", "inductor/ef/run.sh": b"x", "elsewhere/x/y.so": b"x",
                              "top.so": b"x"}))
@@ -101,7 +92,7 @@ def caches(tmp_path):
 def test_saving_records_the_tar_digest_in_the_sha256sum_format(tmp_path):
     import hashlib
 
-    digest = write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    digest = write_kernels(tmp_path / "k.bin", tar_of(KERNELS))
     packed = kernels_path(tmp_path / "k.bin").read_bytes()
     assert digest == hashlib.sha256(packed).hexdigest()
     assert kernels_digest_path(tmp_path / "k.bin").read_text() == f"{digest}  k.kernels.tar\n"
@@ -112,14 +103,14 @@ def test_saving_records_the_tar_digest_in_the_sha256sum_format(tmp_path):
 
 
 def test_a_verified_tar_is_unpacked_whole(tmp_path, caches):
-    digest = write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    digest = write_kernels(tmp_path / "k.bin", tar_of(KERNELS))
     loaded = load_kernels(tmp_path / "k.bin", caches)
     assert loaded == (3, VERIFIED, None, digest)
     assert cache_files(caches) == KERNELS
 
 
 def test_a_damaged_tar_is_refused_before_anything_is_unpacked(tmp_path, caches, caplog):
-    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    write_kernels(tmp_path / "k.bin", tar_of(KERNELS))
     damage(kernels_path(tmp_path / "k.bin"), members={"triton/KEY/cuda_utils.so"})  # the last member only
     with caplog.at_level(logging.WARNING, logger="joulepilot.artifacts"):
         loaded = load_kernels(tmp_path / "k.bin", caches)
@@ -130,8 +121,8 @@ def test_a_damaged_tar_is_refused_before_anything_is_unpacked(tmp_path, caches, 
 
 
 @pytest.mark.parametrize("recorded", [b"", b"not a digest\n", b"0" * 63 + b"\n"])
-def test_a_digest_file_without_a_digest_refuses_the_tar(tmp_path, caches, recorded):
-    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+def test_a_digest_file_without_a_digest_refuses_thetar_of(tmp_path, caches, recorded):
+    write_kernels(tmp_path / "k.bin", tar_of(KERNELS))
     kernels_digest_path(tmp_path / "k.bin").write_bytes(recorded)
     loaded = load_kernels(tmp_path / "k.bin", caches)
     assert loaded.integrity == REFUSED and "holds no SHA-256 digest" in loaded.error
@@ -139,7 +130,7 @@ def test_a_digest_file_without_a_digest_refuses_the_tar(tmp_path, caches, record
 
 
 def test_a_verified_tar_replaces_a_differing_file_and_leaves_an_identical_one(tmp_path, caches):
-    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    write_kernels(tmp_path / "k.bin", tar_of(KERNELS))
     damaged = caches["inductor"] / "ab" / "cabc.so"  # as an earlier unpack of a damaged tar left it
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(b"A" * 1000 + b"\xff" * 1000 + b"A" * 1000)
@@ -156,7 +147,7 @@ def test_a_verified_tar_replaces_a_differing_file_and_leaves_an_identical_one(tm
 
 
 def test_a_tar_saved_before_digests_is_used_unverified_and_keeps_what_differs(tmp_path, caches, caplog):
-    kernels_path(tmp_path / "old.bin").write_bytes(_tar(KERNELS))  # no .sha256 beside it, as older joulepilot saved
+    kernels_path(tmp_path / "old.bin").write_bytes(tar_of(KERNELS))  # no .sha256 beside it, as older joulepilot saved
     local = caches["inductor"] / "ab" / "cabc.so"
     local.parent.mkdir(parents=True)
     local.write_bytes(b"built here")
@@ -190,7 +181,7 @@ def test_a_write_that_fails_midway_leaves_no_part_of_a_binary_in_the_cache(tmp_p
     import sys
 
     packed = tmp_path / "k.kernels.tar"
-    packed.write_bytes(_tar(KERNELS))
+    packed.write_bytes(tar_of(KERNELS))
     # Coverage's data file would hit the same limit at exit (a damaged file the suite's combine trips on): a
     # process that cannot write files is not measured.
     env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_PROCESS_")}
@@ -208,6 +199,6 @@ def test_members_that_would_leave_the_cache_through_a_link_are_not_written(tmp_p
     outside.mkdir()
     caches["inductor"].mkdir()
     (caches["inductor"] / "ab").symlink_to(outside, target_is_directory=True)
-    write_kernels(tmp_path / "k.bin", _tar(KERNELS))
+    write_kernels(tmp_path / "k.bin", tar_of(KERNELS))
     loaded = load_kernels(tmp_path / "k.bin", caches)
     assert loaded.written == 2 and list(outside.iterdir()) == []

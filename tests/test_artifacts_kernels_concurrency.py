@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import logging
 import os
 import subprocess
 import sys
-import tarfile
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,24 +29,9 @@ from joulepilot.compiler.artifacts import (
     write_kernels,
 )
 from joulepilot.compiler.artifacts_lock import kernels_lock_path
+from kernel_tars import members_of, tar_of
 
 WAIT_S = 60  # only a guard against a hang: every wait below is released by an event the other side sets
-
-
-def members_of(tag: str) -> dict[str, bytes]:
-    """A save's kernel binaries, each holding its tag, so that a mixed set is told apart from any one save's."""
-    return {"inductor/ab/cabc.so": f"cabc {tag};".encode() * 200, "inductor/cd/ccd.so": f"ccd {tag};".encode() * 100,
-            "triton/KEY/cuda_utils.so": f"launcher {tag};".encode() * 50}
-
-
-def tar_of(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def cache_files(caches) -> dict[str, bytes]:
@@ -214,21 +197,14 @@ def test_a_lock_that_stays_held_costs_only_the_kernels(tmp_path, caches, monkeyp
 
 
 SAVER = """
-import io, sys, tarfile
+import sys
 from pathlib import Path
+sys.path.insert(0, sys.argv[4])
 from joulepilot.compiler.artifacts import write_kernels
+from kernel_tars import members_of, tar_of
 saved, writer, saves = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for i in range(saves):
-    tag = f"{writer}-{i}"
-    members = {"inductor/ab/cabc.so": f"cabc {tag};".encode() * 200, "inductor/cd/ccd.so": f"ccd {tag};".encode() * 100,
-               "triton/KEY/cuda_utils.so": f"launcher {tag};".encode() * 50}
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    write_kernels(saved, buffer.getvalue())
+    write_kernels(saved, tar_of(members_of(f"{writer}-{i}")))
 """
 
 
@@ -237,8 +213,8 @@ def test_warm_starts_during_concurrent_saves_always_find_one_saves_pair(tmp_path
     unpacks all of one save's binaries; when the saves end, the pair on disk is one save's."""
     saved = tmp_path / "k.bin"
     write_kernels(saved, tar_of(members_of("first")))
-    savers = [subprocess.Popen([sys.executable, "-c", SAVER, str(saved), writer, "40"], stderr=subprocess.PIPE,
-                               text=True) for writer in ("a", "b")]
+    savers = [subprocess.Popen([sys.executable, "-c", SAVER, str(saved), writer, "40", str(Path(__file__).parent)],
+                               stderr=subprocess.PIPE, text=True) for writer in ("a", "b")]
     loads = []
     while any(saver.poll() is None for saver in savers) or len(loads) < 2:
         loaded = load_kernels(saved, caches)

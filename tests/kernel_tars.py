@@ -1,0 +1,24 @@
+"""Hand-built kernel tars for the artifacts tests: members laid out as `write_kernels` packs them
+(`<cache>/<path in the cache>`), each file's bytes naming the save it belongs to."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+
+def tar_of(members: dict[str, bytes]) -> bytes:
+    """An uncompressed tar of `members` (name -> bytes), in memory."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def members_of(tag: str) -> dict[str, bytes]:
+    """Three binaries, two Inductor and one Triton, whose contents start with their name and `tag`."""
+    return {"inductor/ab/cabc.so": f"cabc {tag};".encode() * 200, "inductor/cd/ccd.so": f"ccd {tag};".encode() * 100,
+            "triton/KEY/cuda_utils.so": f"launcher {tag};".encode() * 50}
