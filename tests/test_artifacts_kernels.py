@@ -23,7 +23,7 @@ from joulepilot.compiler.artifacts import (
     unpack_kernels,
     write_kernels,
 )
-from kernel_tars import tar_of
+from kernel_tars import cache_files, cache_folders, tar_of
 
 
 def test_kernels_file_sits_beside_the_artifacts(tmp_path):
@@ -79,14 +79,9 @@ def damage(tar_path, members=None) -> None:
             fh.write(b"\xff" * (size // 3))
 
 
-def cache_files(caches) -> dict[str, bytes]:
-    return {f"{name}/{p.relative_to(root).as_posix()}": p.read_bytes()
-            for name, root in caches.items() if root.is_dir() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture
 def caches(tmp_path):
-    return {"inductor": tmp_path / "inductor-cache", "triton": tmp_path / "triton-cache"}
+    return cache_folders(tmp_path)
 
 
 def test_saving_records_the_tar_digest_in_the_sha256sum_format(tmp_path):

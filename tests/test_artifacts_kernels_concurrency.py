@@ -29,19 +29,14 @@ from joulepilot.compiler.artifacts import (
     write_kernels,
 )
 from joulepilot.compiler.artifacts_lock import kernels_lock_path
-from kernel_tars import members_of, tar_of
+from kernel_tars import cache_files, cache_folders, members_of, tar_of
 
 WAIT_S = 60  # only a guard against a hang: every wait below is released by an event the other side sets
 
 
-def cache_files(caches) -> dict[str, bytes]:
-    return {f"{name}/{p.relative_to(root).as_posix()}": p.read_bytes()
-            for name, root in caches.items() if root.is_dir() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture
 def caches(tmp_path):
-    return {"inductor": tmp_path / "inductor-cache", "triton": tmp_path / "triton-cache"}
+    return cache_folders(tmp_path)
 
 
 def on_disk_pair(artifacts_path) -> tuple[str, str]:
@@ -201,7 +196,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[4])
 from joulepilot.compiler.artifacts import write_kernels
-from kernel_tars import members_of, tar_of
+from kernel_tars import cache_files, cache_folders, members_of, tar_of
 saved, writer, saves = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for i in range(saves):
     write_kernels(saved, tar_of(members_of(f"{writer}-{i}")))
