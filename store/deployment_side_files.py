@@ -27,11 +27,9 @@ from .deployments import get_deployment, register_deployment
 from .files import write_file_atomic
 from .pending import (
     PENDING_SUFFIX,
-    _claim,
-    _give_back,
-    _unclaimed_name,
     _write_transaction,
     claimable_files,
+    import_claimed_files,
 )
 from .refusals import StoreRefusal, refused_line, store_refusal
 from .safeio import read_regular_file
@@ -125,7 +123,8 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
                 item.violations += int(new)
                 item.already += int(not new)
     except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
-        return DeploymentImport(name, deployment, error=str(exc), refused=store_refusal(exc))
+        # never empty: an empty error would read as stored, and the file would be removed
+        return DeploymentImport(name, deployment, error=str(exc) or type(exc).__name__, refused=store_refusal(exc))
     item.windows, item.calls, item.already = stored.written, stored.calls, item.already + stored.already
     return item
 
@@ -142,29 +141,10 @@ def import_deployment_side_files(db: sqlite_utils.Database, stop: Callable[[], b
     for a reason every file would meet (`refusals.store_refusal`: the lock still held after the busy timeout,
     a full disk, a read-only file), the others are left untried for next time (listed with that `refused`,
     `tried` False) rather than each waiting as long again; `refused` given: it refused already, none is tried."""
-    imported: list[DeploymentImport] = []
-    for path in deployment_side_files(db):
-        if stop is not None and stop():
-            break
-        name = _unclaimed_name(path)
-        if refused is not None:
-            imported.append(DeploymentImport(name, None, error=refused.error, refused=refused, tried=False))
-            continue
-        claimed = _claim(path)
-        if claimed is None:  # another importer took it
-            continue
-        try:
-            item = _import_claimed(db, claimed, name, stop)
-        except BaseException:  # SIGTERM, Ctrl-C: the transaction was rolled back; the next start imports it
-            _give_back(claimed, name)
-            raise
-        if item.error:
-            _give_back(claimed, name)
-            refused = item.refused
-        else:
-            drop_deployment_side_file(claimed)
-        imported.append(item)
-    return imported
+    return import_claimed_files(deployment_side_files(db),
+                                lambda claimed, name: _import_claimed(db, claimed, name, stop),
+                                untried=DeploymentImport, stored=lambda item: not item.error,
+                                remove=drop_deployment_side_file, stop=stop, refused=refused)
 
 
 def describe_deployment_import(item: DeploymentImport) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlite_utils
 
@@ -360,24 +360,41 @@ def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | No
     still held after the busy timeout, a full disk, a read-only file), the files after it are not claimed nor
     tried: they are listed with the same `refused` and `tried` False, and keep their names for the next
     start. `refused` given: the database refused already (another kind of side file), so none is tried."""
-    imported: list[PendingImport] = []
-    for path in pending_files(db):
+    return import_claimed_files(pending_files(db), lambda claimed, name: _import_claimed(db, claimed, name, stop),
+                                untried=PendingImport, stored=lambda item: item.run_id is not None,
+                                remove=lambda claimed: claimed.unlink(missing_ok=True), stop=stop, refused=refused)
+
+
+Item = TypeVar("Item", bound=Any)
+
+
+def import_claimed_files(paths: Iterable[Path], import_one: Callable[[Path, Path], Item], *,
+                         untried: Callable[..., Item], stored: Callable[[Item], bool],
+                         remove: Callable[[Path], None], stop: Callable[[], bool] | None,
+                         refused: StoreRefusal | None) -> list[Item]:
+    """The import loop of every kind of side file: each file claimed, imported by `import_one(claimed, name)`,
+    then removed (`remove`) when `stored(item)`, else given back under its name. Once an item's `refused` says
+    the database refuses every write (or `refused` is given), the files after it are neither claimed nor tried:
+    each is listed as `untried(name, None, error=..., refused=..., tried=False)` and keeps its name. An
+    interrupted import (SIGTERM, Ctrl-C) gives its file back; `stop()` returning True ends the loop."""
+    imported: list[Item] = []
+    for path in paths:
         if stop is not None and stop():
             break
         name = _unclaimed_name(path)
         if refused is not None:
-            imported.append(PendingImport(name, None, error=refused.error, refused=refused, tried=False))
+            imported.append(untried(name, None, error=refused.error, refused=refused, tried=False))
             continue
         claimed = _claim(path)
-        if claimed is None:
+        if claimed is None:  # another importer took it
             continue
         try:
-            item = _import_claimed(db, claimed, name, stop)
-        except BaseException:  # SIGTERM, Ctrl-C: the transaction was rolled back; the next start imports it
+            item = import_one(claimed, name)
+        except BaseException:  # the transaction was rolled back; the next start imports it
             _give_back(claimed, name)
             raise
-        if item.run_id is not None:
-            claimed.unlink(missing_ok=True)
+        if stored(item):
+            remove(claimed)
         else:
             _give_back(claimed, name)
             refused = item.refused
