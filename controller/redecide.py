@@ -131,6 +131,7 @@ def request_policy_name(requested: str, by_name: dict[str, Any]) -> str | None:
 def refused_request(request: dict[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
     """Why a hook's request is not served, for the log and the pass summary (quoted values shortened:
     anything that can write the database wrote them)."""
+    from joulepilot.policies.schema import name_problem
     from joulepilot.store.jsonvalues import json_object
     from joulepilot.store.safeio import shorten
 
@@ -140,6 +141,8 @@ def refused_request(request: dict[str, Any], folders: Sequence[Path]) -> dict[st
     if isinstance(path, str) and path:
         reason = (f"its policy file {shorten(path, 200)} is not in the daemon's policy folders ({where}); the "
                   f"daemon runs only its own policies: copy the file into one of them to have it measured")
+    elif (problem := name_problem(request.get("policy"))) is not None:
+        reason = f"it names no policy: {problem}"
     else:
         reason = f"no policy named {name!r} in the daemon's policy folders ({where})"
     return {"id": request.get("id"), "policy": name, "policy_path": shorten(path, 200) if isinstance(path, str)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,7 @@ def _found(name_or_path: str) -> str:
     """The policy file POLICY names (find_policy's rule, as the hook finds it); PolicyError when none. Something
     there by that name that is no folder is taken as given: reading it says what is wrong with it (a FIFO)."""
     given = Path(name_or_path).expanduser()
-    if given.exists() and not given.is_dir():
+    if os.path.exists(given) and not os.path.isdir(given):  # os.path: a name too long for a file is not there
         return str(given)
     return str(find_policy(name_or_path))
 
@@ -177,7 +178,7 @@ def check_command(policies: tuple[str, ...], as_json: bool) -> None:
 
     results = []
     for given in policies:
-        file = given
+        file = shorten(given, 200)  # until found: an argument may be a name of any length
         try:
             file = _found(given)
             policy = load_policy(file)

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from joulepilot.store.safeio import FileRefused, file_kind, read_regular_file
+from joulepilot.store.safeio import FileRefused, file_kind, is_regular_file, read_regular_file, shorten
 
-from .schema import Policy, PolicyError, Problem, validate
+from .schema import NAME_RULE, Policy, PolicyError, Problem, name_problem, validate
 
 POLICIES_ENV = "JOULEPILOT_POLICIES"
 MAX_POLICY_BYTES = 1 << 20  # a policy file is a few hundred bytes; anything near a megabyte is a mistake
@@ -135,10 +135,13 @@ def find_policy(name_or_path: str | os.PathLike, dirs: Sequence[str | os.PathLik
     looks_like_path = text.endswith(".toml") or os.sep in text
     if looks_like_path:
         _refuse_non_regular(candidate)
-    if candidate.is_file():
+    if is_regular_file(candidate):
         return candidate
     if looks_like_path:
         raise PolicyError([Problem(text, "(file)", "an existing policy file", "no such file")])
+    if name_problem(text) is not None:
+        raise PolicyError([Problem(shorten(repr(text), 80), "(policy name)", NAME_RULE, "a name outside that rule",
+                                   "give the policy's name, or the path of its file")])
     searched = [Path(d) for d in (dirs if dirs is not None else policy_dirs())]
     for folder in searched:
         path = folder / f"{text}.toml"
