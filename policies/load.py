@@ -89,16 +89,31 @@ def _too_deep(file: str) -> PolicyError:
 def load_policy(path: str | os.PathLike, *, check_workload: bool = False) -> Policy:
     """Parse and validate one policy file; raises PolicyError naming the file and every bad key.
 
-    `check_workload` also checks that the workload spec resolves here (a built-in name, an installed
-    library, a module file that defines the factory) without importing the user's code; a missing
-    library is then an error too, as for the daemon, which must run the workload.
+    `check_workload` also checks the workload as `checked_policy` does, a library missing here included (as
+    for the daemon, which must run the workload).
     """
+    policy, warning = checked_policy(path) if check_workload else (_load_policy(path), None)
+    if warning is not None:
+        raise PolicyError([warning])
+    return policy
+
+
+def checked_policy(path: str | os.PathLike) -> tuple[Policy, Problem | None]:
+    """The policy file validated as `policy check` validates it, for every command that decides or shows a
+    policy: its keys, and its workload spec resolving here (a built-in name, an installed library, a module file
+    that defines the factory, nothing of Python's standard library) without importing the user's code. Raises
+    PolicyError for any error; a library that is not installed here comes back as a warning (the policy may be
+    decided here for a host that has it)."""
+    policy = _load_policy(path)
+    problem = workload_problem(policy.workload, str(path))
+    if problem is not None and problem.severity == "error":
+        raise PolicyError([problem])
+    return policy, problem
+
+
+def _load_policy(path: str | os.PathLike) -> Policy:
     raw = read_toml(path)
     policy = validate(raw, str(path))
-    if check_workload:
-        problem = workload_problem(policy.workload, str(path))
-        if problem is not None:
-            raise PolicyError([problem])
     return dataclasses.replace(policy, path=str(Path(path).resolve()), hash=policy_hash(raw))
 
 
