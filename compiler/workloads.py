@@ -21,6 +21,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import sysconfig
 from collections.abc import Callable, Mapping
@@ -117,6 +118,20 @@ def split_spec(spec: str) -> tuple[str, str]:
                             "name the function of your own code that builds it: package.module:factory, or "
                             "path/to/file.py:factory for a file whose name a standard module also has")
     return "factory", spec
+
+
+def anchored_spec(spec: str, folder: str | Path) -> str:
+    """`spec` with a relative `path/to/file.py` of a factory spec made absolute against `folder` (a policy's
+    workload is relative to the policy file's folder, wherever the command or the daemon runs); any other spec,
+    or one that does not parse (checked where it is used), unchanged."""
+    try:
+        kind, _ = split_spec(spec)
+    except WorkloadError:
+        return spec
+    module, _, factory = spec.strip().rpartition(":")
+    if kind != "factory" or not module.endswith(".py") or Path(module).expanduser().is_absolute():
+        return spec
+    return f"{os.path.normpath(Path(folder) / module)}:{factory}"
 
 
 def standard_library_module(module: str) -> str | None:

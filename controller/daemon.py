@@ -443,7 +443,7 @@ class Daemon:
         for req in requests:
             name = request_policy_name(req["policy"], by_name)
             if name is None:
-                refusal = refused_request(req, self.cfg.policies)
+                refusal = refused_request(req, self.cfg.policies, errors, policies)
                 summary["unknown_requests"].append(refusal["policy"])
                 summary["refused_requests"].append(refusal)
                 if req["id"] not in self._logged_refusals:

@@ -112,9 +112,15 @@ def checked_policy(path: str | os.PathLike) -> tuple[Policy, Problem | None]:
 
 
 def _load_policy(path: str | os.PathLike) -> Policy:
+    """The validated policy; a relative `path/to/file.py:factory` workload is read against the policy file's
+    folder (as a relative path in any file is), not against the current directory of whoever reads it."""
+    from joulepilot.compiler.workloads import anchored_spec
+
     raw = read_toml(path)
     policy = validate(raw, str(path))
-    return dataclasses.replace(policy, path=str(Path(path).resolve()), hash=policy_hash(raw))
+    resolved = Path(path).resolve()
+    return dataclasses.replace(policy, workload=anchored_spec(policy.workload, resolved.parent), path=str(resolved),
+                               hash=policy_hash(raw))
 
 
 def workload_problem(spec: str, file: str) -> Problem | None:
