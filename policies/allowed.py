@@ -64,28 +64,32 @@ def config_problem(row: Any) -> str | None:
     """Why this joulepilot cannot read a decided configuration row (a lock entry's or a stored decision's
     `config`), or None when it can. Torch-free: whether the installed torch knows its options is checked where
     it is applied."""
+    return _parsed(row)[1]
+
+
+def _parsed(row: Any) -> tuple[Any, str | None]:
+    """(the row's CompileConfig, None), or (None, why this joulepilot cannot read it)."""
     if not isinstance(row, dict) or not row.get("id"):
-        return "names no configuration"
+        return None, "names no configuration"
     if "mode" not in row:
-        return "names a configuration with no mode"
+        return None, "names a configuration with no mode"
     batch = row.get("batch_size")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)):
-        return f"names a configuration whose batch_size {shorten(repr(batch), QUOTE_CHARS)} is not a whole number"
+        return None, f"names a configuration whose batch_size {shorten(repr(batch), QUOTE_CHARS)} is not a whole number"
     options = row.get("options")
     if isinstance(options, str) and options.strip():
         try:
             decoded = json.loads(options)
         except ValueError as exc:  # RecursionError included: nothing decoded that deep is an options table
-            return f"names a configuration whose options are not JSON ({exc})"
+            return None, f"names a configuration whose options are not JSON ({exc})"
         if not isinstance(decoded, dict):
-            return "names a configuration whose options are not a JSON object"
+            return None, "names a configuration whose options are not a JSON object"
     from joulepilot.compiler import CompileConfig  # here: reading a lock file loads no compiler
 
     try:
-        CompileConfig.from_row(row)
+        return CompileConfig.from_row(row), None
     except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:  # ConfigError is a ValueError
-        return f"names a configuration this joulepilot cannot use ({' '.join(str(exc).split())[:300]})"
-    return None
+        return None, f"names a configuration this joulepilot cannot use ({' '.join(str(exc).split())[:300]})"
 
 
 def decision_refusal(policy: Policy | None, config: Any, decided_at: Any = None, *,
@@ -93,21 +97,18 @@ def decision_refusal(policy: Policy | None, config: Any, decided_at: Any = None,
     """Why a decision read back from a lock file or the store must not be applied under `policy`, or None (see
     the module docstring). `policy` None: the checks that need no policy (an entry made for other policy
     content, which is never applied, is still kept only when it is sound)."""
-    problem = config_problem(config)
+    parsed, problem = _parsed(config)
     if problem is not None:
         return Refusal(problem, UNREADABLE_FIX)
-    from joulepilot.compiler import CompileConfig
-
-    parsed = CompileConfig.from_row(config)
-    label = shorten(parsed.label, 120)
-    if config["id"] != parsed.id:
+    config_id = parsed.id
+    if config["id"] != config_id:
         return Refusal(f"names a configuration whose id {shorten(repr(config['id']), QUOTE_CHARS)} is not the id of "
-                       f"its settings ({label})", NOT_ALLOWED_FIX)
+                       f"its settings ({shorten(parsed.label, 120)})", NOT_ALLOWED_FIX)
     problem = _options_problem(parsed.options)
     if problem is None and policy is not None:
-        problem = _grid_problem(policy, parsed)
+        problem = _grid_problem(policy, parsed, config_id if not parsed.options else parsed.replace(options=()).id)
     if problem is not None:
-        return Refusal(f"names {label}, which {problem}", NOT_ALLOWED_FIX)
+        return Refusal(f"names {shorten(parsed.label, 120)}, which {problem}", NOT_ALLOWED_FIX)
     return time_refusal(decided_at, now)
 
 
@@ -152,10 +153,14 @@ def _allowed_ids(policy: Policy) -> frozenset[str]:
     return frozenset({config.id for config in candidate_configs(policy)} | {fallback_config(policy).id})
 
 
-def _grid_problem(policy: Policy, config: Any) -> str | None:
-    """None when `config` (raw options aside) is one of the policy's grid or its fallback; else which of its
-    settings the policy's [search] table does not list."""
-    if config.replace(options=()).id in _allowed_ids(policy):
+def _grid_problem(policy: Policy, config: Any, plain_id: str) -> str | None:
+    """None when `config` (`plain_id`: its id without raw options) is one of the policy's grid or its fallback;
+    else which of its settings the policy's [search] table does not list."""
+    try:
+        allowed = _allowed_ids(policy)
+    except TypeError:  # a Policy built in code with a list somewhere cannot be a cache key
+        allowed = _allowed_ids.__wrapped__(policy)
+    if plain_id in allowed:
         return None
     search = policy.search
     settings = [("mode", config.mode, search.modes, "modes"),
