@@ -18,7 +18,7 @@ from daemon_factories import write_daemon_config
 from daemon_factories import write_policy as write_eager_policy
 from decision_factories import compile_with_warnings, db_file, decided_policy, seed_runs, write_policy
 from joulepilot.compiler import CompileConfig
-from joulepilot.policies import LockWriteError, load_policy, record_decision, sync_lock, write_lock
+from joulepilot.policies import LockWriteError, decide, load_policy, record_decision, sync_lock, write_lock
 from joulepilot.policies.allowed import CLOCK_SKEW_S, decision_refusal
 from joulepilot.policies.lock import MAX_LOCK_BYTES, lock_path
 from joulepilot.store import open_db
@@ -238,26 +238,21 @@ def test_a_daemon_pass_is_not_fooled_by_a_stored_decision_dated_in_the_future(tm
 
     db = tmp_path / "j.db"
     policies = tmp_path / "policies"
-    write_eager_policy(policies, "mlp")
+    path = write_eager_policy(policies, "mlp")
+    provenance = probe_device("cpu").provenance_key
     store = open_db(db)
     seed_runs(store, {("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 30.0}})
-    store.execute("UPDATE runs SET provenance_key = ?", [probe_device("cpu").provenance_key])
-    store.conn.commit()
-    store.close()
-    cfg = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
-
-    def once() -> dict:
-        logging.getLogger("joulepilot").handlers.clear()
-        result = CliRunner().invoke(main, ["daemon", "--config", str(cfg), "--once", "--json"])
-        assert result.exit_code == 0, (result.output, result.stderr)
-        return json.loads(result.stdout)
-
-    assert [d["policy"] for d in once()["decided"]] == ["mlp"]
-    store = open_db(db)
+    store.execute("UPDATE runs SET provenance_key = ?", [provenance])
+    decide(store, load_policy(path), "cpu", provenance_key=provenance, decided_by="daemon")  # current: not stale
     store.execute("INSERT INTO decisions (policy, policy_hash, device_kind, torch_version, config_id, state, reason, "
                   "decided_at, details) SELECT policy, '0000000000000000', device_kind, torch_version, config_id, "
                   "state, reason, ?, details FROM decisions", [FAR_FUTURE])
     store.conn.commit()
     store.close()
-    summary = once()
+    cfg = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+
+    logging.getLogger("joulepilot").handlers.clear()
+    result = CliRunner().invoke(main, ["daemon", "--config", str(cfg), "--once", "--json"])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    summary = json.loads(result.stdout)
     assert summary["stale"] == [] and summary["decided"] == []
