@@ -29,6 +29,11 @@ FUSION_PRESETS: dict[str, dict[str, Any]] = {
     "benchmark-fusion": {"benchmark_fusion": True},
 }
 
+# The raw Inductor options a decision read back from a lock file or the store may carry: the knobs the fusion
+# presets set, as true or false. Nothing else, so no decision can name a program, a path or a module for
+# Inductor to run or import (`cpp.cxx`, `cuda.cutlass_dir`, ...): a decision is data, not code.
+SEARCHED_OPTIONS: frozenset[str] = frozenset(knob for overrides in FUSION_PRESETS.values() for knob in overrides)
+
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 # How a configuration meets a set of input shapes (see `compiler.shape_set`): "none" runs each shape as it

@@ -17,9 +17,13 @@ ever downloaded: all weights are random, built from a fixed seed.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.util
 import inspect
+import os
+import sys
+import sysconfig
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +110,52 @@ def split_spec(spec: str) -> tuple[str, str]:
         raise WorkloadError(f"workload {quote_spec(spec)} names nothing after ':'")
     if prefix in ADAPTERS:
         return prefix, rest
+    module = spec.rpartition(":")[0]
+    standard = standard_library_module(module)
+    if standard is not None:
+        raise WorkloadError(f"workload {quote_spec(spec)} names {shorten(standard, 200)}, part of Python's standard "
+                            "library, which builds no model",
+                            "name the function of your own code that builds it: package.module:factory, or "
+                            "path/to/file.py:factory for a file whose name a standard module also has")
     return "factory", spec
+
+
+def anchored_spec(spec: str, folder: str | Path) -> str:
+    """`spec` with a relative `path/to/file.py` of a factory spec made absolute against `folder` (a policy's
+    workload is relative to the policy file's folder, wherever the command or the daemon runs); any other spec,
+    or one that does not parse (checked where it is used), unchanged."""
+    try:
+        kind, _ = split_spec(spec)
+    except WorkloadError:
+        return spec
+    module, _, factory = spec.strip().rpartition(":")
+    if kind != "factory" or not module.endswith(".py") or Path(module).expanduser().is_absolute():
+        return spec
+    return f"{os.path.normpath(Path(folder) / module)}:{factory}"
+
+
+def standard_library_module(module: str) -> str | None:
+    """What of Python's standard library a factory spec's module part names (None: nothing). A module name is
+    standard when its top-level package is one of `sys.stdlib_module_names` (os, subprocess, builtins, ...); a
+    file when it lies in the standard library's folder, outside any site-packages folder in it."""
+    if not module.endswith(".py"):
+        top = module.split(".")[0]
+        standard = top in sys.stdlib_module_names or top in sys.builtin_module_names
+        return f"module {top!r}" if standard else None
+    try:
+        real = Path(module).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):  # a loop of links, a NUL: the check of the file itself says so
+        return None
+    for root in _standard_library_folders():
+        if real.is_relative_to(root) and not {"site-packages", "dist-packages"} & set(real.relative_to(root).parts):
+            return f"file {str(real)!r}"
+    return None
+
+
+@functools.cache
+def _standard_library_folders() -> tuple[Path, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(dict.fromkeys(Path(paths[key]).resolve() for key in ("stdlib", "platstdlib") if paths.get(key)))
 
 
 def _import_library(name: str, spec: str) -> Any:

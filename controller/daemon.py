@@ -45,6 +45,7 @@ from typing import Any
 import schedule
 from joulepilot.compiler.device_pool import Finished
 from joulepilot.policies.batches import config_workload_id
+from joulepilot.policies.decide import newest_sound_decision
 from joulepilot.store import (
     RunNotStored,
     commit_run_or_set_aside,
@@ -70,7 +71,6 @@ from joulepilot.store.daemon_state import (
     unhandled_requests,
     write_heartbeat,
 )
-from joulepilot.store.decisions import latest_decision
 from joulepilot.store.runs import further_window_run_ids
 from joulepilot.store.side_file_imports import import_side_files
 
@@ -443,7 +443,7 @@ class Daemon:
         for req in requests:
             name = request_policy_name(req["policy"], by_name)
             if name is None:
-                refusal = refused_request(req, self.cfg.policies)
+                refusal = refused_request(req, self.cfg.policies, errors, policies)
                 summary["unknown_requests"].append(refusal["policy"])
                 summary["refused_requests"].append(refusal)
                 if req["id"] not in self._logged_refusals:
@@ -455,7 +455,8 @@ class Daemon:
 
         stale: dict[str, str] = {}
         for policy in policies:
-            decision = latest_decision(self.db, policy.name, probe.device_kind)  # any state: `violated` too
+            # Any state (`violated` too); a row the hook would refuse (dated in the future, ...) is passed over.
+            decision, _refused = newest_sound_decision(self.db, policy, probe.device_kind)
             reason = stale_reason(decision, policy_hash=policy.hash, provenance_key=probe.provenance_key,
                                   max_age_s=self.cfg.max_decision_age_s)
             if reason is None and policy.name in requested:

@@ -128,9 +128,13 @@ def request_policy_name(requested: str, by_name: dict[str, Any]) -> str | None:
     return requested if requested in by_name else None
 
 
-def refused_request(request: dict[str, Any], folders: Sequence[Path]) -> dict[str, Any]:
+def refused_request(request: dict[str, Any], folders: Sequence[Path], errors: Sequence[dict[str, str]] = (),
+                    policies: Sequence[Any] = ()) -> dict[str, Any]:
     """Why a hook's request is not served, for the log and the pass summary (quoted values shortened:
-    anything that can write the database wrote them)."""
+    anything that can write the database wrote them). `errors` and `policies`: what the pass made of its
+    policy folders, so that a request for a file in one of them says what differs (the file could not be
+    loaded, or it defines another policy name) instead of calling it a file from elsewhere."""
+    from joulepilot.policies.schema import name_problem
     from joulepilot.store.jsonvalues import json_object
     from joulepilot.store.safeio import shorten
 
@@ -138,9 +142,42 @@ def refused_request(request: dict[str, Any], folders: Sequence[Path]) -> dict[st
     name = shorten(str(request.get("policy")), 120)
     where = ", ".join(str(f) for f in folders) or "(none configured)"
     if isinstance(path, str) and path:
-        reason = (f"its policy file {shorten(path, 200)} is not in the daemon's policy folders ({where}); the "
-                  f"daemon runs only its own policies: copy the file into one of them to have it measured")
+        reason = _in_folder_reason(Path(path), name, folders, errors, policies) or (
+            f"its policy file {shorten(path, 200)} is not in the daemon's policy folders ({where}); the "
+            f"daemon runs only its own policies: copy the file into one of them to have it measured")
+    elif (problem := name_problem(request.get("policy"))) is not None:
+        reason = f"it names no policy: {problem}"
     else:
         reason = f"no policy named {name!r} in the daemon's policy folders ({where})"
     return {"id": request.get("id"), "policy": name, "policy_path": shorten(path, 200) if isinstance(path, str)
             else None, "reason": reason}
+
+
+def _in_folder_reason(path: Path, name: str, folders: Sequence[Path], errors: Sequence[dict[str, str]],
+                      policies: Sequence[Any]) -> str | None:
+    """Why a request for a policy file inside one of the daemon's folders was not served; None for a file
+    outside them."""
+    from joulepilot.store.safeio import shorten
+
+    real = _real(path)
+    folder = next((f for f in folders if real is not None and real.parent == _real(Path(f))), None)
+    if folder is None:
+        return None
+    shown = shorten(str(path), 200)
+    error = next((e["error"] for e in errors if _real(Path(e["file"])) == real), None)
+    if error is not None:
+        return (f"its policy file {shown} is in the daemon's policy folder {folder}, but the daemon could not load "
+                f"it: {shorten(' '.join(error.split()), 600)}")
+    defined = next((p.name for p in policies if p.path and _real(Path(p.path)) == real), None)
+    if defined is not None:
+        return (f"its policy file {shown} defines policy {shorten(defined, 120)!r}, not {name!r} (renamed since the "
+                "request?)")
+    return (f"its policy file {shown} is named as in the daemon's policy folder {folder}, but no policy file is "
+            "there now (removed or renamed since the request)")
+
+
+def _real(path: Path) -> Path | None:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None

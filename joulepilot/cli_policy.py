@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
-from joulepilot.policies import PolicyError, break_even_text, find_policy, load_policy
+from joulepilot.policies import PolicyError, break_even_text, checked_policy, find_policy
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
 from joulepilot.store.safeio import shorten
 
@@ -153,16 +154,20 @@ def _found(name_or_path: str) -> str:
     """The policy file POLICY names (find_policy's rule, as the hook finds it); PolicyError when none. Something
     there by that name that is no folder is taken as given: reading it says what is wrong with it (a FIFO)."""
     given = Path(name_or_path).expanduser()
-    if given.exists() and not given.is_dir():
+    if os.path.exists(given) and not os.path.isdir(given):  # os.path: a name too long for a file is not there
         return str(given)
     return str(find_policy(name_or_path))
 
 
 def _load(name_or_path: str) -> Any:
+    """The policy POLICY names, validated as `policy check` validates it (its workload too, without running any of
+    its code); ClickException with every problem. A workload library missing here is no problem: these commands
+    decide from stored runs, often for another host (--device-name)."""
     try:
-        return load_policy(_found(name_or_path))
+        policy, _library_missing = checked_policy(_found(name_or_path))
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from exc
+    return policy
 
 
 @policy_group.command("check", help=f"""Validate each POLICY and check that its workload resolves (without
@@ -173,23 +178,18 @@ warning.
 @click.argument("policies", metavar="POLICY...", nargs=-1, required=True)
 @json_option
 def check_command(policies: tuple[str, ...], as_json: bool) -> None:
-    from joulepilot.policies.load import workload_problem
-
     results = []
     for given in policies:
-        file = given
+        file = shorten(given, 200)  # until found: an argument may be a name of any length
         try:
             file = _found(given)
-            policy = load_policy(file)
+            policy, warning = checked_policy(file)
         except PolicyError as exc:
             results.append({"file": file, "ok": False, "problems": [p.to_dict() for p in exc.problems],
                             "warnings": []})
             continue
-        found = workload_problem(policy.workload, file)
-        problems = [found.to_dict()] if found is not None and found.severity == "error" else []
-        warnings = [found.to_dict()] if found is not None and found.severity == "warning" else []
-        results.append({"file": file, "ok": not problems, "policy": policy.name, "hash": policy.hash,
-                        "problems": problems, "warnings": warnings})
+        results.append({"file": file, "ok": True, "policy": policy.name, "hash": policy.hash, "problems": [],
+                        "warnings": [warning.to_dict()] if warning is not None else []})
     if as_json:
         echo_json(results)
     else:

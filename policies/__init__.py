@@ -1,7 +1,7 @@
 """Policy files: schema and validation, resolution under limits, lock files."""
 
 from .decide import Applicable, Decided, applicable_decision, decide, sync_lock
-from .load import find_policy, load_policy, policy_dirs, policy_hash
+from .load import checked_policy, find_policy, load_policy, policy_dirs, policy_hash
 from .lock import (
     LockFileError,
     LockWriteError,
@@ -43,6 +43,7 @@ __all__ = [
     "Problem",
     "candidate_configs",
     "fallback_config",
+    "checked_policy",
     "find_policy",
     "load_policy",
     "lock_path",

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from joulepilot.store.safeio import FileRefused, file_kind, read_regular_file
+from joulepilot.store.safeio import FileRefused, file_kind, is_regular_file, read_regular_file, shorten
 
-from .schema import Policy, PolicyError, Problem, validate
+from .schema import NAME_RULE, Policy, PolicyError, Problem, name_problem, validate
 
 POLICIES_ENV = "JOULEPILOT_POLICIES"
 MAX_POLICY_BYTES = 1 << 20  # a policy file is a few hundred bytes; anything near a megabyte is a mistake
@@ -89,17 +89,38 @@ def _too_deep(file: str) -> PolicyError:
 def load_policy(path: str | os.PathLike, *, check_workload: bool = False) -> Policy:
     """Parse and validate one policy file; raises PolicyError naming the file and every bad key.
 
-    `check_workload` also checks that the workload spec resolves here (a built-in name, an installed
-    library, a module file that defines the factory) without importing the user's code; a missing
-    library is then an error too, as for the daemon, which must run the workload.
+    `check_workload` also checks the workload as `checked_policy` does, a library missing here included (as
+    for the daemon, which must run the workload).
     """
+    policy, warning = checked_policy(path) if check_workload else (_load_policy(path), None)
+    if warning is not None:
+        raise PolicyError([warning])
+    return policy
+
+
+def checked_policy(path: str | os.PathLike) -> tuple[Policy, Problem | None]:
+    """The policy file validated as `policy check` validates it, for every command that decides or shows a
+    policy: its keys, and its workload spec resolving here (a built-in name, an installed library, a module file
+    that defines the factory, nothing of Python's standard library) without importing the user's code. Raises
+    PolicyError for any error; a library that is not installed here comes back as a warning (the policy may be
+    decided here for a host that has it)."""
+    policy = _load_policy(path)
+    problem = workload_problem(policy.workload, str(path))
+    if problem is not None and problem.severity == "error":
+        raise PolicyError([problem])
+    return policy, problem
+
+
+def _load_policy(path: str | os.PathLike) -> Policy:
+    """The validated policy; a relative `path/to/file.py:factory` workload is read against the policy file's
+    folder (as a relative path in any file is), not against the current directory of whoever reads it."""
+    from joulepilot.compiler.workloads import anchored_spec
+
     raw = read_toml(path)
     policy = validate(raw, str(path))
-    if check_workload:
-        problem = workload_problem(policy.workload, str(path))
-        if problem is not None:
-            raise PolicyError([problem])
-    return dataclasses.replace(policy, path=str(Path(path).resolve()), hash=policy_hash(raw))
+    resolved = Path(path).resolve()
+    return dataclasses.replace(policy, workload=anchored_spec(policy.workload, resolved.parent), path=str(resolved),
+                               hash=policy_hash(raw))
 
 
 def workload_problem(spec: str, file: str) -> Problem | None:
@@ -135,10 +156,13 @@ def find_policy(name_or_path: str | os.PathLike, dirs: Sequence[str | os.PathLik
     looks_like_path = text.endswith(".toml") or os.sep in text
     if looks_like_path:
         _refuse_non_regular(candidate)
-    if candidate.is_file():
+    if is_regular_file(candidate):
         return candidate
     if looks_like_path:
         raise PolicyError([Problem(text, "(file)", "an existing policy file", "no such file")])
+    if name_problem(text) is not None:
+        raise PolicyError([Problem(shorten(repr(text), 80), "(policy name)", NAME_RULE, "a name outside that rule",
+                                   "give the policy's name, or the path of its file")])
     searched = [Path(d) for d in (dirs if dirs is not None else policy_dirs())]
     for folder in searched:
         path = folder / f"{text}.toml"

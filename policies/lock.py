@@ -14,12 +14,13 @@ reads policies from /etc), the file goes to the lock directory instead, as `<pol
 both places and takes the newest entry made for the policy's current content.
 
 A file of a newer `format` than LOCK_FORMAT (written by a newer joulepilot) is not read as if it were ours,
-and an entry this version cannot use (an unknown mode or precision, options that are not JSON, a decided_at
-that is not a time, ...) is not used: each is a problem naming the file and the fix, and the other file
-is tried.
+a file larger than MAX_LOCK_BYTES is not read at all, and an entry this version cannot use (an unknown mode or
+precision, options that are not JSON, a decided_at that is not a time, ...) or that its policy does not allow
+(`policies.allowed`: a lock file is data, never code) is not used: each is a problem naming the file and the fix,
+and the other file is tried.
 
-Writing merges with the entries already there (other device kinds and torch versions are kept) and
-replaces the file atomically, with ordinary permissions (the umask decides), so a serving process
+Writing merges with the entries already there (other device kinds and torch versions are kept, unless a reader
+would refuse them; the oldest go when the file would pass MAX_LOCK_BYTES) and replaces the file atomically, with ordinary permissions (the umask decides), so a serving process
 running as another user can read it. A file of a newer format is never replaced (that would drop the newer
 version's entries): the write is refused with one line, and no lock file is written elsewhere instead.
 """
@@ -30,7 +31,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import stat
@@ -44,11 +44,16 @@ from joulepilot.store.files import write_file_atomic
 from joulepilot.store.jsonvalues import strict_json_text
 from joulepilot.store.safeio import shorten
 
+from .allowed import UNREADABLE_FIX, Refusal, config_problem, decided_at_problem, decision_refusal
 from .resolve import Decision
+from .schema import Policy
 
 LOCK_FORMAT = 1
 LOCK_DIR_ENV = "JOULEPILOT_LOCK_DIR"
 LOCK_SUFFIX = ".lock.json"
+# A lock file holds an entry of a few kilobytes per device kind and torch version: a megabyte is hundreds of them.
+# A larger file is refused unread (the writer drops the oldest entries to stay below it).
+MAX_LOCK_BYTES = 1 << 20
 # A warning about damaged lock data lists this many of the dropped entries, each quoting at most this much.
 MAX_DROPPED_LISTED = 5
 DROPPED_QUOTE_CHARS = 60
@@ -114,41 +119,6 @@ def _regenerate_hint(path: str | os.PathLike) -> str:
     return f"delete {path} and run `joulepilot policy lock` on the policy (or let the daemon rewrite it)"
 
 
-RELOCK_HINT = ("re-lock the policy with this joulepilot (`joulepilot policy lock` on it, or let the daemon rewrite "
-                "the file), or upgrade joulepilot here if a newer version wrote it")
-
-
-def config_problem(row: Any) -> str | None:
-    """Why this joulepilot cannot apply a decided configuration row (a lock entry's or a stored decision's
-    `config`), or None when it can. Torch-free: raw Inductor options are checked against torch where applied."""
-    if not isinstance(row, dict) or not row.get("id"):
-        return "names no configuration"
-    if "mode" not in row:
-        return "names a configuration with no mode"
-    batch = row.get("batch_size")
-    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)):
-        return f"names a configuration whose batch_size {batch!r} is not a whole number"
-    options = row.get("options")
-    if isinstance(options, str) and options.strip():
-        try:
-            decoded = json.loads(options)
-        except ValueError as exc:  # RecursionError included: nothing decoded that deep is an options table
-            return f"names a configuration whose options are not JSON ({exc})"
-        if not isinstance(decoded, dict):
-            return "names a configuration whose options are not a JSON object"
-    from joulepilot.compiler import CompileConfig  # here: reading a lock file loads no compiler
-
-    try:
-        CompileConfig.from_row(row)
-    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:  # ConfigError is a ValueError
-        return f"names a configuration this joulepilot cannot use ({' '.join(str(exc).split())[:300]})"
-    return None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _entry_problem(entry: Any) -> str | None:
     """Why a lock entry cannot be used, or None. Checked where the hook relies on it."""
     if not isinstance(entry, dict):
@@ -158,8 +128,9 @@ def _entry_problem(entry: Any) -> str | None:
     problem = config_problem(entry.get("config"))
     if problem:
         return problem
-    if entry.get("decided_at") is not None and not _is_number(entry["decided_at"]):
-        return f"has a decided_at that is not a time in seconds ({entry['decided_at']!r})"
+    problem = decided_at_problem(entry.get("decided_at"))
+    if problem:
+        return problem
     for key, kinds in (("policy_hash", str), ("reason", str), ("workload_id", str), ("decision_id", int),
                        ("measured", dict)):
         value = entry.get(key)
@@ -191,7 +162,11 @@ def read_lock_document(path: str | os.PathLike) -> dict[str, Any]:
         with open(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise LockFileError(f"{file}: not a regular file; remove it so a lock file can be written there")
-            text = fh.read().decode("utf-8")
+            raw = fh.read(MAX_LOCK_BYTES + 1)  # a byte more than allowed tells that it is too large
+        if len(raw) > MAX_LOCK_BYTES:
+            raise LockFileError(f"{file}: larger than the {MAX_LOCK_BYTES:,} bytes a lock file may have (joulepilot "
+                                f"writes none that large), so it is not read; {_regenerate_hint(file)}")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         return {}
     except PermissionError as exc:
@@ -229,7 +204,7 @@ def _entry(document: dict[str, Any], device_kind: str, torch_version: str,
         return None
     problem = _entry_problem(entry)
     if problem:
-        raise LockFileError(f"{file}: the entry for {device_kind} / torch {torch_version} {problem}; {RELOCK_HINT}")
+        raise LockFileError(f"{file}: the entry for {device_kind} / torch {torch_version} {problem}; {UNREADABLE_FIX}")
     return entry
 
 
@@ -257,14 +232,16 @@ def _lock_file_paths(policy_path: str | None, policy_name: str, lock_dir: str | 
 
 def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_kind: str, torch_version: str,
                 *, policy_hash: str | None = None, lock_dir: str | os.PathLike | None = None,
-                usable: Callable[[dict[str, Any]], str | None] | None = None,
+                policy: Policy | None = None, usable: Callable[[dict[str, Any]], str | None] | None = None,
                 ) -> tuple[LockedEntry | None, list[str]]:
     """The newest locked entry for this device kind and torch (made for `policy_hash` when given), and
     the problems met on the way (each a line naming the file and the fix). Never raises for a bad file.
 
-    `usable(entry)` says why the caller cannot apply an entry (None: it can); an entry it refuses is passed
-    over, named among the problems, and the next newest tried (the other file's). It is asked only until an
-    entry passes, newest first, so an older entry that would lose anyway costs nothing."""
+    `policy`: an entry must be one this policy allows (`policies.allowed.decision_refusal`: its configuration
+    in the policy's grid, only searched Inductor knobs, not dated in the future). `usable(entry)` says why the
+    caller cannot apply an entry (None: it can). An entry refused either way is passed over, named among the
+    problems, and the next newest tried (the other file's). Entries are checked only until one passes, newest
+    first, so an older entry that would lose anyway costs nothing."""
     found: list[LockedEntry] = []
     problems: list[str] = []
     for file in _lock_file_paths(policy_path and os.fspath(policy_path), policy_name,
@@ -278,11 +255,13 @@ def find_locked(policy_path: str | os.PathLike | None, policy_name: str, device_
             found.append(LockedEntry(file, entry))
     found.sort(key=lambda locked: locked.entry.get("decided_at") or 0, reverse=True)  # numbers: checked; stable
     for locked in found:
-        problem = usable(locked.entry) if usable is not None else None
-        if problem is None:
+        refusal = decision_refusal(policy, locked.entry["config"], locked.entry.get("decided_at")) \
+            if policy is not None else None
+        if refusal is None and usable is not None and (problem := usable(locked.entry)) is not None:
+            refusal = Refusal(problem, UNREADABLE_FIX)
+        if refusal is None:
             return locked, problems
-        problems.append(f"{locked.path}: the entry for {device_kind} / torch {torch_version} {problem}; "
-                        f"{RELOCK_HINT}")
+        problems.append(f"{locked.path}: the entry for {device_kind} / torch {torch_version} {refusal}")
     return None, problems
 
 
@@ -313,9 +292,10 @@ def lock_entry(decision: Decision) -> dict[str, Any]:
     }
 
 
-def _write_into(file: Path, decision: Decision) -> Path:
-    """Merge the decision's entry into `file`. What cannot be read back as a lock entry (a damaged entry, or
-    the whole file when it is not a lock file at all) is dropped, and a warning names the file and what went."""
+def _write_into(file: Path, decision: Decision, policy: Policy | None = None) -> Path:
+    """Merge the decision's entry into `file`. What cannot be read back as a lock entry (a damaged entry, one
+    `policy` would refuse to apply, or the whole file when it is not a lock file at all) is dropped, and so are
+    the oldest entries when the file would grow past MAX_LOCK_BYTES; a warning names the file and what went."""
     try:
         document = read_lock_document(file)
     except LockFormatTooNew as exc:
@@ -328,10 +308,12 @@ def _write_into(file: Path, decision: Decision) -> Path:
         entries: dict[str, dict[str, Any]] = {}  # nothing in it could be used; the new document replaces it
         dropped = [f"the whole file: {_why_unusable(exc, file)}"]
     else:
-        entries, dropped = _sound_entries(document.get("entries", {}))
+        entries, dropped = _sound_entries(document.get("entries", {}), policy)
     entries.setdefault(decision.device_kind, {})[decision.torch_version] = lock_entry(decision)
-    new = {"format": LOCK_FORMAT, "policy": decision.policy, "entries": entries}
-    text = strict_json_text(new, indent=2, sort_keys=True, default=str) + "\n"
+    text, oldest = _bounded_text(decision, entries)
+    if oldest:
+        dropped.append(f"the {oldest} oldest entr{'y' if oldest == 1 else 'ies'}, to keep the file within "
+                       f"{MAX_LOCK_BYTES:,} bytes")
     file.parent.mkdir(parents=True, exist_ok=True)
     written = write_file_atomic(file, text.encode())
     if dropped:  # told once the new file is in place: a write that failed dropped nothing
@@ -345,8 +327,34 @@ def _write_into(file: Path, decision: Decision) -> Path:
     return written
 
 
-def _sound_entries(entries: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The well-formed entries, by device kind and torch version, and a description of each one left out."""
+def _bounded_text(decision: Decision, entries: dict[str, dict[str, Any]]) -> tuple[str, int]:
+    """The lock file's text, and how many of the other entries (oldest first) were left out of `entries` so that
+    it stays within MAX_LOCK_BYTES, which readers refuse to go past. LockWriteError when the new entry alone does
+    not fit."""
+    others = sorted(((entry.get("decided_at") or 0, kind, version) for kind, by_torch in entries.items()
+                     for version, entry in by_torch.items()
+                     if (kind, version) != (decision.device_kind, decision.torch_version)), key=lambda o: o[0])
+    left_out = 0
+    while True:
+        new = {"format": LOCK_FORMAT, "policy": decision.policy, "entries": entries}
+        text = strict_json_text(new, indent=2, sort_keys=True, default=str) + "\n"
+        if len(text.encode()) <= MAX_LOCK_BYTES:
+            return text, left_out
+        if left_out == len(others):
+            raise LockWriteError(f"cannot write the lock file: the entry for {_printable(decision.device_kind)} / "
+                                 f"torch {decision.torch_version} alone is larger than the {MAX_LOCK_BYTES:,} bytes "
+                                 "a lock file may have")
+        _, kind, version = others[left_out]
+        del entries[kind][version]
+        if not entries[kind]:
+            del entries[kind]
+        left_out += 1
+
+
+def _sound_entries(entries: dict[str, Any], policy: Policy | None = None) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The well-formed entries, by device kind and torch version, and a description of each one left out: an
+    entry a reader would refuse (`decision_refusal`; under `policy` when it was made for the policy's content)
+    is not written again."""
     kept: dict[str, dict[str, Any]] = {}
     dropped: list[str] = []
     for kind, by_torch in entries.items():
@@ -355,11 +363,17 @@ def _sound_entries(entries: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], 
                            f"by torch version")
             continue
         for torch_version, entry in by_torch.items():
-            if _well_formed(entry):
-                kept.setdefault(kind, {})[torch_version] = entry
-            else:
+            where = f"the entry for {_printable(kind)} / torch {_printable(torch_version)}"
+            if not _well_formed(entry):
                 what = "no configuration or an unknown state" if isinstance(entry, dict) else _json_kind(entry)
-                dropped.append(f"the entry for {_printable(kind)} / torch {_printable(torch_version)}: {what}")
+                dropped.append(f"{where}: {what}")
+                continue
+            same = policy if policy is not None and entry.get("policy_hash") == policy.hash else None
+            refusal = decision_refusal(same, entry["config"], entry.get("decided_at"))
+            if refusal is not None:
+                dropped.append(f"{where}: it {shorten(refusal.problem, 200)}")
+                continue
+            kept.setdefault(kind, {})[torch_version] = entry
     return kept, dropped
 
 
@@ -393,17 +407,26 @@ def _printable(text: str) -> str:
 
 
 def write_lock(policy_path: str | os.PathLike | None, decision: Decision, *,
-               lock_dir: str | os.PathLike | None = None) -> Path:
+               lock_dir: str | os.PathLike | None = None, policy: Policy | None = None) -> Path:
     """Add or replace this decision's (device kind, torch) entry and write the file atomically.
 
     Beside the policy when its folder can be written; otherwise (read-only file system, permissions)
     in `lock_dir` as `<policy name>.lock.json`. Raises LockWriteError when neither works, and at once
     (LockFileNewerThanWriter, nothing written anywhere) on a lock file written by a newer joulepilot: that
-    version's hook reads the lock directory too, and would find there an entry it may prefer to its own."""
+    version's hook reads the lock directory too, and would find there an entry it may prefer to its own.
+
+    Nothing a reader would refuse is written (`policies.allowed.decision_refusal`, under `policy` when given and
+    the decision was made for its content): such a decision raises LockWriteError, and such an entry already in
+    the file is dropped."""
+    same = policy if policy is not None and decision.policy_hash == policy.hash else None
+    refusal = decision_refusal(same, decision.config, decision.decided_at)
+    if refusal is not None:
+        raise LockWriteError(f"cannot write the lock file: the decision for {_printable(decision.device_kind)} / "
+                             f"torch {decision.torch_version} {refusal}")
     failures: list[str] = []
     for file in lock_files(policy_path, decision.policy, lock_dir):
         try:
-            return _write_into(file, decision)
+            return _write_into(file, decision, same)
         except LockFileNewerThanWriter as exc:
             raise LockFileNewerThanWriter("cannot write the lock file: " + "; ".join([*failures, str(exc)])) from exc
         except OSError as exc:

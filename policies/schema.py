@@ -36,6 +36,21 @@ MAX_EXPECTED_INFERENCES = 10**15  # about a million calls a second for 30 years
 MAX_MEASUREMENTS = 100_000  # [search] max_measurements: months of measuring at a run a minute
 MAX_BUDGET_S = 366 * 24 * 3600  # [search] budget_s: a year of measuring
 MAX_GUARD_WINDOWS = 100_000  # [guard] windows: days of consecutive metered windows
+# Policy and deployment names become lock file names, Prometheus label values, log lines and table cells: short,
+# one line, and nothing a file system, a shell or an exposition format reads specially.
+MAX_NAME_CHARS = 128
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME_RULE = (f"1 to {MAX_NAME_CHARS} characters: letters, digits, '.', '_' and '-' (ASCII), starting with a letter "
+             "or a digit")
+
+
+def name_problem(name: Any, what: str = "policy") -> str | None:
+    """Why `name` cannot name a policy (or a deployment: `what`), in one line with what is allowed; None when
+    it can. The one rule for names, wherever one is given: a policy file, `--policy`, `policy="..."`,
+    `deployment="..."`."""
+    if isinstance(name, str) and len(name) <= MAX_NAME_CHARS and _NAME.fullmatch(name):
+        return None
+    return f"{_found(name)} is not a {what} name: use {NAME_RULE}"
 
 
 @dataclass(frozen=True)
@@ -189,6 +204,12 @@ def _string(value: Any):
     return None, ("a non-empty string", _found(value), "")
 
 
+def _name(value: Any):
+    if name_problem(value) is None:
+        return value, None
+    return None, (NAME_RULE, _found(value), 'e.g. name = "resnet50-prod"')
+
+
 def _optional_string(value: Any):
     if isinstance(value, str):
         return value, None
@@ -326,7 +347,7 @@ def schema() -> dict[str, Any]:
     """Top-level keys and tables: a checker per key, and for tables a (checker map, required keys)."""
     vocab = compiler_vocabulary()
     return {
-        "name": _string,
+        "name": _name,
         "workload": _string,
         "batch_size": _bounded_int(MAX_BATCH_SIZE, "batch_size = 32"),
         "seq_len": _bounded_int(MAX_SHAPE_SIZE, "seq_len = 128"),

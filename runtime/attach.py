@@ -18,6 +18,7 @@ from typing import Any
 import sqlite_utils
 from joulepilot.compiler import CompileConfig, ShapeSet, apply_config
 from joulepilot.compiler.workloads import workload_id as spec_workload_id
+from joulepilot.policies.schema import name_problem
 from joulepilot.store import default_db_path, open_db, upsert_devices, upsert_host
 from joulepilot.store.catalog import config_row
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
@@ -229,6 +230,9 @@ def attach(
     """
     if interval_s <= 0:
         raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+    problem = name_problem(deployment_name, "deployment")
+    if problem is not None:  # the name becomes a Prometheus label value, a log line and a report's title
+        raise ValueError(problem)
     if isinstance(db, sqlite_utils.Database):
         store, db_path = db, _db_file(db)
     elif register_on_thread:

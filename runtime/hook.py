@@ -10,8 +10,8 @@ The hook never raises because of joulepilot's own files: a lock file it cannot r
 not UTF-8, corrupt, of a newer format), a decision this joulepilot cannot apply (see `runtime.lookup`),
 a store that is missing, read-only, corrupt, of a newer schema or locked, and a policy file that cannot
 be found or parsed all end in one warning naming the file and the fix. An unusable policy runs the model
-uncompiled in fp32 (there is no [fallback] to read). A deployment whose store cannot be used is served
-unmetered. The store is used with a short busy timeout (`lookup.SERVING_BUSY_TIMEOUT_MS`), so a store
+uncompiled in fp32 (there is no [fallback] to read). A deployment whose store cannot be used, or whose name is
+outside the rule for names (`policies.schema.name_problem`), is served unmetered. The store is used with a short busy timeout (`lookup.SERVING_BUSY_TIMEOUT_MS`), so a store
 another process holds locked costs about a second per use (the lookup, a benchmark request, registering
 a deployment), never the store's 30 s. A locked store does not leave a deployment unmetered: it is attached
 all the same, and its metering thread registers it once the lock is released (`attach(register_on_thread=True)`).
@@ -46,10 +46,11 @@ from joulepilot.compiler.provenance import device_name
 from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
-from joulepilot.policies.schema import Policy
+from joulepilot.policies.schema import Policy, name_problem
 from joulepilot.store import StoreError, database_error, host_identity, open_db
 from joulepilot.store.daemon_state import add_host_request
 from joulepilot.store.db import is_busy
+from joulepilot.store.safeio import shorten
 
 from .attach import attach
 from .lookup import (
@@ -135,11 +136,12 @@ def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -
         text = f"{policy}: nested too deeply to be a policy file; flatten it"
     elif isinstance(exc, UnicodeDecodeError):
         text = f"{policy}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
-    reason = f"policy {str(policy)!r} cannot be used ({text[:300]}); running the model uncompiled in fp32"
-    _warn_once(("policy", str(policy)), reason)
+    named = shorten(str(policy), 120)  # a name or path of any length, from the caller
+    reason = f"policy {named!r} cannot be used ({shorten(text, 600)}); running the model uncompiled in fp32"
+    _warn_once(("policy", named), reason)
     config = CompileConfig("eager", precision="fp32")
     compiled = apply_config(config, model, device)
-    compiled.decision = AppliedDecision(str(policy), current_device_kind(device), torch_version_minor(),  # type: ignore[attr-defined]
+    compiled.decision = AppliedDecision(named, current_device_kind(device), torch_version_minor(),  # type: ignore[attr-defined]
                                         config.to_row(), "fallback", "none", reason)
     return compiled
 
@@ -239,6 +241,10 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     `.decision`.
     """
     dev = _model_device(model, device)
+    if deployment is not None and (problem := name_problem(deployment, "deployment")) is not None:
+        _warn_once(("deployment-name", shorten(str(deployment))), f"{problem}; the model is served unmetered until "
+                   "the deployment is given such a name")
+        deployment = None
     try:
         pol = cached_policy(policy)
     except Exception as exc:  # a bad policy file (RecursionError included) must not take the process down

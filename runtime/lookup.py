@@ -11,8 +11,12 @@
 
 A decision this joulepilot cannot apply (a lock entry or stored row naming an unknown mode or precision,
 options that are not JSON or that the installed torch does not know, a lock file of a newer format) is
-skipped and the next source tried: the other lock file, the store, else none (the hook's fallback). So
-the configuration of a decision returned here always parses (`CompileConfig.from_row`) and applies.
+skipped and the next source tried: the other lock file, the store, else none (the hook's fallback). So is
+a decision the policy does not allow (`policies.allowed`: a lock file or a stored row is data, never code):
+a configuration outside the policy's [search] grid and [fallback], Inductor options other than the knobs
+joulepilot searches (`cpp.cxx` would name a program to run), a decided_at in the future. So the
+configuration of a decision returned here always parses (`CompileConfig.from_row`), is one the policy
+allows, and applies.
 
 The serving path (this lookup, and the hook's benchmark request and deployment registration) waits
 SERVING_BUSY_TIMEOUT_MS for another process's lock on the store, not the store's 30 s: a store the daemon
@@ -36,7 +40,7 @@ from typing import Any
 
 from joulepilot.policies.decide import applicable_decision
 from joulepilot.policies.load import find_policy, load_policy
-from joulepilot.policies.lock import config_problem, default_lock_dir, find_locked
+from joulepilot.policies.lock import default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
 from joulepilot.store import StoreError, database_error, default_db_path, open_db
@@ -166,7 +170,8 @@ def _torch_problem(config: dict[str, Any]) -> str | None:
 
 def _from_lock(policy: Policy, kind: str, torch_version: str, found: Lookup) -> AppliedDecision | None:
     locked, problems = find_locked(policy.path, policy.name, kind, torch_version, policy_hash=policy.hash,
-                                   lock_dir=default_lock_dir(), usable=lambda entry: _torch_problem(entry["config"]))
+                                   lock_dir=default_lock_dir(), policy=policy,
+                                   usable=lambda entry: _torch_problem(entry["config"]))
     found.notes.extend(f"ignoring lock file {p}" for p in problems)
     if locked is None:
         return None
@@ -196,7 +201,7 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
     if database is None:
         return None
     try:
-        applicable = applicable_decision(database, policy.name, kind, torch_version)
+        applicable = applicable_decision(database, policy, kind, torch_version)
     except sqlite3.Error as exc:  # a truncated or damaged file is often found only when read
         found.notes.append(_locked_note(where) if is_busy(exc) else str(database_error(where, exc)))
         found.store_unusable = True
@@ -205,6 +210,9 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
     finally:
         if temporary:
             database.close()
+    for refused, refusal in applicable.refused:
+        found.notes.append(f"decision {refused.id} for policy {policy.name!r} in database {where} {refusal.problem}; "
+                           f"ignored: {refusal.fix}")
     row = applicable.row
     if applicable.violated is not None:
         found.notes.append(_violation_note(policy, applicable.violated,
@@ -213,7 +221,7 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
         return None
     details = row["details"]
     config = details.get("config")
-    problem = config_problem(config) or _torch_problem(config)
+    problem = _torch_problem(config)
     if problem:
         found.notes.append(f"decision {row['id']} for policy {policy.name!r} in database {where} {problem}; ignored: "
                            "upgrade joulepilot here if a newer version made it, or decide again with this one "

@@ -45,6 +45,7 @@ from .decisions import (
     latest_decision,
     latest_decisions,
     list_decisions,
+    newest_decisions,
     write_decision,
 )
 from .deployments import (
@@ -179,6 +180,7 @@ __all__ = [
     "insert_run",
     "device_kind",
     "latest_decision",
+    "newest_decisions",
     "list_decisions",
     "write_decision",
     "list_runs",

@@ -95,6 +95,24 @@ def latest_decision(
     skip rows whose configuration is one of these (configurations that broke the envelope).
     `config_id`: only rows that name this configuration.
     """
+    rows = newest_decisions(db, policy, device_kind, torch_version, states=states,
+                            exclude_config_ids=exclude_config_ids, config_id=config_id, limit=1)
+    return rows[0] if rows else None
+
+
+def newest_decisions(
+    db: sqlite_utils.Database,
+    policy: str,
+    device_kind: str,
+    torch_version: str | None = None,
+    *,
+    states: Collection[str] | None = None,
+    exclude_config_ids: Collection[str] = (),
+    config_id: str | None = None,
+    limit: int = 1,
+) -> list[DecisionRow]:
+    """Up to `limit` decisions as `latest_decision` picks them, newest first: for a reader that passes over rows
+    it refuses (policies.allowed)."""
     sql, args = "SELECT * FROM decisions WHERE policy = ? AND device_kind = ?", [policy, device_kind]
     if torch_version is not None:
         sql += " AND torch_version = ?"
@@ -110,8 +128,7 @@ def latest_decision(
     if config_id is not None:
         sql += " AND config_id = ?"
         args.append(config_id)
-    rows = _rows(db, f"{sql} ORDER BY {NEWEST_FIRST} LIMIT 1", args)
-    return rows[0] if rows else None
+    return _rows(db, f"{sql} ORDER BY {NEWEST_FIRST} LIMIT ?", [*args, int(limit)])
 
 
 def list_decisions(db: sqlite_utils.Database, policy: str | None = None, *, latest_only: bool = False,

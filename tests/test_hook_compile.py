@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
@@ -24,8 +23,9 @@ def small_model():
 
 @pytest.fixture
 def policy_path(tmp_path):
+    """The example policy, searching bf16 too: the hook applies only decisions within the policy's grid."""
     path = tmp_path / "mlp.toml"
-    shutil.copy(EXAMPLE, path)
+    path.write_text(EXAMPLE.read_text().replace('precisions = ["fp32"]', 'precisions = ["fp32", "bf16"]'))
     return path
 
 

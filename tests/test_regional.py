@@ -415,14 +415,13 @@ def test_bench_refuses_a_regional_block_that_is_not_a_class_name(tmp_path):
 
 # --- the hook -----------------------------------------------------------------------------------------------
 def test_hook_applies_a_regional_decision_to_the_blocks(tmp_path):
-    import shutil
-
     from joulepilot.compiler import workload_id
     from joulepilot.policies import Decision, torch_minor, write_lock
     from joulepilot.runtime import compile as jp_compile
 
-    policy_path = tmp_path / "mlp.toml"
-    shutil.copy(Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml", policy_path)
+    policy_path = tmp_path / "mlp.toml"  # the example policy, with regional compilation in its grid
+    example = Path(__file__).parent.parent / "examples" / "policies" / "mlp.toml"
+    policy_path.write_text(example.read_text().replace('fusion = ["default"]', 'fusion = ["default"]\nregional = [false, true]'))
     policy = load_policy(policy_path)
     config = CompileConfig("default", regional=True, batch_size=policy.batch_size)
     write_lock(policy_path, Decision(

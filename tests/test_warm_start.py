@@ -85,7 +85,8 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
     home = tmp_path / "home"
     monkeypatch.setenv("JOULEPILOT_HOME", str(home))
     policy_path = tmp_path / "stack.toml"
-    policy_path.write_text(f'name = "stack"\nworkload = "{SPEC}"\nbatch_size = 2\n[fallback]\nmode = "eager"\n')
+    policy_path.write_text(f'name = "stack"\nworkload = "{SPEC}"\nbatch_size = 2\n[search]\nregional = [false, true]\n'
+                           '[fallback]\nmode = "eager"\n')
     policy = load_policy(policy_path)
     config = CompileConfig("default", regional=True, batch_size=2)
     wid = workload_id(SPEC, 2)
