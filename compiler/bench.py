@@ -253,10 +253,26 @@ class MeasuredRun:
     # the further windows the same worker took (`windows` above 1): (row, samples) each, stored with this one
     further: list[tuple[dict[str, Any], list[tuple[float, str, float]]]] = field(default_factory=list)
 
+    @property
+    def load_error(self) -> str | None:
+        """Why the workload could not be built, when that is how this run failed (LOAD_PHASE): the same for
+        every configuration of the workload, unlike a configuration's own failure (a compile error). None
+        otherwise."""
+        if self.status != "failed" or (self.row.get("extra") or {}).get("phase") != LOAD_PHASE:
+            return None
+        return (self.reason or "no reason recorded").splitlines()[0]
+
     def references(self) -> dict[str, Any]:
         """Keyword arguments of `commit_run` for the rows this run points at (and the further windows)."""
         return {"host": host_identity(), "devices": self.devices, "workload": self.workload,
                 "config": self.config.to_row(), "further": self.further}
+
+
+# The worker's phase that builds the workload (imports its module or library, calls its factory, checks what it
+# returned). A job that fails there failed for its workload, which every configuration of the sweep shares: the
+# next configuration would fail the same way, so a sweep stops there (bench) and the daemon measures no other
+# configuration of that workload in the pass.
+LOAD_PHASE = "load"
 
 
 # What a further window of a process does not have of its own: the compile, the warm-up and what they left.
@@ -571,7 +587,10 @@ def bench(
     Each finished run (ok or failed) is written to the database before the next starts, so an
     interrupted sweep keeps everything it finished; a configuration already measured ok for this
     workload on this device under the same provenance is not measured again (its stored run is
-    returned with `skipped: True`) unless `force`. `batch_size`, when given, overrides the configs'
+    returned with `skipped: True`) unless `force`. A run that fails while building the workload (its module,
+    factory or what that returned: `MeasuredRun.load_error`) ends the sweep there, with one `notice` line:
+    every other configuration would fail the same way. A configuration's own failure (a compile error, a
+    crash in its first call) is stored and the sweep goes on. `batch_size`, when given, overrides the configs'
     own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
@@ -713,7 +732,17 @@ class _Sweep:
             runs.append(stored)
             if self.progress:
                 self.progress(index + 1, len(self.configs), config, stored)
+            if measured.load_error is not None:
+                self._stopped_at_load_error(measured, len(self.configs) - index - 1)
+                break
         return runs
+
+    def _stopped_at_load_error(self, measured: MeasuredRun, left: int) -> None:
+        """One line for a sweep that stops because its workload could not be built."""
+        if left:
+            self.notice(f"stopped: the workload could not be built ({measured.config.label} failed while loading "
+                        f"it), which no configuration changes; the other {left} configuration"
+                        f"{'s were' if left != 1 else ' was'} not measured; fix the workload and run bench again")
 
     def on_devices(self, devices: list[str], idle_s: float) -> list[dict[str, Any]]:
         """The configurations in plan order over `devices`, one running per device; each run stored here as
@@ -768,10 +797,17 @@ class _Sweep:
                 describing.discard(wid)
                 if event.error is not None:
                     raise event.error
+                if event.result.status == "cancelled":  # stopped below, after another GPU's load error
+                    continue
                 stored = _store_measured(self.database, self.spec, event.result, self.notice)
                 by_index[index] = stored
                 if self.progress:
                     self.progress(index + 1, total, config, stored)
+                if event.result.load_error is not None and not stop.is_set():
+                    # the workload cannot be built: stop what runs on the other GPUs, start nothing more
+                    stop.set()
+                    self._stopped_at_load_error(event.result, len(pending) + len(pool.running()))
+                    pending.clear()
         except BaseException:
             stop.set()
             _drain(pool)

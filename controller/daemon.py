@@ -160,6 +160,8 @@ class Daemon:
         # contenders are measured again once their sweep is done, and the windows each such job takes.
         self._exhaustive: dict[str, set[str]] = {}
         self._repeat_windows: dict[int, int] = {}
+        # This pass's workloads that could not be built, as (policy, workload id): recorded once each.
+        self._load_errors: set[tuple[str, str]] = set()
         self._pass_model: Any = None
         self._pass_model_fitted = False
         self._pass_bill = PassBill()  # what this pass's jobs cost, per policy
@@ -173,7 +175,7 @@ class Daemon:
         self._zygotes: Any = None
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
         # ("jobs_planned", {"total", "devices"}), ("job_started", {"job_id", "label", "device"}) and
-        # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device"}); jobs on
+        # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device", "note"}); jobs on
         # several devices overlap. Always from the pass's thread.
         self.listener: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -418,6 +420,7 @@ class Daemon:
                                    "measuring": [], "warm_starts": [], "repeats": []}
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
+        self._load_errors = set()
         self._import_pending()
         policies, errors = load_policy_folders(self._policy_folders())
         summary["policies"], summary["policy_errors"] = len(policies), errors
@@ -841,6 +844,7 @@ class Daemon:
         job = running.job
         run_id: int | None = None
         outcome: JobOutcome | None = None
+        note: str | None = None
         try:
             if event.error is not None:  # the device could not be metered, the workload not resolved ...
                 exc = event.error
@@ -853,6 +857,7 @@ class Daemon:
                 if outcome.kind == "measured":
                     run_id = self._store_measured(job, running.policy, outcome)
                     summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
+                    note = self._stop_at_load_error(job, running.policy, outcome.result, summary)
                 else:
                     requeue_job(self.db, job.id)
                     summary["requeued"] += 1
@@ -864,8 +869,36 @@ class Daemon:
                 further = further_window_run_ids(self.db, run_id) if run_id is not None else []
                 self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s, further)
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
-                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device)
+                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device,
+                             note=note)
         return outcome
+
+    def _stop_at_load_error(self, job: JobRow, policy: Any, measured: Any, summary: dict[str, Any]) -> str | None:
+        """A run that failed building its workload (`MeasuredRun.load_error`), which every configuration of that
+        workload would meet: its other queued jobs fail without running (each counting the attempt, as a run
+        would have), the policy's guided search stops for this pass, and the policy's error is recorded once in
+        the pass's summary (`joulepilot status` shows it). A configuration's own failure (a compile error) is left
+        to the queue as before. Returns the line said of it, or None."""
+        from joulepilot.store.daemon_state import fail_queued_jobs
+
+        reason = measured.load_error
+        if reason is None or (policy.name, job.workload_id) in self._load_errors:
+            return None
+        self._load_errors.add((policy.name, job.workload_id))
+        skipped = fail_queued_jobs(self.db, workload_id=job.workload_id, provenance_key=job.provenance_key)
+        state = self._guided.get(policy.name)
+        if state is not None:
+            state.stopped = True
+        text = f"its workload cannot be built ({reason})"
+        if skipped:
+            text += (f"; its {skipped} other queued configuration{'s' if skipped != 1 else ''} failed without being "
+                     f"measured")
+        if state is not None:
+            text += "; the guided search stops for this pass"
+        text += "; fix the workload"
+        summary["policy_errors"].append({"file": str(policy.path), "error": text})
+        log.error("policy %s: %s", policy.name, text)
+        return text
 
     def _start_zygote_while_waiting(self, job: JobRow, policy: Any, device: str,
                                     env: dict[str, str] | None = None) -> bool:

@@ -77,7 +77,9 @@ def _bench_with_progress(configs: list[Any], *, parallel: int = 1, **kwargs: Any
         def on_phase(index: int, total: int, config: Any, doing: str) -> None:
             report.phase(doing, index + 1)
 
-        return bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
+        runs = bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
+        report.stopped_early = len(runs) < len(configs)
+        return runs
 
 
 def _echo_graph_breaks(runs: list[dict[str, Any]], spec: str, batch_size: int, seq_len: int | None,

@@ -99,6 +99,8 @@ def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], No
                 report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}", number)
             else:
                 report.finish(f"re-queued: {reason}", number)
+            if fields.get("note"):
+                report.note(fields["note"], number)
 
     return listen
 

@@ -390,6 +390,7 @@ class ProgressReport:
         self.parallel = max(1, parallel)
         self.started = time.monotonic()
         self.durations: list[float] = []
+        self.stopped_early = False  # the work ended before its last item (the summing-up line says so)
         self.number = 0
         self.name = ""
         self.doing = ""
@@ -490,7 +491,7 @@ class ProgressReport:
             done = len(self.durations)
             count = f"{done}/{self.total}" if self.total is not None else str(done)
             plural = self.noun if (self.total if self.total is not None else done) == 1 else self.noun + "s"
-            how = "stopped after" if error is not None else "done,"
+            how = "stopped after" if error is not None or self.stopped_early else "done,"
             self._line(f"{self.label}: {how} {count} {plural} in {format_duration(time.monotonic() - self.started)}")
 
     # -- inside --

@@ -12,7 +12,8 @@ with its parent); the phases in the real worker's order; the energy, from the re
 `estimate` on a CPU, the fake NVML GPU of the test on `cuda:N`); the timing loops of `compiler.measure` (warm-up,
 latency pass, energy windows, further windows) and the worker's own helpers that turn them into a result.
 
-What is a stand-in: the model. The workload is never loaded (its spec is only named) and nothing is compiled: each
+What is a stand-in: the model. The workload is never loaded (its spec is only named; `tests.flow_worker:cannot_be_built`
+fails to load, as a factory that raises does) and nothing is compiled: each
 "forward call" spins this thread's CPU for part of a fixed time and sleeps the rest (STAND_IN_CALL_S, or
 `JOULEPILOT_FLOW_CALL_S` seconds, and BUSY_SHARE, shorter for a compiled configuration and for a lower
 precision), so a configuration's latency and
@@ -64,6 +65,12 @@ LATENCY_S = 0.05
 SAMPLE_HZ = 5.0
 SCHEDULING_ENV = ("TORCHINDUCTOR_COMPILE_THREADS", "CUDA_DEVICE_ORDER")
 PLAIN_MODES = ("eager", "default")  # modes whose torch.compile arguments need no torch to be named
+
+
+def cannot_be_built(batch_size: int = 1) -> None:
+    """A workload (`tests.flow_worker:cannot_be_built`) whose building fails in the "load" phase, as a real factory
+    that raises does in the real worker: for tests of what a sweep does when its workload cannot be built."""
+    raise RuntimeError("tests.flow_worker: this stand-in workload cannot be built")
 
 
 class StandInRefused(Exception):
@@ -146,6 +153,8 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
     extra["provenance"] = {k: origin.get(k) for k in ("hostname", "cuda_version", "python_version")}
 
     phases.enter("load")
+    if str(job["spec"]).rpartition(":")[2] == cannot_be_built.__name__:
+        cannot_be_built()
     model = StandInModel(call_seconds(config))
     phases.enter("reference")
     reference = model()
