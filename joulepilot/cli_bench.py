@@ -151,13 +151,24 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
     package.module:factory.
     """
-    from joulepilot.compiler import ConfigError, WorkloadError, check_device, default_device, plan_configs
+    from joulepilot.compiler import (
+        ConfigError,
+        WorkloadError,
+        check_device,
+        check_spec,
+        default_device,
+        plan_configs,
+    )
     from joulepilot.compiler.bench import check_devices, default_modes, default_precisions
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
+    try:  # first: the check reads no torch, which the rest imports (seconds), so a typo is refused at once
+        check_spec(spec)
+    except WorkloadError as exc:
+        raise click.ClickException(str(exc)) from exc
     if regional_block is not None and not _is_class_name(regional_block):
         raise click.ClickException(f"--regional-block {regional_block!r} is not a class name: give the block class "
                                    "to compile, e.g. --regional-block EncoderLayer (or --regional for the most "
