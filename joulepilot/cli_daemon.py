@@ -162,19 +162,21 @@ def status_command(db: str | None, as_json: bool) -> None:
     click.echo("queue: " + ", ".join(f"{k} {v}" for k, v in counts.items())
                + (f"; {status['requests_pending']} request(s) pending" if status["requests_pending"] else ""))
     if status["queue"]["next"]:
-        echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"])
+        echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"],
+                   drop_first=("attempts", "workload"))
     if status["measuring"]:
         click.echo("")
         click.echo("measuring, per policy (every run the daemon made for it; energy metered where a meter read "
                    "it, the rest an estimate):")
         echo_table([_spent_row(m) for m in status["measuring"]],
                    ["policy", "runs", "time", "energy", "source", "last_pass"],
-                   ["policy", "runs", "time", "energy", "source", "last pass"])
+                   ["policy", "runs", "time", "energy", "source", "last pass"], drop_first=("time",))
     click.echo("")
     rows = [dict(r, age=_age(r["age_s"]), reason=_short(r.get("reason")), payback=_payback(r.get("bill")))
             for r in status["decisions"]]
     echo_table(rows, ["policy", "device_kind", "config", "state", "age", "payback", "reason"],
-               ["policy", "device", "config", "state", "age", "payback", "reason"])
+               ["policy", "device", "config", "state", "age", "payback", "reason"],
+               drop_first=("payback", "age", "device_kind"))
 
 
 def _spent(entry: dict[str, Any]) -> str:
