@@ -174,7 +174,7 @@ class Daemon:
         self._contexts_lock = threading.Lock()
         self._zygotes: Any = None
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
-        # ("jobs_planned", {"total", "devices"}), ("job_started", {"job_id", "label", "device"}) and
+        # ("jobs_planned", {"total", "devices", "open_ended": more may be planned later}), ("job_started", {"job_id", "label", "device"}) and
         # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device", "note"}); jobs on
         # several devices overlap. Always from the pass's thread.
         self.listener: Callable[[str, dict[str, Any]], None] | None = None
@@ -508,7 +508,8 @@ class Daemon:
         self._pass_model = None
         self._pass_model_fitted = False
         self._advance_guided(by_name, probe, summary, slots=len(devices))
-        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)), devices=len(devices))
+        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)), devices=len(devices),
+                     open_ended=self._more_may_follow(by_name))
         self._run_queue(by_name, devices, probe, summary)
 
         # 4. decide the policies whose sweep is complete
@@ -617,7 +618,8 @@ class Daemon:
                         repeats = self._advance_repeats(by_name, probe, summary)
                         if guided or repeats:
                             runnable = self._runnable_jobs(by_name, probe)
-                            self._notify("jobs_planned", total=len(runnable), devices=len(devices))
+                            self._notify("jobs_planned", total=len(runnable), devices=len(devices),
+                                         open_ended=self._more_may_follow(by_name))
                     if runnable:
                         ready = scheduler.ready_devices(own_process_tree())
                         started, left = assign_jobs(ready, runnable, last_workload)
@@ -791,7 +793,9 @@ class Daemon:
             self._jobs_view[job.id] = {"id": job.id, "policy": policy.name, "workload": policy.workload,
                                        "config": cfg.label, "device": device, "started_at": time.time()}
         log.info("job %d: %s %s on %s", job.id, policy.workload, cfg.label, device)
-        self._notify("job_started", job_id=job.id, label=f"{policy.name} {cfg.label} on {device}", device=device)
+        purpose = self._job_purpose(job)
+        self._notify("job_started", job_id=job.id, device=device,
+                     label=f"{policy.name} {cfg.label} on {device}" + (f" ({purpose})" if purpose else ""))
         shape = policy.shape_args()
         columns = run_columns(self.db)
         bench_cfg = self.cfg.bench
@@ -819,15 +823,38 @@ class Daemon:
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
 
+    def _guided_step(self, job: JobRow) -> Any:
+        """The guided search's step that `job` measures, or None (not a guided policy's job)."""
+        state = self._guided.get(job.policy)
+        step = state.plan.next[0] if state is not None and state.plan is not None and state.plan.next else None
+        return step if step is not None and step.config.id == job.config_id else None
+
     def _windows_for(self, job: JobRow) -> int:
         """How many energy windows the job's worker takes: what its guided search asked for this measurement
         (a repeat takes the windows it still needs in one process, `controller.search.Step.windows`), or what
         an exhaustive policy's repeat still needs (`_advance_repeats`), else 1."""
         if job.id in self._repeat_windows:
             return max(1, self._repeat_windows[job.id])
-        state = self._guided.get(job.policy)
-        step = state.plan.next[0] if state is not None and state.plan is not None and state.plan.next else None
-        return max(1, int(step.windows)) if step is not None and step.config.id == job.config_id else 1
+        step = self._guided_step(job)
+        return max(1, int(step.windows)) if step is not None else 1
+
+    def _job_purpose(self, job: JobRow) -> str:
+        """What a job is for, for the progress line: '' for a job of an exhaustive sweep, else its guided search's
+        step ('guided search: baseline', '... next candidate', '... repeat') or 'repeat, 2 windows'."""
+        step = self._guided_step(job)
+        if step is not None:
+            return f"guided search: {'next candidate' if step.kind == 'guided' else step.kind}"
+        if job.id in self._repeat_windows:
+            windows = self._windows_for(job)
+            return f"repeat, {windows} window{'s' if windows != 1 else ''}"
+        return ""
+
+    def _more_may_follow(self, by_name: dict[str, Any]) -> bool:
+        """Whether this pass may still queue jobs it has not planned yet: a guided search that has not stopped
+        plans its next measurement after each job, and an exhaustive policy that asks for more than one run of
+        its contenders queues their repeats once its sweep is done."""
+        return any(not state.stopped for state in self._guided.values()) or \
+            any(by_name[name].search.min_repeats > 1 for name in self._exhaustive if name in by_name)
 
     def _worker_started(self, running: RunningJob, worker_pid: int) -> None:
         with self._jobs_lock:

@@ -76,8 +76,9 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
 
 
 def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], None]:
-    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA (jobs on several GPUs
-    overlap: each one's end line carries its own number)."""
+    """The daemon's pass events as progress lines on stderr: job i of n in the pass ('of n so far' while a
+    guided search or an exhaustive policy's repeats may still plan more), its policy, configuration and purpose,
+    elapsed, ETA (jobs on several GPUs overlap: each one's end line carries its own number)."""
     started = 0
     numbers: dict[Any, int] = {}  # job id -> its number in this pass
 
@@ -85,7 +86,7 @@ def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], No
         nonlocal started
         if event == "jobs_planned":
             report.parallel = max(1, int(fields.get("devices") or 1))
-            report.set_total(started + int(fields["total"]))
+            report.set_total(started + int(fields["total"]), open_ended=bool(fields.get("open_ended")))
         elif event == "job_started":
             started += 1
             numbers[fields.get("job_id")] = started

@@ -451,6 +451,7 @@ class ProgressReport:
         self.started = time.monotonic()
         self.durations: list[float] = []
         self.stopped_early = False  # the work ended before its last item (the summing-up line says so)
+        self.open_ended = False  # more items than `total` may come
         self.number = 0
         self.name = ""
         self.doing = ""
@@ -471,9 +472,11 @@ class ProgressReport:
             self._ticker.start()
 
     # -- what callers use --
-    def set_total(self, total: int) -> None:
+    def set_total(self, total: int, *, open_ended: bool = False) -> None:
+        """`total` items known so far; `open_ended`: more may come (the prefix reads "i of n so far")."""
         with self._lock:
             self.total = total
+            self.open_ended = open_ended
             if self._live is not None:
                 self._live.update(self._task, total=total)
 
@@ -511,7 +514,8 @@ class ProgressReport:
             if number == self.number:
                 self._follow_another()
             eta = self.eta_s()
-            tail = format_duration(took) + (f", about {format_duration(eta)} left" if eta else "")
+            about = "at least" if self.open_ended else "about"
+            tail = format_duration(took) + (f", {about} {format_duration(eta)} left" if eta else "")
             self._line(f"{self._prefix(number)} {name}: {message} [{tail}]")
             if self._live is not None:
                 self._live.update(self._task, completed=len(self.durations))
@@ -570,7 +574,9 @@ class ProgressReport:
     def _prefix(self, number: int | None = None) -> str:
         number = self.number if number is None else number
         tag = f"{self.tag} " if self.tag else ""
-        return f"[{tag}{number}/{self.total}]" if self.total is not None else f"[{tag}{number}]"
+        if self.total is None:
+            return f"[{tag}{number}]"
+        return f"[{tag}{number} of {self.total} so far]" if self.open_ended else f"[{tag}{number}/{self.total}]"
 
     def _line(self, text: str) -> None:
         self.last_line = time.monotonic()
@@ -609,7 +615,8 @@ class ProgressReport:
         class Eta(ProgressColumn):
             def render(self, task: Any) -> Text:
                 eta = report.eta_s()
-                return Text(f"ETA {format_duration(eta)}" if eta is not None else "ETA -", style="dim")
+                at_least = "at least " if report.open_ended else ""
+                return Text(f"ETA {at_least}{format_duration(eta)}" if eta is not None else "ETA -", style="dim")
 
         console = Console(file=self.stream, highlight=False, markup=False, emoji=False)
         self._live = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), Doing(),

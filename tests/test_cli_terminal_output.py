@@ -162,3 +162,21 @@ def test_daemon_once_shows_job_i_of_n_with_elapsed_time(tmp_path, monkeypatch, r
     assert any(line.startswith("[job 1/1] mlp eager/fp32/b8 on cpu: ok, run 1 [") for line in err), err
     assert err[-1].startswith("daemon pass: done, 1/1 job in ")
     assert "[job" not in result.stdout
+
+
+def test_daemon_once_says_how_far_a_guided_pass_is(tmp_path, restore_logging, flow_worker):
+    policies = tmp_path / "policies"
+    write_policy(policies, "g", modes=("eager",), precisions=("fp32",), strategy="guided")
+    config = write_daemon_config(tmp_path / "daemon.toml", db=tmp_path / "j.db", policies=policies, min_seconds=0.1)
+    result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    jobs = json.loads(result.stdout)["runs_ok"]
+    starts = [line for line in result.stderr.splitlines() if line.startswith("[job ") and line.endswith(": measuring ...")]
+    assert len(starts) >= 2, result.stderr
+    # the guided search plans its next measurement after each job: no job claims to be the last of the pass (it
+    # read '[job 5/5]' on every job), and each says which step of the search it is
+    for number, line in enumerate(starts, 1):
+        assert line.startswith(f"[job {number} of {number} so far] g eager/"), line
+        assert " on cpu (guided search: " in line, line
+    assert result.stderr.splitlines()[-1].startswith(f"daemon pass: done, {len(starts)}/{len(starts)} jobs in ")
+    assert jobs >= len(starts)
