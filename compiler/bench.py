@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +23,7 @@ from typing import Any, TypedDict
 import sqlite_utils
 from joulepilot.store import (
     commit_run_or_set_aside,
+    device_kind,
     find_ok_run,
     host_identity,
     list_runs,
@@ -30,14 +32,16 @@ from joulepilot.store import (
     workload_needs_description,
 )
 from joulepilot.store.jsonvalues import json_object
+from joulepilot.store.runs import ok_runs_per_config
 from joulepilot.store.side_file_imports import import_side_files
 
 from .artifacts import artifact_path_for
 from .budget import worker_budget
 from .config import CompileConfig
-from .device_pool import DevicePool, Finished
+from .device_pool import DevicePool, Finished, cpu_threads
 from .device_pool import worker_env as default_worker_env
 from .inductor import checked_config, effective_key
+from .measure import add_flag, far_slower
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job, start_zygote_early
@@ -412,6 +416,7 @@ def measure_config(
     worker_env: dict[str, str] | None = None,
     zygotes: ZygotePool | None = None,
     windows: int = 1,
+    threads: int | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
@@ -429,7 +434,8 @@ def measure_config(
     `device_pool.worker_env`: the device numbering and, beside other workers, the compile-thread share);
     recorded in the run's `extra.worker_env`, as compile time depends on them. With `shapes`, the worker measures every size of the
     set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
-    the number of sizes."""
+    the number of sizes. On the CPU the worker runs torch with `threads` intra-op threads (default:
+    `device_pool.cpu_threads`), recorded in `extra.torch_threads` with where the number came from."""
     job_started = time.monotonic()
     device = context.device
     origin = context.origin
@@ -450,6 +456,8 @@ def measure_config(
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
         "windows": windows,
     }
+    if device == "cpu":
+        job["threads"], job["threads_from"] = cpu_threads(threads)
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others
         job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
     env = dict(worker_env) if worker_env is not None else default_worker_env(1)
@@ -526,9 +534,31 @@ def _default_notice(text: str) -> None:
     log.warning("%s", text)
 
 
+def flag_far_from_stored_runs(database: sqlite_utils.Database, measured: MeasuredRun) -> None:
+    """Flag "repeat this run" (`measure.add_flag`) each ok run of `measured` (its further windows too) whose median
+    latency is far slower (`measure.far_slower`) than the median over the configuration's unflagged ok runs
+    already stored for the same workload on the same kind of device: a disturbance the run's own checks cannot
+    see when every call of it was slowed alike. Only slower: nothing outside a configuration makes it faster."""
+    if measured.status != "ok":
+        return
+    earlier = ok_runs_per_config(database, measured.workload_id, device_kind(measured.row)).get(measured.config.id, [])
+    latencies = [r.latency_ms_p50 for r in earlier if r.latency_ms_p50 and not r.extra.get("window_warning")]
+    if not latencies:
+        return
+    reference = statistics.median(latencies)
+    for row in [measured.row, *(more for more, _samples in measured.further)]:
+        latency = row.get("latency_ms_p50")
+        if far_slower(latency, reference):
+            add_flag(row["extra"], f"calls took {latency:.3g} ms (median) against {reference:.3g} ms, the median of "
+                                   f"this configuration's {len(latencies)} earlier run{'s' if len(latencies) != 1 else ''} "
+                                   "on this kind of device: something slowed this run (host contention); repeat it "
+                                   "before relying on its figures")
+
+
 def _store_measured(database: sqlite_utils.Database, spec: str, measured: MeasuredRun, notice: NoticeFn
                     ) -> dict[str, Any]:
     """Commit one measured run (or set it aside when the commit fails); the run as `bench` returns it."""
+    flag_far_from_stored_runs(database, measured)
     try:
         outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())
     except Exception:
@@ -575,6 +605,7 @@ def bench(
     save_artifacts: bool = True,
     precompile: bool | None = None,
     sample_hz: float = 10.0,
+    threads: int | None = None,
     force: bool = False,
     progress: ProgressFn | None = None,
     notice: NoticeFn | None = None,
@@ -591,7 +622,9 @@ def bench(
     factory or what that returned: `MeasuredRun.load_error`) ends the sweep there, with one `notice` line:
     every other configuration would fail the same way. A configuration's own failure (a compile error, a
     crash in its first call) is stored and the sweep goes on. `batch_size`, when given, overrides the configs'
-    own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
+    own. On the CPU each worker runs torch with `threads` intra-op threads (default `device_pool.cpu_threads`:
+    OMP_NUM_THREADS, else the cores this process may run on), said in one `notice` line. `budget_s` bounds
+    each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
     times a second fresh process that loads the saved compile artifacts; `precompile` (default:
@@ -633,6 +666,9 @@ def bench(
     idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
 
+    if device == "cpu":
+        count, source = cpu_threads(threads)
+        notice(f"torch runs on {count} thread{'s' if count != 1 else ''} on the CPU ({source}; --threads N to change)")
     database, owned = _open(db)
     stack = contextlib.ExitStack()
     try:
@@ -644,7 +680,7 @@ def bench(
                        stop_before=stop_before, phase_progress=phase_progress,
                        measure_kwargs={"min_seconds": min_seconds, "budget_s": budget_s, "seq_len": seq_len,
                                        "image_size": image_size, "shapes": shapes, "save_artifacts": save_artifacts,
-                                       "precompile": precompile, "sample_hz": sample_hz},
+                                       "precompile": precompile, "sample_hz": sample_hz, "threads": threads},
                        wants_warm_start=wants_warm_start, zygotes=zygotes)
         if on_gpu and configs:  # the zygotes' CPU work does not disturb the GPUs' idle power: overlap them
             for each in chosen:

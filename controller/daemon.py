@@ -1002,9 +1002,10 @@ class Daemon:
 
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
-        from joulepilot.compiler.bench import further_span_s
+        from joulepilot.compiler.bench import flag_far_from_stored_runs, further_span_s
 
         measured = outcome.result
+        flag_far_from_stored_runs(self.db, measured)
         job_fields = {"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
                       "job_provenance_key": job.provenance_key}
         for row, _ in measured.further:  # further windows of the worker: runs of the same job

@@ -139,6 +139,9 @@ def _notice(text: str) -> None:
                    "metered on its own GPU; compile threads are split between them. Instead of --device.")
 @click.option("--force", is_flag=True,
               help="Measure every configuration again, even those already measured ok under the same provenance.")
+@click.option("--threads", type=click.IntRange(min=1, max=4096),
+              help="torch's intra-op threads for a CPU measurement (default: OMP_NUM_THREADS, else the cores this "
+                   "process may run on).")
 @click.option("--warm-start/--no-warm-start", default=None,
               help="Also time a fresh process that loads the saved compile artifacts (default: on for GPUs).")
 @db_option
@@ -147,7 +150,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, regional: bool,
                   regional_block: str | None, seq_len: int | None,
                   image_size: int | None, shapes: str | None, buckets: str | None, min_seconds: float | None,
-                  budget_s: float, device: str | None, devices_text: str | None, force: bool,
+                  budget_s: float, device: str | None, devices_text: str | None, force: bool, threads: int | None,
                   warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
@@ -181,6 +184,8 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             raise ConfigError("give either --device or --devices, not both")
         devices = check_devices(_split_values((devices_text,))) if devices_text is not None else None
         device = devices[0] if devices else check_device(device or default_device())
+        if threads is not None and device != "cpu":
+            raise ConfigError(f"--threads sets torch's threads for a measurement on the CPU; drop it for {device}")
         configs = plan_configs(
             _split_values(modes) or default_modes(device),
             _split_values(fusions) or ["default"],
@@ -201,7 +206,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                                         devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
                                         image_size=image_size, shapes=shape_set, warm_start=warm_start, force=force,
-                                        notice=_notice)
+                                        threads=threads, notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:

@@ -47,7 +47,7 @@ from joulepilot.compiler import worker, zygote_server
 from joulepilot.compiler.compile_meter import compile_energy_fields, open_cpu_meter
 from joulepilot.compiler.config import CompileConfig
 from joulepilot.compiler.inductor import torch_compile_kwargs
-from joulepilot.compiler.measure import latencies_and_window, timed_call, warm_up
+from joulepilot.compiler.measure import ThreadProbe, latencies_and_window, timed_call, warm_up
 
 NOTE = ("tests.flow_worker: no torch; the model is a stand-in call that spins the CPU for part of a fixed time "
         "and sleeps the rest; compile_s is a stand-in wait")
@@ -190,6 +190,12 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
         result["warmup_s"] = warmup_s
         extra["warmup_calls"] = warm_calls
 
+        # the thread probe, as the real worker takes it on the CPU: the stand-in runs on one thread, so both of its
+        # sides are one timed call of the model
+        if not str(device).startswith("cuda"):
+            _, probe_s = timed_call(model, sync)
+            extra["thread_probe"] = ThreadProbe(1, probe_s * 1000.0, probe_s * 1000.0, 1).to_dict()
+
         latency_s = min(float(job.get("latency_s") or LATENCY_S), LATENCY_S)
         peak_before_window = _peak_memory_bytes()
         timed = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds, latency_s=latency_s,
@@ -212,6 +218,8 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
     extra["dynamo_frames_first_call"] = 0
     extra["torch_compile_kwargs"] = torch_compile_kwargs(config, device)  # torch-free for PLAIN_MODES
     extra["torch_threads"] = 1  # the stand-in runs on this one thread
+    if job.get("threads_from"):
+        extra["torch_threads_from"] = job["threads_from"]
     extra["compile_caches"] = {}
     result.update(worker._window_fields(window, calls, batch_size, idle))
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)

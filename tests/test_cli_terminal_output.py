@@ -131,6 +131,7 @@ def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monke
     # heartbeats every 0.5 s instead of 30 s.
     monkeypatch.setattr(clikit, "HEARTBEAT_S", 0.5, raising=False)
     monkeypatch.setenv("JOULEPILOT_FAKE_COMPILE_S", "2.5")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = CliRunner(env={"COLUMNS": "80"}).invoke(main, [
         "bench", "mlp", "--modes", "default", "--device", "cpu", "--min-seconds", "0.1", "--no-warm-start",
         "--db", str(tmp_path / "b.db"), "--json"])
@@ -138,7 +139,9 @@ def test_bench_shows_a_slow_phase_on_stderr_and_keeps_json_clean(tmp_path, monke
     runs = json.loads(result.stdout)  # stdout is the JSON and nothing else
     assert [r["config_label"] for r in runs] == ["default/fp32/b1"] and runs[0]["compile_s"] >= 2.5
     err = result.stderr.splitlines()
-    assert err[0] == "[1/1] default/fp32/b1: compiling and measuring ..."
+    # first how many threads torch runs on, then the configuration
+    assert err[0] == "bench: torch runs on 1 thread on the CPU (OMP_NUM_THREADS; --threads N to change)"
+    assert err[1] == "[1/1] default/fp32/b1: compiling and measuring ..."
     still = [line for line in err if line.startswith("[1/1] default/fp32/b1: still compiling, ")]
     assert 2 <= len(still) <= 6, err  # at most one per heartbeat interval
     assert any(line.startswith("[1/1] default/fp32/b1: ok, compile ") for line in err)
