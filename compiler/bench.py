@@ -34,6 +34,7 @@ from joulepilot.store import (
 from joulepilot.store.jsonvalues import json_object
 from joulepilot.store.runs import ok_runs_per_config
 from joulepilot.store.side_file_imports import import_side_files
+from joulepilot.store.torchversion import torch_major_minor
 
 from .artifacts import artifact_path_for
 from .budget import worker_budget
@@ -537,11 +538,14 @@ def _default_notice(text: str) -> None:
 def flag_far_from_stored_runs(database: sqlite_utils.Database, measured: MeasuredRun) -> None:
     """Flag "repeat this run" (`measure.add_flag`) each ok run of `measured` (its further windows too) whose median
     latency is far slower (`measure.far_slower`) than the median over the configuration's unflagged ok runs
-    already stored for the same workload on the same kind of device: a disturbance the run's own checks cannot
+    already stored for the same workload on the same kind of device under the same torch (major.minor: another
+    torch may be slower, and its runs are never compared with these): a disturbance the run's own checks cannot
     see when every call of it was slowed alike. Only slower: nothing outside a configuration makes it faster."""
     if measured.status != "ok":
         return
-    earlier = ok_runs_per_config(database, measured.workload_id, device_kind(measured.row)).get(measured.config.id, [])
+    torch_minor = torch_major_minor(measured.row.get("torch_version"))
+    earlier = ok_runs_per_config(database, measured.workload_id, device_kind(measured.row),
+                                 torch_minor).get(measured.config.id, [])
     latencies = [r.latency_ms_p50 for r in earlier if r.latency_ms_p50 and not r.extra.get("window_warning")]
     if not latencies:
         return

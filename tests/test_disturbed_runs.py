@@ -53,9 +53,10 @@ def test_the_probe_leaves_torch_on_the_workers_threads():
     assert probe.to_dict()["threads"] == before
 
 
-def _measured(latency_ms: float, *, flagged: bool = False, further_ms: float | None = None) -> MeasuredRun:
+def _measured(latency_ms: float, *, flagged: bool = False, further_ms: float | None = None,
+              torch_version: str = "2.13.0") -> MeasuredRun:
     now = time.time()
-    row = {"workload_id": WORKLOAD["id"], "config_id": CONFIG.id, "host_id": host_identity()["id"], "device": "cpu",
+    row = {"torch_version": torch_version, "workload_id": WORKLOAD["id"], "config_id": CONFIG.id, "host_id": host_identity()["id"], "device": "cpu",
            "status": "ok", "started_at": now, "finished_at": now + 1, "window_s": 1.0, "inferences": 100,
            "energy_j": 1.0, "energy_j_per_inference": 0.01, "latency_ms_p50": latency_ms, "energy_source": "estimate",
            "extra": {"window_warning": "calls took ... repeat this run"} if flagged else {}}
@@ -79,6 +80,8 @@ def test_a_run_far_slower_than_its_configurations_stored_runs_is_flagged(db):
     assert run_flag(stored[slow["run_id"] + 1]) is None  # its further window ran at the usual pace
     calm = _store_measured(db, "mlp", _measured(0.3), notices.append)
     assert run_flag(calm) is None
+    # another torch may be slower: its first run has nothing to be compared with
+    assert run_flag(_store_measured(db, "mlp", _measured(24.0, torch_version="2.14.0"), notices.append)) is None
 
 
 def test_a_cpu_sweep_records_its_threads_and_the_probe(db, fake_worker):
