@@ -531,6 +531,12 @@ def _lost_run_text(measured: MeasuredRun) -> str:
     return f"lost run of {measured.config.label}: {json.dumps(figures, default=str)}"
 
 
+def remove_stale_scratch(notice: NoticeFn) -> None:
+    """Remove the scratch folders of workers whose bench or daemon was killed, one `notice` line each."""
+    for folder in remove_stale_workdirs():
+        notice(f"removed {folder}, left by a worker whose bench or daemon was killed")
+
+
 def _default_notice(text: str) -> None:
     log.warning("%s", text)
 
@@ -654,8 +660,7 @@ def bench(
     'warming up', 'measuring', ...). Both are called from this thread, also with several devices.
     """
     notice = notice or _default_notice
-    for folder in remove_stale_workdirs():
-        notice(f"removed {folder}, left by a worker whose bench or daemon was killed")
+    remove_stale_scratch(notice)
     chosen = check_devices(devices) if devices else [check_device(device or default_device())]
     device = chosen[0]
     on_gpu = device.startswith("cuda")

@@ -165,12 +165,18 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         default_device,
         plan_configs,
     )
-    from joulepilot.compiler.bench import check_devices, default_modes, default_precisions
+    from joulepilot.compiler.bench import (
+        check_devices,
+        default_modes,
+        default_precisions,
+        remove_stale_scratch,
+    )
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
+    remove_stale_scratch(_notice)  # what a killed bench left, even when this one is refused
     try:  # first: the check reads no torch, which the rest imports (seconds), so a typo is refused at once
         check_spec(spec)
     except WorkloadError as exc:
