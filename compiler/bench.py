@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +23,7 @@ from typing import Any, TypedDict
 import sqlite_utils
 from joulepilot.store import (
     commit_run_or_set_aside,
+    device_kind,
     find_ok_run,
     host_identity,
     list_runs,
@@ -30,14 +32,17 @@ from joulepilot.store import (
     workload_needs_description,
 )
 from joulepilot.store.jsonvalues import json_object
+from joulepilot.store.runs import ok_runs_per_config
 from joulepilot.store.side_file_imports import import_side_files
+from joulepilot.store.torchversion import torch_major_minor
 
 from .artifacts import artifact_path_for
 from .budget import worker_budget
 from .config import CompileConfig
-from .device_pool import DevicePool, Finished
+from .device_pool import DevicePool, Finished, cpu_threads
 from .device_pool import worker_env as default_worker_env
 from .inductor import checked_config, effective_key
+from .measure import add_flag, far_slower
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job, start_zygote_early
@@ -253,10 +258,26 @@ class MeasuredRun:
     # the further windows the same worker took (`windows` above 1): (row, samples) each, stored with this one
     further: list[tuple[dict[str, Any], list[tuple[float, str, float]]]] = field(default_factory=list)
 
+    @property
+    def load_error(self) -> str | None:
+        """Why the workload could not be built, when that is how this run failed (LOAD_PHASE): the same for
+        every configuration of the workload, unlike a configuration's own failure (a compile error). None
+        otherwise."""
+        if self.status != "failed" or (self.row.get("extra") or {}).get("phase") != LOAD_PHASE:
+            return None
+        return (self.reason or "no reason recorded").splitlines()[0]
+
     def references(self) -> dict[str, Any]:
         """Keyword arguments of `commit_run` for the rows this run points at (and the further windows)."""
         return {"host": host_identity(), "devices": self.devices, "workload": self.workload,
                 "config": self.config.to_row(), "further": self.further}
+
+
+# The worker's phase that builds the workload (imports its module or library, calls its factory, checks what it
+# returned). A job that fails there failed for its workload, which every configuration of the sweep shares: the
+# next configuration would fail the same way, so a sweep stops there (bench) and the daemon measures no other
+# configuration of that workload in the pass.
+LOAD_PHASE = "load"
 
 
 # What a further window of a process does not have of its own: the compile, the warm-up and what they left.
@@ -396,6 +417,7 @@ def measure_config(
     worker_env: dict[str, str] | None = None,
     zygotes: ZygotePool | None = None,
     windows: int = 1,
+    threads: int | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
@@ -413,7 +435,8 @@ def measure_config(
     `device_pool.worker_env`: the device numbering and, beside other workers, the compile-thread share);
     recorded in the run's `extra.worker_env`, as compile time depends on them. With `shapes`, the worker measures every size of the
     set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
-    the number of sizes."""
+    the number of sizes. On the CPU the worker runs torch with `threads` intra-op threads (default:
+    `device_pool.cpu_threads`), recorded in `extra.torch_threads` with where the number came from."""
     job_started = time.monotonic()
     device = context.device
     origin = context.origin
@@ -434,6 +457,8 @@ def measure_config(
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
         "windows": windows,
     }
+    if device == "cpu":
+        job["threads"], job["threads_from"] = cpu_threads(threads)
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others
         job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
     env = dict(worker_env) if worker_env is not None else default_worker_env(1)
@@ -506,13 +531,44 @@ def _lost_run_text(measured: MeasuredRun) -> str:
     return f"lost run of {measured.config.label}: {json.dumps(figures, default=str)}"
 
 
+def remove_stale_scratch(notice: NoticeFn) -> None:
+    """Remove the scratch folders of workers whose bench or daemon was killed, one `notice` line each."""
+    for folder in remove_stale_workdirs():
+        notice(f"removed {folder}, left by a worker whose bench or daemon was killed")
+
+
 def _default_notice(text: str) -> None:
     log.warning("%s", text)
+
+
+def flag_far_from_stored_runs(database: sqlite_utils.Database, measured: MeasuredRun) -> None:
+    """Flag "repeat this run" (`measure.add_flag`) each ok run of `measured` (its further windows too) whose median
+    latency is far slower (`measure.far_slower`) than the median over the configuration's unflagged ok runs
+    already stored for the same workload on the same kind of device under the same torch (major.minor: another
+    torch may be slower, and its runs are never compared with these): a disturbance the run's own checks cannot
+    see when every call of it was slowed alike. Only slower: nothing outside a configuration makes it faster."""
+    if measured.status != "ok":
+        return
+    torch_minor = torch_major_minor(measured.row.get("torch_version"))
+    earlier = ok_runs_per_config(database, measured.workload_id, device_kind(measured.row),
+                                 torch_minor).get(measured.config.id, [])
+    latencies = [r.latency_ms_p50 for r in earlier if r.latency_ms_p50 and not r.extra.get("window_warning")]
+    if not latencies:
+        return
+    reference = statistics.median(latencies)
+    for row in [measured.row, *(more for more, _samples in measured.further)]:
+        latency = row.get("latency_ms_p50")
+        if far_slower(latency, reference):
+            add_flag(row["extra"], f"calls took {latency:.3g} ms (median) against {reference:.3g} ms, the median of "
+                                   f"this configuration's {len(latencies)} earlier run{'s' if len(latencies) != 1 else ''} "
+                                   "on this kind of device: something slowed this run (host contention); repeat it "
+                                   "before relying on its figures")
 
 
 def _store_measured(database: sqlite_utils.Database, spec: str, measured: MeasuredRun, notice: NoticeFn
                     ) -> dict[str, Any]:
     """Commit one measured run (or set it aside when the commit fails); the run as `bench` returns it."""
+    flag_far_from_stored_runs(database, measured)
     try:
         outcome = commit_run_or_set_aside(database, measured.row, measured.samples, **measured.references())
     except Exception:
@@ -559,6 +615,7 @@ def bench(
     save_artifacts: bool = True,
     precompile: bool | None = None,
     sample_hz: float = 10.0,
+    threads: int | None = None,
     force: bool = False,
     progress: ProgressFn | None = None,
     notice: NoticeFn | None = None,
@@ -571,8 +628,13 @@ def bench(
     Each finished run (ok or failed) is written to the database before the next starts, so an
     interrupted sweep keeps everything it finished; a configuration already measured ok for this
     workload on this device under the same provenance is not measured again (its stored run is
-    returned with `skipped: True`) unless `force`. `batch_size`, when given, overrides the configs'
-    own. `budget_s` bounds each worker's first forward calls (eager reference and cold compile);
+    returned with `skipped: True`) unless `force`. A run that fails while building the workload (its module,
+    factory or what that returned: `MeasuredRun.load_error`) ends the sweep there, with one `notice` line:
+    every other configuration would fail the same way. A configuration's own failure (a compile error, a
+    crash in its first call) is stored and the sweep goes on. `batch_size`, when given, overrides the configs'
+    own. On the CPU each worker runs torch with `threads` intra-op threads (default `device_pool.cpu_threads`:
+    OMP_NUM_THREADS, else the cores this process may run on), said in one `notice` line. `budget_s` bounds
+    each worker's first forward calls (eager reference and cold compile);
     the rest of the worker gets an allowance derived from `min_seconds` (see
     `joulepilot.compiler.budget`). `warm_start` (default: on for GPUs; or a predicate on the config)
     times a second fresh process that loads the saved compile artifacts; `precompile` (default:
@@ -598,8 +660,7 @@ def bench(
     'warming up', 'measuring', ...). Both are called from this thread, also with several devices.
     """
     notice = notice or _default_notice
-    for folder in remove_stale_workdirs():
-        notice(f"removed {folder}, left by a worker whose bench or daemon was killed")
+    remove_stale_scratch(notice)
     chosen = check_devices(devices) if devices else [check_device(device or default_device())]
     device = chosen[0]
     on_gpu = device.startswith("cuda")
@@ -614,6 +675,9 @@ def bench(
     idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
 
+    if device == "cpu":
+        count, source = cpu_threads(threads)
+        notice(f"torch runs on {count} thread{'s' if count != 1 else ''} on the CPU ({source}; --threads N to change)")
     database, owned = _open(db)
     stack = contextlib.ExitStack()
     try:
@@ -625,7 +689,7 @@ def bench(
                        stop_before=stop_before, phase_progress=phase_progress,
                        measure_kwargs={"min_seconds": min_seconds, "budget_s": budget_s, "seq_len": seq_len,
                                        "image_size": image_size, "shapes": shapes, "save_artifacts": save_artifacts,
-                                       "precompile": precompile, "sample_hz": sample_hz},
+                                       "precompile": precompile, "sample_hz": sample_hz, "threads": threads},
                        wants_warm_start=wants_warm_start, zygotes=zygotes)
         if on_gpu and configs:  # the zygotes' CPU work does not disturb the GPUs' idle power: overlap them
             for each in chosen:
@@ -713,7 +777,17 @@ class _Sweep:
             runs.append(stored)
             if self.progress:
                 self.progress(index + 1, len(self.configs), config, stored)
+            if measured.load_error is not None:
+                self._stopped_at_load_error(measured, len(self.configs) - index - 1)
+                break
         return runs
+
+    def _stopped_at_load_error(self, measured: MeasuredRun, left: int) -> None:
+        """One line for a sweep that stops because its workload could not be built."""
+        if left:
+            self.notice(f"stopped: the workload could not be built ({measured.config.label} failed while loading "
+                        f"it), which no configuration changes; the other {left} configuration"
+                        f"{'s were' if left != 1 else ' was'} not measured; fix the workload and run bench again")
 
     def on_devices(self, devices: list[str], idle_s: float) -> list[dict[str, Any]]:
         """The configurations in plan order over `devices`, one running per device; each run stored here as
@@ -768,10 +842,17 @@ class _Sweep:
                 describing.discard(wid)
                 if event.error is not None:
                     raise event.error
+                if event.result.status == "cancelled":  # stopped below, after another GPU's load error
+                    continue
                 stored = _store_measured(self.database, self.spec, event.result, self.notice)
                 by_index[index] = stored
                 if self.progress:
                     self.progress(index + 1, total, config, stored)
+                if event.result.load_error is not None and not stop.is_set():
+                    # the workload cannot be built: stop what runs on the other GPUs, start nothing more
+                    stop.set()
+                    self._stopped_at_load_error(event.result, len(pending) + len(pool.running()))
+                    pending.clear()
         except BaseException:
             stop.set()
             _drain(pool)

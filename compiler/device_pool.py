@@ -31,6 +31,22 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def cpu_threads(requested: int | None = None) -> tuple[int, str]:
+    """The intra-op threads torch runs a CPU measurement with, and where the number came from: `requested`
+    (bench --threads); else OMP_NUM_THREADS when it is a whole number above 0 (a value the user exported is
+    kept); else the cores this process may run on (`available_cores`: its affinity mask, so a `taskset` or a
+    container's cpuset counts, which torch's own default may not)."""
+    if requested is not None:
+        return max(1, int(requested)), "--threads"
+    exported = os.environ.get(THREADS_ENV, "").strip()
+    if exported.isdigit() and int(exported) > 0:
+        return int(exported), THREADS_ENV
+    return available_cores(), "the cores this process may run on"
+
+
 def compile_threads(concurrent: int, cores: int | None = None) -> int:
     """Each of `concurrent` workers' share of the cores for Inductor's compile workers (at least one)."""
     cores = available_cores() if cores is None else cores

@@ -185,3 +185,78 @@ def latencies_and_window(call: Callable[[], Any], sync: Callable[[], None], mete
     measurement = meter.end("window")
     return TimedWindow(calls=calls, latencies_ms=latencies, measurement=measurement, latency_pass_s=pass_s,
                        latency_source="window" if synchronous else "latency_pass")
+
+
+# --- disturbed runs --------------------------------------------------------------------------------------
+# A run's latency that is this many times a reference it should not exceed (the configuration's other stored
+# runs on this kind of device, or the workload's eager calls on one thread just before the window) was slowed
+# by something outside the configuration: on a busy 2-core host, eager calls took 24-40 ms against 0.23 ms
+# possible. Far, not merely noisy: runs of one configuration differ by up to about a quarter between windows.
+FAR_SLOWER = 2.0
+# The thread probe: this many pairs of eager calls (the worker's threads, then one thread), fewer where they would
+# take longer than PROBE_MAX_S (at least one pair, however slow the model).
+PROBE_PAIRS = 5
+PROBE_MAX_S = 0.5
+
+
+def add_flag(extra: dict[str, Any], warning: str) -> None:
+    """Flag a run "repeat this run" (`extra.window_warning`, which the resolver and the planner read through
+    `policies.resolve.run_flag`), beside any warning it already carries."""
+    before = extra.get("window_warning")
+    extra["window_warning"] = f"{before}; {warning}" if before else warning
+
+
+def far_slower(latency_ms: float | None, reference_ms: float | None) -> bool:
+    """Whether `latency_ms` is more than FAR_SLOWER times `reference_ms` (False when either is unknown)."""
+    return bool(latency_ms and reference_ms and latency_ms > FAR_SLOWER * reference_ms)
+
+
+@dataclass(frozen=True)
+class ThreadProbe:
+    """Eager calls of the workload with the worker's torch threads and on one thread, just before the window."""
+
+    threads: int
+    ms_at_threads: float  # median call with `threads` threads
+    ms_one_thread: float  # median call on one thread
+    pairs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"threads": self.threads, "ms_at_threads": self.ms_at_threads, "ms_one_thread": self.ms_one_thread,
+                "pairs": self.pairs}
+
+    def warning(self, window_p50_ms: float | None = None) -> str | None:
+        """The flag when the worker's threads ran the eager calls far slower than one thread did, or, given
+        `window_p50_ms` (the median call of the energy window of a configuration whose call is the probe's: eager
+        fp32), when the window's calls were far slower than one thread's. None when neither."""
+        if self.threads > 1 and far_slower(self.ms_at_threads, self.ms_one_thread):
+            return (f"eager calls took {self.ms_at_threads:.3g} ms with torch's {self.threads} threads against "
+                    f"{self.ms_one_thread:.3g} ms on one thread just before the energy window: the cores are "
+                    "contended (other processes, or more threads than free cores); repeat this run before relying "
+                    "on its figures, or measure with fewer threads (bench --threads)")
+        if far_slower(window_p50_ms, self.ms_one_thread):
+            return (f"calls took {window_p50_ms:.3g} ms (median) in the energy window against {self.ms_one_thread:.3g} "
+                    "ms on one thread just before it: something slowed the window (host contention); repeat this run "
+                    "before relying on its figures")
+        return None
+
+
+def thread_probe(call: Callable[[], Any], threads: int, *, pairs: int = PROBE_PAIRS,
+                 max_s: float = PROBE_MAX_S) -> ThreadProbe:
+    """Time `call` (an eager call of the workload, on the CPU) alternately with `threads` torch threads and with
+    one, `pairs` times or until `max_s` passed (at least once each); torch is left at `threads`. Alternating
+    puts both under the same load, so a gap between them is the threads' contention, not the machine's speed."""
+    import torch
+
+    at_threads: list[float] = []
+    one_thread: list[float] = []
+    started = time.perf_counter()
+    try:
+        while True:
+            for count, into in ((threads, at_threads), (1, one_thread)):
+                torch.set_num_threads(count)
+                into.append(timed_call(call, lambda: None)[1] * 1000.0)
+            if len(at_threads) >= pairs or time.perf_counter() - started >= max_s:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    return ThreadProbe(threads, statistics.median(at_threads), statistics.median(one_thread), len(at_threads))

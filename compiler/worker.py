@@ -138,13 +138,14 @@ def _check_window_pace(window_ms: float, p50_ms: float | None, extra: dict[str, 
     """Flag a window whose calls took much longer on average than the median latency: a stall (host
     contention, launch stalls) the energy per inference would carry. The median comes from the separate
     synchronised pass, or, on a synchronous device, from the window's own calls."""
+    from .measure import add_flag
+
     extra["window_ms_per_call"] = window_ms
     if p50_ms and window_ms > WINDOW_SLOWDOWN_WARN * p50_ms:
         median = "median of its own calls" if latency_source == "window" else "synchronised p50"
-        extra["window_warning"] = (
-            f"calls took {window_ms:.3g} ms each in the energy window, {window_ms / p50_ms:.2f}x the "
-            f"{median} of {p50_ms:.3g} ms; something slowed the window (host contention, launch "
-            "stalls): repeat this run before relying on its energy per inference")
+        add_flag(extra, f"calls took {window_ms:.3g} ms each in the energy window, {window_ms / p50_ms:.2f}x the "
+                        f"{median} of {p50_ms:.3g} ms; something slowed the window (host contention, launch "
+                        "stalls): repeat this run before relying on its energy per inference")
 
 
 def _above_idle_j(measurement: Any, idle_power_w: dict[str, float]) -> float | None:
@@ -224,7 +225,15 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     from .artifacts import kernel_cache_dirs, save_warm_start
     from .compile_meter import CompileWindow
     from .config import CompileConfig
-    from .measure import is_synchronous, latencies_and_window, synchronizer, timed_call, warm_up
+    from .measure import (
+        add_flag,
+        is_synchronous,
+        latencies_and_window,
+        synchronizer,
+        thread_probe,
+        timed_call,
+        warm_up,
+    )
     from .numerics import numeric_check
     from .precision import strict_fp32
     from .provenance import provenance
@@ -292,6 +301,17 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         result["warmup_s"] = warmup_s
         extra["warmup_calls"] = warm_calls
 
+        probe = None
+        if is_synchronous(device) and run.regional is None:
+            # The workload's eager calls on the worker's threads and on one (a regional configuration compiled the
+            # model's blocks in place: it has no eager call left to time)
+            def eager() -> Any:
+                with torch.no_grad():
+                    return model(*inputs)
+
+            probe = thread_probe(untraced(eager), torch.get_num_threads())
+            extra["thread_probe"] = probe.to_dict()
+
         latency_s = float(job.get("latency_s") or max(0.25, min(min_seconds / 2.0, 3.0)))
         peak_before_window = 0
 
@@ -334,6 +354,8 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         extra["graph_breaks"] = breaks.to_list()
     extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
     extra["torch_threads"] = torch.get_num_threads()
+    if job.get("threads_from"):
+        extra["torch_threads_from"] = job["threads_from"]
     extra["compile_caches"] = _cache_counters()
     if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
         extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
@@ -342,6 +364,12 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)
     _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra,
                        timed.latency_source)
+    if probe is not None:
+        # an eager fp32 configuration's call is the probe's: its window's median is compared with one thread too
+        same_call = config.mode == "eager" and config.precision == "fp32" and shape_run is None
+        warning = probe.warning(result.get("latency_ms_p50") if same_call else None)
+        if warning:
+            add_flag(extra, warning)
     if shape_run is not None:
         shape_run.fold(result)
     extra["peak_memory_window_bytes"] = peak_window
@@ -457,10 +485,20 @@ def take_idle_baseline(meter: Any, job: dict[str, Any], phases: Any, extra: dict
     return idle
 
 
+def set_threads(job: dict[str, Any]) -> None:
+    """torch's intra-op threads as the job gives them (`threads`: set for a CPU job, see
+    `device_pool.cpu_threads`); a job without them keeps torch's own default."""
+    if job.get("threads"):
+        import torch
+
+        torch.set_num_threads(max(1, int(job["threads"])))
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     phases = Phases(job.get("phase_path"))
     started = time.time()
     try:
+        set_threads(job)
         kind = job.get("kind", "bench")
         if kind == "doctor":
             from .doctor import run_doctor_job

@@ -9,8 +9,10 @@ Specs:
                                        vision configs
   package.module:factory               your own model; also path/to/file.py:factory
 
-A factory is called with whichever of batch_size, seq_len, image_size, device it accepts and returns
-either (model, example_inputs) or a model that has an `example_inputs(batch_size)` method. Nothing is
+A factory is called with batch_size and device where it accepts them, and with the sizes the user gave
+(seq_len, image_size; one left out is not passed, so the factory's default holds); a size given that it does
+not accept is refused. It returns either (model, example_inputs) or a model that has an
+`example_inputs(batch_size)` method. Nothing is
 ever downloaded: all weights are random, built from a fixed seed.
 """
 
@@ -231,12 +233,30 @@ def _check_adapter_name(kind: str, name: str, spec: str, library: Any) -> None:
 
 
 # --- builders --------------------------------------------------------------------------------------
-def _call_factory(factory: Callable[..., Any], spec: str, **available: Any) -> tuple[Any, tuple]:
+# What a size is called where a user sets it, for the message that names one a factory does not take.
+_SIZE_OPTIONS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "image_size": "--image-size"}
+
+
+def _call_factory(factory: Callable[..., Any], spec: str, *, batch_size: int, device: str,
+                  **sizes: int | None) -> tuple[Any, tuple]:
+    """Call a `module:factory` with the sizes the user gave (a size left out is not passed, so the factory's
+    own default holds, never None) and `batch_size` and `device` where it takes them. A size the user gave
+    that the factory does not take is refused: the run would be labelled with a size its inputs do not
+    have."""
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    given = {k: v for k, v in sizes.items() if v is not None}
+    name = getattr(factory, "__name__", "the factory")
+    for key, value in given.items():
+        if not takes_any and key not in params:
+            raise WorkloadError(
+                f"workload {quote_spec(spec)}: {key} {value} was given ({_SIZE_OPTIONS[key]}, or {key} in a policy), "
+                f"but {name}() takes no {key} parameter",
+                f"drop it, or give {name}() a {key} parameter that sizes the example inputs")
+    available = {"batch_size": batch_size, "device": device, **given}
     kwargs = {k: v for k, v in available.items() if takes_any or k in params}
     try:
         produced = factory(**kwargs)
@@ -244,13 +264,18 @@ def _call_factory(factory: Callable[..., Any], spec: str, **available: Any) -> t
         raise WorkloadError(f"workload {quote_spec(spec)}: the factory raised {type(exc).__name__}: {exc}") from exc
     if isinstance(produced, tuple) and len(produced) == 2:
         model, inputs = produced
+        if batch_size != 1 and "batch_size" not in kwargs:
+            raise WorkloadError(
+                f"workload {quote_spec(spec)}: batch_size {batch_size} was given (--batch-size, or batch_size in a "
+                f"policy), but {name}() takes no batch_size parameter and returns its own example inputs",
+                f"give {name}() a batch_size parameter, or leave the batch size at 1")
     else:
         model = produced
         make_inputs = getattr(model, "example_inputs", None)
         if not callable(make_inputs):
             raise WorkloadError(f"workload {quote_spec(spec)}: the factory returned a {type(model).__name__}; return "
                                 f"(model, example_inputs) or give the model an example_inputs(batch_size) method")
-        inputs = make_inputs(available["batch_size"])
+        inputs = make_inputs(batch_size)
     if not callable(model):
         raise WorkloadError(f"workload {quote_spec(spec)}: the factory's model ({type(model).__name__}) is not callable")
     return model, inputs

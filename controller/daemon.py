@@ -160,6 +160,8 @@ class Daemon:
         # contenders are measured again once their sweep is done, and the windows each such job takes.
         self._exhaustive: dict[str, set[str]] = {}
         self._repeat_windows: dict[int, int] = {}
+        # This pass's workloads that could not be built, as (policy, workload id): recorded once each.
+        self._load_errors: set[tuple[str, str]] = set()
         self._pass_model: Any = None
         self._pass_model_fitted = False
         self._pass_bill = PassBill()  # what this pass's jobs cost, per policy
@@ -172,8 +174,8 @@ class Daemon:
         self._contexts_lock = threading.Lock()
         self._zygotes: Any = None
         # Told of the pass's progress, for a display (`daemon --once` on a terminal): called with
-        # ("jobs_planned", {"total", "devices"}), ("job_started", {"job_id", "label", "device"}) and
-        # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device"}); jobs on
+        # ("jobs_planned", {"total", "devices", "open_ended": more may be planned later}), ("job_started", {"job_id", "label", "device"}) and
+        # ("job_finished", {"job_id", "kind", "status", "run_id", "reason", "wall_s", "device", "note"}); jobs on
         # several devices overlap. Always from the pass's thread.
         self.listener: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -418,6 +420,7 @@ class Daemon:
                                    "measuring": [], "warm_starts": [], "repeats": []}
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
+        self._load_errors = set()
         self._import_pending()
         policies, errors = load_policy_folders(self._policy_folders())
         summary["policies"], summary["policy_errors"] = len(policies), errors
@@ -506,7 +509,8 @@ class Daemon:
         self._pass_model = None
         self._pass_model_fitted = False
         self._advance_guided(by_name, probe, summary, slots=len(devices))
-        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)), devices=len(devices))
+        self._notify("jobs_planned", total=len(self._runnable_jobs(by_name, probe)), devices=len(devices),
+                     open_ended=self._more_may_follow(by_name))
         self._run_queue(by_name, devices, probe, summary)
 
         # 4. decide the policies whose sweep is complete
@@ -615,7 +619,8 @@ class Daemon:
                         repeats = self._advance_repeats(by_name, probe, summary)
                         if guided or repeats:
                             runnable = self._runnable_jobs(by_name, probe)
-                            self._notify("jobs_planned", total=len(runnable), devices=len(devices))
+                            self._notify("jobs_planned", total=len(runnable), devices=len(devices),
+                                         open_ended=self._more_may_follow(by_name))
                     if runnable:
                         ready = scheduler.ready_devices(own_process_tree())
                         started, left = assign_jobs(ready, runnable, last_workload)
@@ -789,7 +794,9 @@ class Daemon:
             self._jobs_view[job.id] = {"id": job.id, "policy": policy.name, "workload": policy.workload,
                                        "config": cfg.label, "device": device, "started_at": time.time()}
         log.info("job %d: %s %s on %s", job.id, policy.workload, cfg.label, device)
-        self._notify("job_started", job_id=job.id, label=f"{policy.name} {cfg.label} on {device}", device=device)
+        purpose = self._job_purpose(job)
+        self._notify("job_started", job_id=job.id, device=device,
+                     label=f"{policy.name} {cfg.label} on {device}" + (f" ({purpose})" if purpose else ""))
         shape = policy.shape_args()
         columns = run_columns(self.db)
         bench_cfg = self.cfg.bench
@@ -817,15 +824,38 @@ class Daemon:
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
 
+    def _guided_step(self, job: JobRow) -> Any:
+        """The guided search's step that `job` measures, or None (not a guided policy's job)."""
+        state = self._guided.get(job.policy)
+        step = state.plan.next[0] if state is not None and state.plan is not None and state.plan.next else None
+        return step if step is not None and step.config.id == job.config_id else None
+
     def _windows_for(self, job: JobRow) -> int:
         """How many energy windows the job's worker takes: what its guided search asked for this measurement
         (a repeat takes the windows it still needs in one process, `controller.search.Step.windows`), or what
         an exhaustive policy's repeat still needs (`_advance_repeats`), else 1."""
         if job.id in self._repeat_windows:
             return max(1, self._repeat_windows[job.id])
-        state = self._guided.get(job.policy)
-        step = state.plan.next[0] if state is not None and state.plan is not None and state.plan.next else None
-        return max(1, int(step.windows)) if step is not None and step.config.id == job.config_id else 1
+        step = self._guided_step(job)
+        return max(1, int(step.windows)) if step is not None else 1
+
+    def _job_purpose(self, job: JobRow) -> str:
+        """What a job is for, for the progress line: '' for a job of an exhaustive sweep, else its guided search's
+        step ('guided search: baseline', '... next candidate', '... repeat') or 'repeat, 2 windows'."""
+        step = self._guided_step(job)
+        if step is not None:
+            return f"guided search: {'next candidate' if step.kind == 'guided' else step.kind}"
+        if job.id in self._repeat_windows:
+            windows = self._windows_for(job)
+            return f"repeat, {windows} window{'s' if windows != 1 else ''}"
+        return ""
+
+    def _more_may_follow(self, by_name: dict[str, Any]) -> bool:
+        """Whether this pass may still queue jobs it has not planned yet: a guided search that has not stopped
+        plans its next measurement after each job, and an exhaustive policy that asks for more than one run of
+        its contenders queues their repeats once its sweep is done."""
+        return any(not state.stopped for state in self._guided.values()) or \
+            any(by_name[name].search.min_repeats > 1 for name in self._exhaustive if name in by_name)
 
     def _worker_started(self, running: RunningJob, worker_pid: int) -> None:
         with self._jobs_lock:
@@ -842,6 +872,7 @@ class Daemon:
         job = running.job
         run_id: int | None = None
         outcome: JobOutcome | None = None
+        note: str | None = None
         try:
             if event.error is not None:  # the device could not be metered, the workload not resolved ...
                 exc = event.error
@@ -854,6 +885,7 @@ class Daemon:
                 if outcome.kind == "measured":
                     run_id = self._store_measured(job, running.policy, outcome)
                     summary["runs_ok" if outcome.extra.get("status") == "ok" else "runs_failed"] += 1
+                    note = self._stop_at_load_error(job, running.policy, outcome.result, summary)
                 else:
                     requeue_job(self.db, job.id)
                     summary["requeued"] += 1
@@ -865,8 +897,36 @@ class Daemon:
                 further = further_window_run_ids(self.db, run_id) if run_id is not None else []
                 self._pass_bill.job_ended(running.policy.name, run_id, outcome.wall_s, further)
                 self._notify("job_finished", job_id=job.id, kind=outcome.kind, status=outcome.extra.get("status"),
-                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device)
+                             run_id=run_id, reason=outcome.reason, wall_s=outcome.wall_s, device=running.device,
+                             note=note)
         return outcome
+
+    def _stop_at_load_error(self, job: JobRow, policy: Any, measured: Any, summary: dict[str, Any]) -> str | None:
+        """A run that failed building its workload (`MeasuredRun.load_error`), which every configuration of that
+        workload would meet: its other queued jobs fail without running (each counting the attempt, as a run
+        would have), the policy's guided search stops for this pass, and the policy's error is recorded once in
+        the pass's summary (`joulepilot status` shows it). A configuration's own failure (a compile error) is left
+        to the queue as before. Returns the line said of it, or None."""
+        from joulepilot.store.daemon_state import fail_queued_jobs
+
+        reason = measured.load_error
+        if reason is None or (policy.name, job.workload_id) in self._load_errors:
+            return None
+        self._load_errors.add((policy.name, job.workload_id))
+        skipped = fail_queued_jobs(self.db, workload_id=job.workload_id, provenance_key=job.provenance_key)
+        state = self._guided.get(policy.name)
+        if state is not None:
+            state.stopped = True
+        text = f"its workload cannot be built ({reason})"
+        if skipped:
+            text += (f"; its {skipped} other queued configuration{'s' if skipped != 1 else ''} failed without being "
+                     f"measured")
+        if state is not None:
+            text += "; the guided search stops for this pass"
+        text += "; fix the workload"
+        summary["policy_errors"].append({"file": str(policy.path), "error": text})
+        log.error("policy %s: %s", policy.name, text)
+        return text
 
     def _start_zygote_while_waiting(self, job: JobRow, policy: Any, device: str,
                                     env: dict[str, str] | None = None) -> bool:
@@ -943,9 +1003,10 @@ class Daemon:
 
     def _store_measured(self, job: JobRow, policy: Any, outcome: JobOutcome) -> int | None:
         """Store the job's run and end the job in one transaction (or set the run aside); the run's id."""
-        from joulepilot.compiler.bench import further_span_s
+        from joulepilot.compiler.bench import flag_far_from_stored_runs, further_span_s
 
         measured = outcome.result
+        flag_far_from_stored_runs(self.db, measured)
         job_fields = {"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
                       "job_provenance_key": job.provenance_key}
         for row, _ in measured.further:  # further windows of the worker: runs of the same job

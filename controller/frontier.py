@@ -198,7 +198,7 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report_plots import mark_estimate
+    from .report_plots import mark_estimate, place_labels
 
     points = [p for p in result["points"] if p.get("latency_ms_p95") is not None
               and p.get("energy_j_per_inference") is not None]
@@ -228,16 +228,18 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
     if front:
         ax.step([p["latency_ms_p95"] for p in front], [p["energy_j_per_inference"] for p in front],
                 where="post", color="tab:green", lw=1.5, label="Pareto frontier", zorder=1)
-    for p in points:
-        ax.annotate(p["label"], (p["latency_ms_p95"], p["energy_j_per_inference"]), fontsize=6,
-                    xytext=(3, 3), textcoords="offset points", color="0.3")
     ax.set_xlabel("p95 latency per forward call (ms)")
     ax.set_ylabel("energy per forward call (J)")
     mark_estimate(ax, f"{result['workload']} (batch {result['batch_size']}) on {result['device_kind']}",
                   any("estimate" in source for source in by_source))
     ax.grid(alpha=0.3)
+    ax.margins(x=0.06, y=0.08)  # room for the labels of the outermost points
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
+    # Every frontier point is labelled; the others where a label fits without covering anything (the table and
+    # --json name every point).
+    place_labels(fig, ax, [(p["latency_ms_p95"], p["energy_j_per_inference"], p["label"], bool(p.get("pareto")))
+                           for p in front + [p for p in points if not p.get("pareto")]])
     return fig
 
 

@@ -55,6 +55,76 @@ def mark_estimate(ax: Any, title: str, estimate: bool, *, partly: bool = False) 
                 ha="center", va="center", rotation=12)
 
 
+# Where a point's label may go, in points from the point, nearest first: right, left, above, below, then the
+# diagonals, then the same farther out (a thin line then leads from the label to its point).
+_LABEL_OFFSETS = [(dx * r, dy * r) for r in (1.0, 2.2, 3.6)
+                  for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1), (-1, -1))]
+_LABEL_STEP_PT = 5.0
+NEAR_RING = 2.2  # the farthest ring of `_LABEL_OFFSETS` a label that is not required may take
+MARKER_HALF_PX = 5.0  # the room a point's marker takes around it, in pixels
+
+
+def place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str, bool]], *, fontsize: float = 7.0
+                 ) -> list[Any]:
+    """Label points `(x, y, text, required)` so that no label leaves the axes or covers another label, a point's
+    marker or the legend: each label takes the nearest free place around its point (`_LABEL_OFFSETS`), with a
+    thin leader line when it had to move away. Required labels (the frontier's) come first, in the order given,
+    and take the least crowded place when none is free; a label that is not required is left out when it finds
+    no free place. Call after the figure's layout is final (tight_layout); returns the labels drawn."""
+    fig.canvas.draw()  # final limits and layout: the boxes below are measured in pixels
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    markers = [ax.transData.transform((x, y)) for x, y, _text, _required in points]
+    taken = [(px - MARKER_HALF_PX, py - MARKER_HALF_PX, px + MARKER_HALF_PX, py + MARKER_HALF_PX)
+             for px, py in markers]
+    legend = ax.get_legend()
+    if legend is not None:
+        box = legend.get_window_extent(renderer)
+        taken.append((box.x0, box.y0, box.x1, box.y1))
+
+    def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+        return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    def align(label: Any, dx: float, dy: float) -> None:
+        label.set_position((dx * _LABEL_STEP_PT, dy * _LABEL_STEP_PT))
+        label.set_horizontalalignment("left" if dx > 0 else "right" if dx < 0 else "center")
+        label.set_verticalalignment("bottom" if dy > 0 else "top" if dy < 0 else "center")
+
+    drawn = []
+    for i in sorted(range(len(points)), key=lambda i: not points[i][3]):  # required first, in their order
+        x, y, text, required = points[i]
+        trial = ax.annotate(text, (x, y), xytext=(0, 0), textcoords="offset points", fontsize=fontsize)
+        best: tuple[float, tuple[float, float], tuple[float, ...]] | None = None
+        for dx, dy in _LABEL_OFFSETS:
+            if not required and max(abs(dx), abs(dy)) > NEAR_RING:
+                break  # a label that is not required stays near its point or is left out
+            align(trial, dx, dy)
+            ext = trial.get_window_extent(renderer)
+            box = (ext.x0, ext.y0, ext.x1, ext.y1)
+            if box[0] < frame.x0 or box[1] < frame.y0 or box[2] > frame.x1 or box[3] > frame.y1:
+                continue
+            crowding = sum(overlap(box, other) for j, other in enumerate(taken) if j != i)
+            if best is None or crowding < best[0]:
+                best = (crowding, (dx, dy), box)
+            if crowding == 0:
+                break
+        trial.remove()
+        if best is None or (best[0] > 0 and not required):
+            continue
+        (dx, dy), box = best[1], best[2]
+        far = max(abs(dx), abs(dy)) > 1
+        # the leader line leaves the label from its side nearest the point
+        relpos = (0.0 if dx > 0 else 1.0 if dx < 0 else 0.5, 0.0 if dy > 0 else 1.0 if dy < 0 else 0.5)
+        label = ax.annotate(text, (x, y), xytext=(0, 0), textcoords="offset points", fontsize=fontsize, color="0.25",
+                            annotation_clip=True,
+                            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.6", "shrinkA": 0, "shrinkB": 3,
+                                        "relpos": relpos} if far else None)
+        align(label, dx, dy)
+        taken.append(box)
+        drawn.append(label)
+    return drawn
+
+
 def _finish(fig: Any, ax: Any, title: str, source: str | None) -> bytes:
     part = estimate_part(source)
     mark_estimate(ax, title, part == "whole", partly=part == "part")

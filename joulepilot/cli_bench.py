@@ -15,6 +15,9 @@ SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_
                    "max_rel_error", "energy_source")
 SUMMARY_HEADERS = ("run", "config", "status", "compile s", "warm s", "p50 ms", "p95 ms", "samples/s", "J/inference",
                    "avg W", "peak W", "max rel err", "source")
+# Left out in this order where the table would not fit; run, config, status, p50, J/inference and source stay.
+SUMMARY_DROP_FIRST = ("warm_start_s", "peak_power_w", "latency_ms_p95", "max_rel_error", "throughput_per_s",
+                      "avg_power_w", "compile_s")
 
 
 def _split_values(values: tuple[str, ...]) -> list[str]:
@@ -77,7 +80,9 @@ def _bench_with_progress(configs: list[Any], *, parallel: int = 1, **kwargs: Any
         def on_phase(index: int, total: int, config: Any, doing: str) -> None:
             report.phase(doing, index + 1)
 
-        return bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
+        runs = bench(configs=configs, progress=on_config, phase_progress=on_phase, **kwargs)
+        report.stopped_early = len(runs) < len(configs)
+        return runs
 
 
 def _echo_graph_breaks(runs: list[dict[str, Any]], spec: str, batch_size: int, seq_len: int | None,
@@ -134,6 +139,9 @@ def _notice(text: str) -> None:
                    "metered on its own GPU; compile threads are split between them. Instead of --device.")
 @click.option("--force", is_flag=True,
               help="Measure every configuration again, even those already measured ok under the same provenance.")
+@click.option("--threads", type=click.IntRange(min=1, max=4096),
+              help="torch's intra-op threads for a CPU measurement (default: OMP_NUM_THREADS, else the cores this "
+                   "process may run on).")
 @click.option("--warm-start/--no-warm-start", default=None,
               help="Also time a fresh process that loads the saved compile artifacts (default: on for GPUs).")
 @db_option
@@ -142,20 +150,37 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, regional: bool,
                   regional_block: str | None, seq_len: int | None,
                   image_size: int | None, shapes: str | None, buckets: str | None, min_seconds: float | None,
-                  budget_s: float, device: str | None, devices_text: str | None, force: bool,
+                  budget_s: float, device: str | None, devices_text: str | None, force: bool, threads: int | None,
                   warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
     package.module:factory.
     """
-    from joulepilot.compiler import ConfigError, WorkloadError, check_device, default_device, plan_configs
-    from joulepilot.compiler.bench import check_devices, default_modes, default_precisions
+    from joulepilot.compiler import (
+        ConfigError,
+        WorkloadError,
+        check_device,
+        check_spec,
+        default_device,
+        plan_configs,
+    )
+    from joulepilot.compiler.bench import (
+        check_devices,
+        default_modes,
+        default_precisions,
+        remove_stale_scratch,
+    )
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
     from joulepilot.store import StoreError
     from joulepilot.telemetry import TelemetryError
 
+    remove_stale_scratch(_notice)  # what a killed bench left, even when this one is refused
+    try:  # first: the check reads no torch, which the rest imports (seconds), so a typo is refused at once
+        check_spec(spec)
+    except WorkloadError as exc:
+        raise click.ClickException(str(exc)) from exc
     if regional_block is not None and not _is_class_name(regional_block):
         raise click.ClickException(f"--regional-block {regional_block!r} is not a class name: give the block class "
                                    "to compile, e.g. --regional-block EncoderLayer (or --regional for the most "
@@ -165,6 +190,8 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
             raise ConfigError("give either --device or --devices, not both")
         devices = check_devices(_split_values((devices_text,))) if devices_text is not None else None
         device = devices[0] if devices else check_device(device or default_device())
+        if threads is not None and device != "cpu":
+            raise ConfigError(f"--threads sets torch's threads for a measurement on the CPU; drop it for {device}")
         configs = plan_configs(
             _split_values(modes) or default_modes(device),
             _split_values(fusions) or ["default"],
@@ -185,7 +212,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                                         devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
                                         image_size=image_size, shapes=shape_set, warm_start=warm_start, force=force,
-                                        notice=_notice)
+                                        threads=threads, notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:
@@ -194,7 +221,7 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
     if as_json:
         echo_json(runs)
     else:
-        echo_table(runs, SUMMARY_COLUMNS, SUMMARY_HEADERS)
+        echo_table(runs, SUMMARY_COLUMNS, SUMMARY_HEADERS, drop_first=SUMMARY_DROP_FIRST)
         failed = [r for r in runs if r["status"] != "ok"]
         for run in failed:
             click.echo(f"run {run['run_id']} ({run['config_label']}) failed: {run.get('reason')}")

@@ -76,8 +76,9 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
 
 
 def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], None]:
-    """The daemon's pass events as progress lines on stderr: job i of n, elapsed, ETA (jobs on several GPUs
-    overlap: each one's end line carries its own number)."""
+    """The daemon's pass events as progress lines on stderr: job i of n in the pass ('of n so far' while a
+    guided search or an exhaustive policy's repeats may still plan more), its policy, configuration and purpose,
+    elapsed, ETA (jobs on several GPUs overlap: each one's end line carries its own number)."""
     started = 0
     numbers: dict[Any, int] = {}  # job id -> its number in this pass
 
@@ -85,7 +86,7 @@ def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], No
         nonlocal started
         if event == "jobs_planned":
             report.parallel = max(1, int(fields.get("devices") or 1))
-            report.set_total(started + int(fields["total"]))
+            report.set_total(started + int(fields["total"]), open_ended=bool(fields.get("open_ended")))
         elif event == "job_started":
             started += 1
             numbers[fields.get("job_id")] = started
@@ -99,6 +100,8 @@ def _pass_progress(report: ProgressReport) -> Callable[[str, dict[str, Any]], No
                 report.finish(f"FAILED ({kind}): {reason.splitlines()[0] if reason else 'no reason given'}", number)
             else:
                 report.finish(f"re-queued: {reason}", number)
+            if fields.get("note"):
+                report.note(fields["note"], number)
 
     return listen
 
@@ -160,19 +163,21 @@ def status_command(db: str | None, as_json: bool) -> None:
     click.echo("queue: " + ", ".join(f"{k} {v}" for k, v in counts.items())
                + (f"; {status['requests_pending']} request(s) pending" if status["requests_pending"] else ""))
     if status["queue"]["next"]:
-        echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"])
+        echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"],
+                   drop_first=("attempts", "workload"))
     if status["measuring"]:
         click.echo("")
         click.echo("measuring, per policy (every run the daemon made for it; energy metered where a meter read "
                    "it, the rest an estimate):")
         echo_table([_spent_row(m) for m in status["measuring"]],
                    ["policy", "runs", "time", "energy", "source", "last_pass"],
-                   ["policy", "runs", "time", "energy", "source", "last pass"])
+                   ["policy", "runs", "time", "energy", "source", "last pass"], drop_first=("time",))
     click.echo("")
     rows = [dict(r, age=_age(r["age_s"]), reason=_short(r.get("reason")), payback=_payback(r.get("bill")))
             for r in status["decisions"]]
     echo_table(rows, ["policy", "device_kind", "config", "state", "age", "payback", "reason"],
-               ["policy", "device", "config", "state", "age", "payback", "reason"])
+               ["policy", "device", "config", "state", "age", "payback", "reason"],
+               drop_first=("payback", "age", "device_kind"))
 
 
 def _spent(entry: dict[str, Any]) -> str:

@@ -65,7 +65,7 @@ def _echo_report(found: dict[str, Any]) -> None:
                  "ops": g["ops"], "calls": g["calls"],
                  "ms_per_call": g["time_ms"] / g["calls"] if g["calls"] else None} for g in graphs]
         echo_table(rows, ["graph", "function", "lines", "ops", "calls", "ms_per_call"],
-                   ["graph", "function", "lines", "ops", "profiled calls", "ms a call"])
+                   ["graph", "function", "lines", "ops", "profiled calls", "ms a call"], drop_first=("lines", "ops"))
     if recompiles:
         click.echo("")
         click.echo(f"recompiles ({found['recompile_count']}):")

@@ -72,7 +72,8 @@ def fit_command(db: str | None, as_json: bool) -> None:
                f"devices: {', '.join(model.devices)}")
     click.echo("cross-validation, whole workloads held out (GroupKFold by workload spec):")
     echo_table(rows, ["target", "mape_pct", "median_ape_pct", "r2_log", "rows", "workloads", "folds"],
-               ["target", "MAPE %", "median APE %", "R² (log)", "rows", "workloads", "folds"])
+               ["target", "MAPE %", "median APE %", "R² (log)", "rows", "workloads", "folds"],
+               drop_first=("folds", "workloads", "median_ape_pct"))
 
 
 # The plot formats `frontier --plot` writes, by file extension (each is tested): matplotlib lists more, some of
@@ -131,7 +132,7 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
                  "source_text": _source_text(p["source"], p.get("energy_source"))} for p in result["points"]]
     echo_table(rows, ["front", "label", "source_text", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
                       "avg_power_w"],
-               ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"])
+               ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"], drop_first=("avg_power_w", "repeats"))
     _echo_estimate_line(p.get("energy_source") for p in result["points"])
     for note in result["notes"]:
         click.echo(note, err=True)
@@ -352,7 +353,9 @@ def _echo_decision(decision: Any) -> None:
     click.echo("")
     echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
                ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",
-                "rel err", "break-even", "why"])
+                "rel err", "break-even", "why"],
+               drop_first=("max_rel_error", "compile_s", "avg_power_w", "amortised_energy_j", "latency_ms_p95",
+                           "break_even", "spread"), below=("label", "why"))
     _echo_estimate_line(c.figures.get("energy_source") for c in decision.candidates if c.source == "measured")
 
 

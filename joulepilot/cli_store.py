@@ -52,7 +52,8 @@ def runs_command(ctx: click.Context, db: str | None, workload: str | None, statu
     if as_json:
         echo_json(rows)
     else:
-        echo_table([dict(r, date=local_minute(r.get("started_at"))) for r in rows], RUN_COLUMNS, RUN_HEADERS)
+        echo_table([dict(r, date=local_minute(r.get("started_at"))) for r in rows], RUN_COLUMNS, RUN_HEADERS,
+                   drop_first=("avg_power_w", "latency_ms_p50", "date"))
 
 
 def _group_db(ctx: click.Context, db: str | None) -> str | None:

@@ -47,7 +47,8 @@ def telemetry_command(as_json: bool) -> None:
     echo_table([dict(s, devices=", ".join(s["devices"]) or "-") for s in statuses], ["name", "active", "devices", "reason"])
     click.echo("")
     echo_table(devices, ["id", "source", "name", "driver", "power_limit_w", "memory_bytes"],
-               ["device", "source", "name", "driver", "power limit W", "memory bytes"])
+               ["device", "source", "name", "driver", "power limit W", "memory bytes"],
+               drop_first=("memory_bytes", "driver", "power_limit_w"))
     click.echo("")
     click.echo(f"device 'cpu' is metered by: {cpu_source or '-'}; device 'cuda:N' by: {gpu_source or '- (no NVML)'}")
 
@@ -109,7 +110,8 @@ def measure_cli(as_json: bool, device: str | None, idle_s: float, sample_hz: flo
 def _print_report(result: dict) -> None:
     rows = result["devices"]
     echo_table(rows, ["device", "source", "energy_j", "avg_power_w", "peak_power_w", "energy_above_idle_j"],
-               ["device", "source", "energy J", "avg W", "peak W", "above idle J"])
+               ["device", "source", "energy J", "avg W", "peak W", "above idle J"],
+               drop_first=("peak_power_w", "energy_above_idle_j"))
     label = " (ESTIMATE: CPU time x W/core, not measured)" if result["estimated"] else ""
     click.echo(f"total {result['energy_j']:.2f} J in {result['duration_s']:.2f} s, "
                f"exit code {result['exit_code']}{label}")

@@ -12,6 +12,7 @@ import re
 import shutil
 import sqlite3
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -207,8 +208,8 @@ def format_cell(value: Any) -> str:
 
 PLAIN_TABLE_WIDTH = 120  # stdout that is not a terminal (a pipe, a file, CI), unless COLUMNS says otherwise
 COLUMN_GAP = 2
-# A text column (labels, reasons) is wrapped down to this, or to its longest word where that is shorter,
-# before the table is stacked.
+# A text column of several words (reasons, sources) is wrapped down to this, or to its longest word where that is
+# shorter; a column of single words (a configuration label such as eager/fp32/b8, a policy name) is never wrapped.
 TEXT_MIN_WIDTH = 12
 
 
@@ -265,8 +266,9 @@ def _column_widths(headers: list[str], cells: list[list[str]], texts: list[bool]
     """Widths that fit `width`, or None when even wrapped headers and text columns do not fit.
 
     In order: natural widths; then headers wrapped (at spaces and underscores), the column saving most
-    first; then text columns (any str value) wrapped, widest first, down to TEXT_MIN_WIDTH (or their longest
-    word, when shorter: 'measured (nvml)' wraps to 8 without cutting a word). Numbers are never cut."""
+    first; then text columns of several words (reasons, sources) wrapped, widest first, down to TEXT_MIN_WIDTH
+    (or their longest word, when shorter: 'measured (nvml)' wraps to 8). A column of single words (a
+    configuration label such as eager/fp32/b8, a name) is never narrowed, and numbers are never cut."""
     room = width - COLUMN_GAP * (len(headers) - 1)
     cell_w = [max((len(row[i]) for row in cells), default=0) for i in range(len(headers))]
     natural = [max(len(h), cell_w[i]) for i, h in enumerate(headers)]
@@ -285,8 +287,9 @@ def _column_widths(headers: list[str], cells: list[list[str]], texts: list[bool]
                         if widths[j] < two_lines[j] and sum(widths) - widths[j] + two_lines[j] <= room:
                             widths[j] = two_lines[j]
                 return widths
+    # A column of single words (configuration labels, names, numbers) is never narrowed: a label is not broken.
     floors = [min(widths[i], TEXT_MIN_WIDTH, max(_header_width(headers[i]), *(_longest_word(row[i]) for row in cells)))
-              if texts[i] else widths[i] for i in range(len(headers))]
+              if texts[i] and any(" " in row[i] for row in cells) else widths[i] for i in range(len(headers))]
     if sum(floors) > room:
         return None
     while sum(widths) > room:  # take one character at a time from the widest text column still above its floor
@@ -305,47 +308,104 @@ def _render(renderable: Any, width: int, color: bool) -> str:
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
-def _grid(headers: list[str], widths: list[int], header_style: str) -> Any:
+def _grid(headers: list[str], widths: list[int], header_style: str, no_wrap: Sequence[bool] | None = None) -> Any:
     from rich.table import Table
     from rich.text import Text
 
     table = Table(box=None, show_header=True, header_style=header_style, show_edge=False, pad_edge=False,
                   padding=(0, COLUMN_GAP // 2), collapse_padding=False, expand=False)
-    for header, w in zip(headers, widths, strict=True):
-        table.add_column(Text(_wrap_header(header, w)), width=w, min_width=w, max_width=w, overflow="fold")
+    for i, (header, w) in enumerate(zip(headers, widths, strict=True)):
+        # a column of single words (labels, numbers) is as wide as its widest cell and never wraps
+        table.add_column(Text(_wrap_header(header, w)), width=w, min_width=w, max_width=w,
+                         no_wrap=bool(no_wrap and no_wrap[i]), overflow="fold")
     return table
 
 
-def echo_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None) -> None:
+def _fitting_columns(headers: list[str], cells: list[list[str]], texts: list[bool], width: int,
+                     drop_order: list[int]) -> tuple[list[int], list[int]] | None:
+    """The columns shown (indexes) and their widths: every column where they fit (`_column_widths`), else without
+    the columns of `drop_order`, one at a time in that order, until they do; None when even the columns left
+    never fit."""
+    kept = list(range(len(headers)))
+    for drop in [None, *drop_order]:
+        if drop is not None:
+            kept.remove(drop)
+        widths = _column_widths([headers[i] for i in kept], [[row[i] for i in kept] for row in cells],
+                                [texts[i] for i in kept], width)
+        if widths is not None:
+            return kept, widths
+    return None
+
+
+def echo_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None, *,
+               drop_first: Sequence[str] = (), below: tuple[str, str] | None = None) -> None:
     """Print `rows` as a table on stdout that fits the terminal (or PLAIN_TABLE_WIDTH / COLUMNS off a
-    terminal): headers wrap first, then text columns wrap; numbers are never cut. When even that does not
-    fit, each row is printed as a block of `header  value` lines."""
+    terminal): headers wrap first, then text columns of several words wrap; numbers and labels are never cut.
+    Where that does not fit, columns are left out, those with no value in any row first, then the columns of
+    `drop_first` in its order (the least needed first), and a line under the table names them. Only when even
+    the rest does not fit is each row printed as a block of `header  value` lines.
+
+    `below` = (key column, text column): a long text (a reason) that is printed under the table instead, one
+    `key: text` paragraph a row, where the table would not fit with it as a column at its full width."""
+    rows = list(rows)
+    columns, headers = list(columns), list(headers or columns)
+    width = table_width(sys.stdout)
+    if below is not None and rows and below[1] in columns:
+        key, text = below
+        natural = sum(max(len(h), *(len(format_cell(r.get(c))) for r in rows)) for c, h in zip(columns, headers,
+                                                                                                   strict=True))
+        if natural + COLUMN_GAP * (len(columns) - 1) > width:
+            at = columns.index(text)
+            _echo_fitted_table(rows, columns[:at] + columns[at + 1:], headers[:at] + headers[at + 1:], drop_first, width)
+            click.echo("")
+            for row in rows:
+                click.echo(textwrap.fill(f"{format_cell(row.get(key))}: {format_cell(row.get(text))}", width,
+                                         subsequent_indent="    ", break_long_words=False, break_on_hyphens=False))
+            return
+    _echo_fitted_table(rows, columns, headers, drop_first, width)
+
+
+def _echo_fitted_table(rows: list[Mapping[str, Any]], columns: list[str], headers: list[str], drop_first: Sequence[str],
+                       width: int) -> None:
     from rich.text import Text
 
-    rows = list(rows)
-    headers = list(headers or columns)
     cells = [[format_cell(r.get(c)) for c in columns] for r in rows]
     texts = [any(isinstance(r.get(c), str) for r in rows) for c in columns]
-    stream = sys.stdout
-    width, color = table_width(stream), _isatty(stream)
+    color = _isatty(sys.stdout)
     style = "bold" if color else ""
-    widths = _column_widths(headers, cells, texts, width) if rows else [len(h) for h in headers]
-    if widths is not None:
-        table = _grid(headers, widths, style)
+    empty = [i for i in range(len(columns)) if rows and all(row[i] == "-" for row in cells)]
+    order = list(dict.fromkeys([*empty, *(columns.index(c) for c in drop_first if c in columns)]))
+    fitting = _fitting_columns(headers, cells, texts, width, order) if rows else \
+        (list(range(len(headers))), [len(h) for h in headers])
+    if fitting is not None:
+        kept, widths = fitting
+        single_words = [not any(" " in row[i] for row in cells) for i in kept]
+        table = _grid([headers[i] for i in kept], widths, style, single_words)
         for row in cells:
-            table.add_row(*(Text(c) for c in row))
+            table.add_row(*(Text(row[i]) for i in kept))
         click.echo(_render(table, width, color))
         if not rows:
             click.echo("(none)")
+        left_out = [headers[i] or columns[i] for i in range(len(columns)) if i not in kept]
+        if left_out:
+            click.echo(textwrap.fill(f"(left out to fit {width} columns: {', '.join(left_out)}; --json has every "
+                                     "field)", width))
         return
+    # Each row as `header  value` lines: a value wraps at its spaces; a word too long for the room beside its
+    # header (a label) goes whole on the line under it.
     key_w = max(len(h) for h in headers)
+    indent = " " * (key_w + COLUMN_GAP)
     blocks = []
     for row in cells:
-        record = _grid(["", ""], [key_w, max(1, width - key_w - COLUMN_GAP)], style)
-        record.show_header = False
+        lines = []
         for header, cell in zip(headers, row, strict=True):
-            record.add_row(Text(header, style=style), Text(cell))
-        blocks.append(_render(record, width, color))
+            key = f"{header:<{key_w}}{' ' * COLUMN_GAP}"
+            if " " not in cell and len(key) + len(cell) > width:
+                lines += [header, " " * COLUMN_GAP + cell]
+                continue
+            lines.append(textwrap.fill(cell, max(1, width), initial_indent=key, subsequent_indent=indent,
+                                       break_long_words=False, break_on_hyphens=False).rstrip())
+        blocks.append("\n".join(lines))
     click.echo("\n\n".join(blocks))
 
 
@@ -390,6 +450,8 @@ class ProgressReport:
         self.parallel = max(1, parallel)
         self.started = time.monotonic()
         self.durations: list[float] = []
+        self.stopped_early = False  # the work ended before its last item (the summing-up line says so)
+        self.open_ended = False  # more items than `total` may come
         self.number = 0
         self.name = ""
         self.doing = ""
@@ -410,9 +472,11 @@ class ProgressReport:
             self._ticker.start()
 
     # -- what callers use --
-    def set_total(self, total: int) -> None:
+    def set_total(self, total: int, *, open_ended: bool = False) -> None:
+        """`total` items known so far; `open_ended`: more may come (the prefix reads "i of n so far")."""
         with self._lock:
             self.total = total
+            self.open_ended = open_ended
             if self._live is not None:
                 self._live.update(self._task, total=total)
 
@@ -450,7 +514,8 @@ class ProgressReport:
             if number == self.number:
                 self._follow_another()
             eta = self.eta_s()
-            tail = format_duration(took) + (f", about {format_duration(eta)} left" if eta else "")
+            about = "at least" if self.open_ended else "about"
+            tail = format_duration(took) + (f", {about} {format_duration(eta)} left" if eta else "")
             self._line(f"{self._prefix(number)} {name}: {message} [{tail}]")
             if self._live is not None:
                 self._live.update(self._task, completed=len(self.durations))
@@ -490,7 +555,7 @@ class ProgressReport:
             done = len(self.durations)
             count = f"{done}/{self.total}" if self.total is not None else str(done)
             plural = self.noun if (self.total if self.total is not None else done) == 1 else self.noun + "s"
-            how = "stopped after" if error is not None else "done,"
+            how = "stopped after" if error is not None or self.stopped_early else "done,"
             self._line(f"{self.label}: {how} {count} {plural} in {format_duration(time.monotonic() - self.started)}")
 
     # -- inside --
@@ -509,7 +574,9 @@ class ProgressReport:
     def _prefix(self, number: int | None = None) -> str:
         number = self.number if number is None else number
         tag = f"{self.tag} " if self.tag else ""
-        return f"[{tag}{number}/{self.total}]" if self.total is not None else f"[{tag}{number}]"
+        if self.total is None:
+            return f"[{tag}{number}]"
+        return f"[{tag}{number} of {self.total} so far]" if self.open_ended else f"[{tag}{number}/{self.total}]"
 
     def _line(self, text: str) -> None:
         self.last_line = time.monotonic()
@@ -548,7 +615,8 @@ class ProgressReport:
         class Eta(ProgressColumn):
             def render(self, task: Any) -> Text:
                 eta = report.eta_s()
-                return Text(f"ETA {format_duration(eta)}" if eta is not None else "ETA -", style="dim")
+                at_least = "at least " if report.open_ended else ""
+                return Text(f"ETA {at_least}{format_duration(eta)}" if eta is not None else "ETA -", style="dim")
 
         console = Console(file=self.stream, highlight=False, markup=False, emoji=False)
         self._live = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), Doing(),

@@ -162,6 +162,19 @@ def finish_job(db: sqlite_utils.Database, job_id: int, *, state: str, run_id: in
                    [state, run_id, time.time(), job_id])
 
 
+def fail_queued_jobs(db: sqlite_utils.Database, *, workload_id: str, provenance_key: str) -> int:
+    """Mark failed, without running them, the queued jobs of one workload under one provenance (its workload
+    could not be built, which every one of its configurations would meet): each counts the attempt it would
+    have failed, as `claim_job` would have counted it, so `enqueue_job` treats them as it treats jobs that ran
+    and failed. Returns how many."""
+    with transaction(db):
+        return db.execute(
+            "UPDATE jobs SET state = 'failed', attempts = attempts + 1, run_id = NULL, updated_at = ? "
+            "WHERE workload_id = ? AND provenance_key = ? AND state = 'queued'",
+            [time.time(), workload_id, provenance_key],
+        ).rowcount
+
+
 def recover_orphaned_jobs(db: sqlite_utils.Database) -> list[int]:
     """Jobs left `running` by a daemon that died go back to `queued`; returns their ids.
 

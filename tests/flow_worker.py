@@ -12,7 +12,8 @@ with its parent); the phases in the real worker's order; the energy, from the re
 `estimate` on a CPU, the fake NVML GPU of the test on `cuda:N`); the timing loops of `compiler.measure` (warm-up,
 latency pass, energy windows, further windows) and the worker's own helpers that turn them into a result.
 
-What is a stand-in: the model. The workload is never loaded (its spec is only named) and nothing is compiled: each
+What is a stand-in: the model. The workload is never loaded (its spec is only named; `tests.flow_worker:cannot_be_built`
+fails to load, as a factory that raises does) and nothing is compiled: each
 "forward call" spins this thread's CPU for part of a fixed time and sleeps the rest (STAND_IN_CALL_S, or
 `JOULEPILOT_FLOW_CALL_S` seconds, and BUSY_SHARE, shorter for a compiled configuration and for a lower
 precision), so a configuration's latency and
@@ -46,7 +47,7 @@ from joulepilot.compiler import worker, zygote_server
 from joulepilot.compiler.compile_meter import compile_energy_fields, open_cpu_meter
 from joulepilot.compiler.config import CompileConfig
 from joulepilot.compiler.inductor import torch_compile_kwargs
-from joulepilot.compiler.measure import latencies_and_window, timed_call, warm_up
+from joulepilot.compiler.measure import ThreadProbe, latencies_and_window, timed_call, warm_up
 
 NOTE = ("tests.flow_worker: no torch; the model is a stand-in call that spins the CPU for part of a fixed time "
         "and sleeps the rest; compile_s is a stand-in wait")
@@ -64,6 +65,12 @@ LATENCY_S = 0.05
 SAMPLE_HZ = 5.0
 SCHEDULING_ENV = ("TORCHINDUCTOR_COMPILE_THREADS", "CUDA_DEVICE_ORDER")
 PLAIN_MODES = ("eager", "default")  # modes whose torch.compile arguments need no torch to be named
+
+
+def cannot_be_built(batch_size: int = 1) -> None:
+    """A workload (`tests.flow_worker:cannot_be_built`) whose building fails in the "load" phase, as a real factory
+    that raises does in the real worker: for tests of what a sweep does when its workload cannot be built."""
+    raise RuntimeError("tests.flow_worker: this stand-in workload cannot be built")
 
 
 class StandInRefused(Exception):
@@ -146,6 +153,8 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
     extra["provenance"] = {k: origin.get(k) for k in ("hostname", "cuda_version", "python_version")}
 
     phases.enter("load")
+    if str(job["spec"]).rpartition(":")[2] == cannot_be_built.__name__:
+        cannot_be_built()
     model = StandInModel(call_seconds(config))
     phases.enter("reference")
     reference = model()
@@ -181,6 +190,12 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
         result["warmup_s"] = warmup_s
         extra["warmup_calls"] = warm_calls
 
+        # the thread probe, as the real worker takes it on the CPU: the stand-in runs on one thread, so both of its
+        # sides are one timed call of the model
+        if not str(device).startswith("cuda"):
+            _, probe_s = timed_call(model, sync)
+            extra["thread_probe"] = ThreadProbe(1, probe_s * 1000.0, probe_s * 1000.0, 1).to_dict()
+
         latency_s = min(float(job.get("latency_s") or LATENCY_S), LATENCY_S)
         peak_before_window = _peak_memory_bytes()
         timed = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds, latency_s=latency_s,
@@ -203,6 +218,8 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
     extra["dynamo_frames_first_call"] = 0
     extra["torch_compile_kwargs"] = torch_compile_kwargs(config, device)  # torch-free for PLAIN_MODES
     extra["torch_threads"] = 1  # the stand-in runs on this one thread
+    if job.get("threads_from"):
+        extra["torch_threads_from"] = job["threads_from"]
     extra["compile_caches"] = {}
     result.update(worker._window_fields(window, calls, batch_size, idle))
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)

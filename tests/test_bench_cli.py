@@ -172,3 +172,18 @@ def test_the_clis_size_bound_is_the_shape_sets():
     from joulepilot.clikit import MAX_SIZE
 
     assert MAX_SIZE == MAX_SHAPE_SIZE
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("mlpp", "workload 'mlpp' is not a built-in (mlp, convnet, transformer) and has no ':'; did you mean 'mlp'?"),
+    ("no/such/file.py:build", "workload 'no/such/file.py:build': file no/such/file.py does not exist"),
+])
+def test_a_bad_spec_is_refused_before_torch_is_imported(tmp_path, monkeypatch, spec, message):
+    import sys
+
+    # From here on `import torch` fails: the refusal must come first (importing torch took seconds of a typo's 4 s)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result = CliRunner().invoke(main, ["bench", spec, "--db", str(tmp_path / "b.db")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.stderr.startswith(f"Error: {message}") and len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (tmp_path / "b.db").exists()

@@ -68,6 +68,17 @@ def test_factory_that_raises_is_a_failed_run(db):
     assert "the factory raised ValueError: weights file /nonexistent/model.pt is missing" in run["reason"]
 
 
+def test_a_workload_that_cannot_be_built_stops_the_sweep_at_its_first_configuration(db):
+    notices = []
+    configs = [CompileConfig(mode="eager", precision=p) for p in ("fp32", "bf16", "fp16")]
+    runs = _bench("tests.workload_factories:raises", db, configs, notice=notices.append)
+    assert [(r["config_label"], r["status"]) for r in runs] == [("eager/fp32/b1", "failed")]
+    assert runs[0]["extra"]["phase"] == "load"
+    assert [r["id"] for r in list_runs(db)] == [runs[0]["run_id"]]  # one run stored (and billed), not three
+    stops = [n for n in notices if n.startswith("stopped")]
+    assert len(stops) == 1 and "the other 2 configurations were not measured" in stops[0], notices
+
+
 def test_bad_spec_is_refused_before_any_run(db):
     with pytest.raises(WorkloadError, match="module 'no_such_package.models' is not importable"):
         _bench("no_such_package.models:build", db)

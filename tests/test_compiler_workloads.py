@@ -95,6 +95,37 @@ def test_factory_from_a_file_path(tmp_path):
     assert wl.model(*wl.example_inputs).shape == (5, 2)
 
 
+def test_a_size_left_out_keeps_the_factorys_default_instead_of_none(tmp_path):
+    path = tmp_path / "sized.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        def build(batch_size=1, image_size=32):
+            side = image_size // 2  # None // 2 raised TypeError here when image_size=None was passed
+            return torch.nn.Flatten(), (torch.randn(batch_size, 3, side, side),)
+    """))
+    wl = load_workload(f"{path}:build", batch_size=2)
+    assert wl.example_inputs[0].shape == (2, 3, 16, 16)
+    assert load_workload(f"{path}:build", batch_size=2, image_size=8).example_inputs[0].shape == (2, 3, 4, 4)
+
+
+def test_a_size_the_factory_does_not_take_is_refused_naming_it(tmp_path):
+    path = tmp_path / "fixed.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        def build(batch_size=1):
+            return torch.nn.Linear(4, 2), (torch.randn(batch_size, 4),)
+        def unsized():
+            return torch.nn.Linear(4, 2), (torch.randn(1, 4),)
+    """))
+    with pytest.raises(WorkloadError) as err:
+        load_workload(f"{path}:build", seq_len=128)
+    assert "seq_len 128 was given (--seq-len, or seq_len in a policy), but build() takes no seq_len parameter" \
+        in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(WorkloadError, match=r"batch_size 8 was given .* unsized\(\) takes no batch_size parameter"):
+        load_workload(f"{path}:unsized", batch_size=8)
+    assert load_workload(f"{path}:unsized").example_inputs[0].shape == (1, 4)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("nonexistent_pkg.models:build", "module 'nonexistent_pkg.models' is not importable"),
     ("tests.workload_factories:nope", "has no attribute 'nope'"),

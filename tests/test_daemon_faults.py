@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pytest
 from click.testing import CliRunner
 from daemon_factories import (
     TESTS_DIR,
@@ -221,3 +222,35 @@ def test_loop_mode_lock_exporter_sighup_and_stop(tmp_path):
         if daemon.poll() is None:
             daemon.kill()
     assert query(db, "SELECT state FROM heartbeats ORDER BY id DESC LIMIT 1")[0]["state"] == "stopped"
+
+
+@pytest.mark.parametrize("strategy", ["exhaustive", "guided"])
+def test_a_workload_that_cannot_be_built_is_one_failed_run_and_one_policy_error(tmp_path, flow_worker,
+                                                                                  restore_logging, strategy):
+    db, policies = tmp_path / "j.db", tmp_path / "policies"
+    policy = write_policy(policies, "broken", workload="tests.flow_worker:cannot_be_built", modes=("eager", "default"),
+                          precisions=("fp32", "bf16"), strategy=strategy)
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies)
+    logging.getLogger("joulepilot").handlers.clear()
+    result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert result.exit_code == 1, (result.output, result.stderr)  # a pass with a policy error exits 1
+    summary = json.loads(result.stdout)
+    # one run stored (and billed) for the first configuration, not one per configuration
+    assert summary["runs_failed"] == 1 and summary["runs_ok"] == 0
+    (run,) = query(db, "SELECT status, reason, extra FROM runs")
+    assert run["status"] == "failed" and json.loads(run["extra"])["phase"] == "load"
+    # every job ends failed, each with the attempt it would have failed, as jobs that ran and failed do (a guided
+    # search queues one job at a time, and stops)
+    jobs = query(db, "SELECT state, attempts, run_id FROM jobs ORDER BY id")
+    assert len(jobs) == (4 if strategy == "exhaustive" else 1), jobs
+    assert all(j["state"] == "failed" and j["attempts"] == 1 for j in jobs), jobs
+    assert sum(j["run_id"] is not None for j in jobs) == 1
+    (error,) = summary["policy_errors"]
+    assert error["file"] == str(policy)
+    assert "its workload cannot be built (" in error["error"] and "cannot be built" in run["reason"]
+    if strategy == "exhaustive":
+        assert "its 3 other queued configurations failed without being measured" in error["error"]
+    else:
+        assert "the guided search stops for this pass" in error["error"]
+    assert sum("its workload cannot be built" in line for line in result.stderr.splitlines()
+               if line.startswith("[job ")) == 1, result.stderr

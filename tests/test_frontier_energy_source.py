@@ -4,6 +4,7 @@ source, and an estimate is marked as one (table, JSON and plot) rather than pass
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from bill_factories import store_run, write_policy
@@ -157,3 +158,32 @@ def test_a_candidates_median_rests_on_its_runs_of_the_source_ranked(tmp_path, mo
     assert data["ranked_source"] == "rapl"
     out = _invoke(*args)
     assert "measured (rapl)" in out and ESTIMATE_LINE not in out
+
+
+def test_the_plots_labels_stay_inside_and_never_cover_each_other(tmp_path):
+    """ResNet-50's sweep (14 configurations, some a few pixels apart): labels overlapped and ran off the right edge."""
+    import matplotlib.pyplot as plt
+    from joulepilot.controller.frontier import frontier_figure
+    from joulepilot.store import import_runs, read_export
+    from matplotlib.text import Annotation, Text
+
+    db = open_db(tmp_path / "s.db")
+    import_runs(db, read_export(Path(__file__).parent / "data" / "synthetic_sweep.json"))
+    result = frontier(db, "torchvision:resnet50", predict=False)
+    fig = frontier_figure(result)
+    try:
+        renderer = fig.canvas.get_renderer()
+        frame = fig.axes[0].get_window_extent(renderer)
+        labels = [text for text in fig.axes[0].texts if isinstance(text, Annotation)]
+        for label in labels:
+            label.update_positions(renderer)
+        boxes = [Text.get_window_extent(label, renderer) for label in labels]  # the text, not its leader line
+        texts = [label.get_text() for label in labels]
+        assert set(result["frontier"]) <= set(texts)  # every frontier point is named
+        assert len(texts) == len(set(texts))
+        for i, box in enumerate(boxes):
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, texts[i]
+            for j in range(i):
+                assert not box.overlaps(boxes[j]), (texts[i], texts[j])
+    finally:
+        plt.close(fig)

@@ -90,6 +90,20 @@ def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp
     assert open_db(db)["runs"].count == 2
 
 
+def test_a_workload_that_cannot_be_built_stops_the_sweep_on_every_gpu(tmp_path, two_gpus, flow_worker):
+    db = tmp_path / "j.db"
+    result = CliRunner().invoke(main, ["bench", "tests.flow_worker:cannot_be_built", "--db", str(db), "--devices", "0,1",
+                                       "--min-seconds", "1", "--no-warm-start", "--modes", "eager,default",
+                                       "--precision", "fp32,bf16", "--json"])
+    assert result.exit_code == 1, result.output
+    runs = json.loads(result.stdout)
+    # the first configuration on each GPU started at once; at most both failed building it, the other two never ran
+    assert 1 <= len(runs) <= 2 and all(r["status"] == "failed" and r["extra"]["phase"] == "load" for r in runs), runs
+    assert open_db(db)["runs"].count == len(runs)
+    stops = [line for line in result.stderr.splitlines() if "stopped: the workload could not be built" in line]
+    assert len(stops) == 1 and "were not measured" in stops[0], result.stderr
+
+
 def test_one_device_keeps_every_core_for_its_compile(tmp_path, two_gpus, flow_worker):
     result = _bench(tmp_path / "j.db", "--devices", "1", "--json", modes="eager")
     assert result.exit_code == 0, result.output

@@ -396,16 +396,15 @@ def test_a_second_configuration_compiles_cold_and_does_not_hit_the_first_ones_ca
         assert not caches.get("fxgraph_cache_hit") and not caches.get("autograd_cache_hit"), caches
 
 
-def test_a_module_that_exits_at_import_fails_each_run_as_a_fresh_worker_would(db, tmp_path, fake_worker):
-    """The zygote dies importing it; the jobs run as fresh processes and fail with the worker's own reason."""
+def test_a_module_that_exits_at_import_fails_its_run_as_a_fresh_worker_would(db, tmp_path, fake_worker):
+    """The zygote dies importing it; the job runs as a fresh process and fails with the worker's own reason, and the
+    sweep stops there: the workload cannot be built, whatever the configuration."""
     (tmp_path / "hostile.py").write_text("import os, sys\nprint('refusing to load', file=sys.stderr)\n"
                                          "os._exit(7)\ndef build(batch_size=1):\n    pass\n")
-    runs = bench(f"{tmp_path / 'hostile.py'}:build", [CompileConfig(mode="eager"), CompileConfig(mode="default")],
-                 device="cpu", min_seconds=0.2, db=db, idle_s=0)
-    for run in runs:
-        assert run["status"] == "failed" and run["reason"].startswith("worker exited with code 7 during load")
-        assert run["extra"]["worker_process"] == \
-            f"{FRESH} (the zygote exited with code 7 while preloading: refusing to load)"
+    (run,) = bench(f"{tmp_path / 'hostile.py'}:build", [CompileConfig(mode="eager"), CompileConfig(mode="default")],
+                   device="cpu", min_seconds=0.2, db=db, idle_s=0)
+    assert run["status"] == "failed" and run["reason"].startswith("worker exited with code 7 during load")
+    assert run["extra"]["worker_process"] == f"{FRESH} (the zygote exited with code 7 while preloading: refusing to load)"
 
 
 def test_the_next_workloads_zygote_starts_while_the_current_one_measures_and_serves_its_first_job(
