@@ -111,6 +111,10 @@ def _kind(label: str) -> str:
     return f"{mode} static" if "/static-cache/" in label else "compiled-dynamic-cache"
 
 
+def params_text(count: int) -> str:
+    return f"{count / 1e9:.2f} B" if count >= 1e8 else f"{count / 1e6:.2f} M"
+
+
 def _saving(value: float | None, against: float | None) -> str:
     if value is None or not against:
         return "-"
@@ -137,7 +141,7 @@ def summary_table(runs: list[dict[str, Any]], params: dict[str, int]) -> str:
         status = r["status"] if r["status"] == "ok" else f"failed: {(r.get('reason') or '').splitlines()[0][:80]}"
         match = None if r.get("tokens_match") is None else "yes" if r["tokens_match"] else "no"
         name = _model_name(r)
-        lines.append(f"| {name} ({params.get(name, 0) / 1e9:.2f} B) | {r['batch_size']} | {r['config_label']} | "
+        lines.append(f"| {name} ({params_text(params.get(name, 0))}) | {r['batch_size']} | {r['config_label']} | "
                      f"{_fmt(r.get('energy_j_per_token'))} | {_fmt(r.get('ttft_ms_p50'))} | "
                      f"{_fmt(r.get('tpot_ms_p50'))} | {_fmt(r.get('tpot_ms_p95'))} | {_fmt(r.get('tokens_per_s'))} | "
                      f"{_fmt(r.get('avg_power_w'))} | {_fmt(r.get('peak_power_w'))} | {_fmt(r.get('compile_s'))} | "
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 if stopped_early:
                     break
                 configs = plan(_split(args.configs), _split(args.precisions), batch)
-                log(f"{name} ({params[name] / 1e9:.2f} B parameters), batch {batch}: {len(configs)} configurations")
+                log(f"{name} ({params_text(params[name])} parameters), batch {batch}: {len(configs)} configurations")
                 try:
                     bench(model["spec"], configs, device=args.device, min_seconds=args.min_seconds,
                           budget_s=args.budget_s, db=db_path, batch_size=batch, model_options=model["options"] or None,

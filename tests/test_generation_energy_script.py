@@ -49,7 +49,7 @@ def test_a_smoke_sweep_stores_exports_and_prints_the_table(tmp_path, capsys):
     assert record["run"]["energy_j_per_token"] == run["energy_j_per_token"]
     assert record["workload"]["task"] == "generate" and record["workload"]["new_tokens"] == 4
     printed = capsys.readouterr().out
-    assert "| tiny (0.00 B) | 2 | eager/fp32/b2 |" in printed and "J/token" in printed
+    assert "| tiny (0.14 M) | 2 | eager/fp32/b2 |" in printed and "J/token" in printed
     assert "energy source: estimate (an estimate, not a measurement)" in printed
     assert (tmp_path / "summary.md").read_text() in printed
     assert open_db(tmp_path / "generation.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
