@@ -221,6 +221,9 @@ ALTER TABLE configs ADD COLUMN regional TEXT NOT NULL DEFAULT '';
 # config's overrides (JSON, also of a forward pass built with them); a configuration its KV cache ('dynamic'
 # unless set) and whether the prompt's forward pass is compiled too; a run the figures of a generation that a
 # decision ranks or limits on (the rest of a generation's figures are in its `extra.generation`).
+# The runs columns only a generation fills (NULL on a forward pass's run).
+GENERATION_RUN_COLUMNS = ("energy_j_per_token", "ttft_ms_p50", "tpot_ms_p50", "tpot_ms_p95", "tokens_per_s",
+                          "tokens_match")
 V8 = """
 ALTER TABLE workloads ADD COLUMN task TEXT;
 ALTER TABLE workloads ADD COLUMN prompt_len INTEGER;

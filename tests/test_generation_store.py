@@ -10,7 +10,7 @@ from joulepilot.compiler import CompileConfig
 from joulepilot.compiler.generation_workloads import Generation, workload_columns
 from joulepilot.compiler.workloads import workload_id
 from joulepilot.store import commit_run, list_runs, open_db, schema_version, workload_runs
-from joulepilot.store.schema import SCHEMA_VERSION
+from joulepilot.store.schema import GENERATION_RUN_COLUMNS, SCHEMA_VERSION
 from store_factories import database_at
 
 from joulepilot.cli import main
@@ -26,7 +26,8 @@ def test_a_version_7_database_migrates_and_its_runs_read_as_forward_passes(tmp_p
     (run,) = list_runs(db)
     assert (run["cache"], run["compile_prefill"], run["task"], run["prompt_len"], run["model_options"]) == \
         ("dynamic", 0, None, None, None)
-    assert all(run[name] is None for name in GENERATION_FIGURES)
+    assert set(GENERATION_FIGURES) == set(GENERATION_RUN_COLUMNS)
+    assert all(run[name] is None for name in GENERATION_RUN_COLUMNS)
     assert CompileConfig.from_row(run) == CompileConfig("eager", batch_size=8)
     (typed,) = workload_runs(db, "w1")
     assert typed.task is None and typed.model_options == {} and typed.energy_j_per_token is None
