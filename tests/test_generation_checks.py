@@ -3,6 +3,7 @@ workload is built: model options, the built-in tiny-llama, and a factory's calli
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -154,3 +155,17 @@ def test_a_factory_gets_the_arguments_it_accepts():
 def test_a_factory_that_cannot_generate_is_refused(factory, says):
     with pytest.raises(WorkloadError, match=says):
         load_workload(f"tests.generation_factories:{factory}", 2, generation=Generation(5, 3))
+
+
+def test_bench_builds_a_forward_pass_with_model_options_in_the_worker(tmp_path):
+    from joulepilot.compiler import bench, workload_id
+    from joulepilot.store import open_db
+
+    options = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
+    (run,) = bench("transformers:BertConfig", [CompileConfig("eager", batch_size=2)], device="cpu", seq_len=8,
+                   min_seconds=0.2, db=tmp_path / "jp.db", model_options=options)
+    assert run["status"] == "ok", run.get("reason")
+    assert run["workload_id"] == workload_id("transformers:BertConfig", 2, 8, model_options=options)
+    assert run["workload_id"] != workload_id("transformers:BertConfig", 2, 8)
+    params, stored = open_db(tmp_path / "jp.db").execute("SELECT params, model_options FROM workloads").fetchone()
+    assert params < 2_000_000 and stored == json.dumps(options, sort_keys=True)  # BERT-base has 110 M
