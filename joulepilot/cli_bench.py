@@ -211,6 +211,9 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         devices = check_devices(_split_values((devices_text,))) if devices_text is not None else None
         device = devices[0] if devices else check_device(device or default_device())
         generation = generation_of(task, prompt_len, new_tokens, caches, compile_prefill)
+        if generation is not None and (regional or regional_block):
+            raise ConfigError("--regional compiles a forward pass's repeated blocks, which is not measured for a "
+                              "generation yet: drop --regional")
         model_options = parse_model_options(model_option_items)
         plan_args = (_split_values(modes) or default_modes(device), _split_values(fusions) or ["default"],
                      _split_values(precisions) or default_precisions(device))

@@ -95,6 +95,9 @@ def test_without_transformers_a_generation_names_the_extra_to_install(monkeypatc
      "--model-option 'num_hidden_layers' must look like NAME=VALUE"),
     (["mlp", "--new-tokens", "8"], "--new-tokens shape a generation: add --task generate"),
     (["tiny-llama"], "'tiny-llama' is a generation workload; add --task generate"),
+    (["tiny-llama", "--task", "generate", "--regional"], "which is not measured for a generation yet"),
+    (["tiny-llama", "--task", "generate", "--seq-len", "8"], "--seq-len shapes a forward pass"),
+    (["tiny-llama", "--task", "generate", "--shapes", "seq_len=8,16"], "drop --shapes"),
 ])
 def test_bad_generation_input_is_one_line_and_exit_1(tmp_path, args, says):
     result = CliRunner().invoke(main, ["bench", *args, "--device", "cpu", "--db", str(tmp_path / "jp.db")])
