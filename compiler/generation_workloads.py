@@ -136,6 +136,29 @@ def from_job(job: Mapping[str, Any]) -> tuple[Generation | None, dict[str, Any] 
 
 
 # --- checks before anything runs ------------------------------------------------------------------------
+def not_a_causal_lm(spec: str, why: str = "") -> Exception:
+    """The one-line error for a spec that cannot generate (`why`: how that was told)."""
+    from .workloads import WorkloadError, quote_spec
+
+    return WorkloadError(f"workload {quote_spec(spec)} is not a causal language model{why}",
+                         f"--task generate needs {CAUSAL_LM_EXAMPLES}")
+
+
+def generation_only(spec: str) -> Exception:
+    """The one-line error for a generation spec asked for a forward pass."""
+    from .workloads import WorkloadError, quote_spec
+
+    return WorkloadError(f"workload {quote_spec(spec)} is a generation workload", "add --task generate")
+
+
+def model_options_refused(spec: str) -> Exception:
+    """The one-line error for model options given to a spec built from no transformers config."""
+    from .workloads import WorkloadError, quote_spec
+
+    return WorkloadError(f"--model-option applies to transformers:<ConfigClass> specs, not to {quote_spec(spec)}",
+                         "drop --model-option, or build the model in your factory")
+
+
 def _transformers() -> Any:
     """The transformers package; LibraryMissing naming the extra to install when it is not importable."""
     from .workloads import LibraryMissing
@@ -199,11 +222,8 @@ def check_causal_lm(spec: str, config: Any) -> None:
     """WorkloadError when transformers has no causal language model for the spec's config."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from .workloads import WorkloadError, quote_spec
-
     if getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise WorkloadError(f"workload {quote_spec(spec)} is not a causal language model (AutoModelForCausalLM has "
-                            f"no model for {type(config).__name__})", f"--task generate needs {CAUSAL_LM_EXAMPLES}")
+        raise not_a_causal_lm(spec, f" (AutoModelForCausalLM has no model for {type(config).__name__})")
 
 
 def check_positions(spec: str, config: Any, generation: Generation) -> None:
@@ -227,20 +247,19 @@ def check_workload_request(spec: str, *, generation: Generation | None, model_op
     does not have, a prompt longer than its positions, forward-pass arguments given to a generation, and
     generation knobs (a cache, a compiled prefill) given to a forward pass. A factory is not imported: the
     worker checks what it returns."""
-    from .workloads import WorkloadError, quote_spec, split_spec
+    from .workloads import split_spec
 
     source = config_source(spec)
     if generation is None:
-        generation_only = [c.label for c in configs if c.cache != DEFAULT_CACHE or c.compile_prefill]
-        if generation_only:
-            raise ConfigError(f"configuration {generation_only[0]} sets a KV cache or a compiled prefill, which only "
+        knobs = [c.label for c in configs if c.cache != DEFAULT_CACHE or c.compile_prefill]
+        if knobs:
+            raise ConfigError(f"configuration {knobs[0]} sets a KV cache or a compiled prefill, which only "
                               "a generation has: add --task generate (with --prompt-len and --new-tokens)")
         if spec in GENERATION_BUILTINS:
-            raise WorkloadError(f"workload {quote_spec(spec)} is a generation workload", "add --task generate")
+            raise generation_only(spec)
         if model_options:
             if source is None:
-                raise WorkloadError(f"--model-option applies to transformers:<ConfigClass> specs, not to "
-                                    f"{quote_spec(spec)}", "drop --model-option, or build the model in your factory")
+                raise model_options_refused(spec)
             transformers_config(spec, model_options)
         return
     if seq_len is not None or image_size is not None:
@@ -255,12 +274,10 @@ def check_workload_request(spec: str, *, generation: Generation | None, model_op
                           "generation yet: drop --regional")
     kind, _ = split_spec(spec)
     if source is None and kind != "factory":
-        raise WorkloadError(f"workload {quote_spec(spec)} is not a causal language model",
-                            f"--task generate needs {CAUSAL_LM_EXAMPLES}")
+        raise not_a_causal_lm(spec)
     if source is None:
         if model_options:
-            raise WorkloadError(f"--model-option applies to transformers:<ConfigClass> specs, not to "
-                                f"{quote_spec(spec)}", "drop --model-option, or build the model in your factory")
+            raise model_options_refused(spec)
         return
     config = transformers_config(spec, model_options)
     check_causal_lm(spec, config)
@@ -320,8 +337,7 @@ def build_generation(spec: str, batch_size: int, generation: Generation, model_o
         return model, (input_ids,), notes
     kind, name = split_spec(spec)
     if kind != "factory":
-        raise WorkloadError(f"workload {quote_spec(spec)} is not a causal language model",
-                            f"--task generate needs {CAUSAL_LM_EXAMPLES}")
+        raise not_a_causal_lm(spec)
     produced = call_factory(resolve_factory(name), spec, batch_size=batch_size, prompt_len=generation.prompt_len,
                             new_tokens=generation.new_tokens, device=device)
     if not (isinstance(produced, tuple) and len(produced) == 2):

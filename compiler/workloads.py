@@ -33,7 +33,13 @@ from typing import Any
 from joulepilot.store import stable_id
 from joulepilot.store.safeio import shorten
 
-from .generation_workloads import GENERATION_BUILTINS, Generation, model_options_key
+from .generation_workloads import (
+    GENERATION_BUILTINS,
+    Generation,
+    generation_only,
+    model_options_key,
+    model_options_refused,
+)
 from .shape_set import ShapeSet
 
 ADAPTERS = ("torchvision", "timm", "transformers")
@@ -311,9 +317,9 @@ def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_le
 
         return build_generation(spec, batch_size, generation, model_options, device, generator)
     if model_options and kind != "transformers":
-        raise WorkloadError(f"--model-option applies to transformers:<ConfigClass> specs, not to {quote_spec(spec)}")
+        raise model_options_refused(spec)
     if name in GENERATION_BUILTINS:
-        raise WorkloadError(f"workload {quote_spec(spec)} is a generation workload", "add --task generate")
+        raise generation_only(spec)
     if kind == "builtin":
         from .builtin_models import BUILTIN  # torch models: loaded when one is built, not to name one
 
