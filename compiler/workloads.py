@@ -24,7 +24,6 @@ import difflib
 import importlib
 import importlib.util
 import inspect
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,8 +369,7 @@ _PREBUILT: dict[tuple[Any, ...], Workload] = {}
 
 def _prebuilt_key(spec: str, batch_size: int, seq_len: int | None, image_size: int | None, seed: int,
                   model_options: Mapping[str, Any] | None = None, generation: Generation | None = None) -> tuple:
-    options = model_options_key(model_options)
-    return (spec, int(batch_size), seq_len, image_size, int(seed), json.dumps(options, sort_keys=True), generation)
+    return (spec, int(batch_size), seq_len, image_size, int(seed), repr(model_options_key(model_options)), generation)
 
 
 def can_prebuild(spec: str, device: str) -> bool:
