@@ -21,7 +21,8 @@ in a benchmark worker and, later, in a serving process):
   so a compiled prefill recompiles (and records another CUDA graph) for each new length, while a decode step's
   shapes never change; whether compiling the prefill pays for a fixed length is measured, never assumed
   (`--compile-prefill`). `reduce-overhead` with the static cache and an eager prefill is transformers' own
-  recipe (its automatic compile's default mode). A prompt of one token is shaped like a decode step and runs
+  recipe (its automatic compile's default mode; it passes `dynamic=None`, joulepilot `dynamic=False` unless the
+  configuration is dynamic, the same graph for a decode step, whose shapes never change). A prompt of one token is shaped like a decode step and runs
   the compiled forward.
 The model is prepared in place: afterwards `model.generate(...)` generates under the configuration.
 
