@@ -28,6 +28,8 @@ from .budget import WorkerBudget, worker_budget
 from .config import CompileConfig
 from .describe import count_flops, describe_workload
 from .doctor import DoctorError, analyse_model, doctor
+from .generation import GenerationError, PreparedGeneration, prepare_generation
+from .generation_workloads import Generation, plan_generation_configs
 from .inductor import checked_config, torch_compile_kwargs
 from .numerics import max_rel_error
 from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, REGIONAL_AUTO, ConfigError
@@ -49,6 +51,9 @@ __all__ = [
     "CompileConfig",
     "ConfigError",
     "DoctorError",
+    "Generation",
+    "GenerationError",
+    "PreparedGeneration",
     "MeasuredRun",
     "ShapeSet",
     "SweepContext",
@@ -77,6 +82,8 @@ __all__ = [
     "max_rel_error",
     "measure_config",
     "plan_configs",
+    "plan_generation_configs",
+    "prepare_generation",
     "save_artifacts",
     "save_warm_start",
     "start_zygote_early",

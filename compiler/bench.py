@@ -15,7 +15,7 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -41,6 +41,13 @@ from .budget import worker_budget
 from .config import CompileConfig
 from .device_pool import DevicePool, Finished, cpu_threads
 from .device_pool import worker_env as default_worker_env
+from .generation_workloads import (
+    Generation,
+    check_workload_request,
+    plan_generation_configs,
+    workload_columns,
+)
+from .generation_workloads import job_fields as generation_job_fields
 from .inductor import checked_config, effective_key
 from .measure import add_flag, far_slower
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
@@ -386,10 +393,13 @@ def time_warm_start(spec: str, config: CompileConfig, artifacts_path: str, *, co
 
 
 def worker_job_key(spec: str, config: CompileConfig, device: str, seq_len: int | None,
-                   image_size: int | None, shapes: ShapeSet | None = None) -> dict[str, Any]:
+                   image_size: int | None, shapes: ShapeSet | None = None, *,
+                   model_options: Mapping[str, Any] | None = None, generation: Generation | None = None
+                   ) -> dict[str, Any]:
     """The fields of a worker job that name its workload (what a zygote preloads); with `shapes`, at the
     set's first size, as `measure_config` builds it."""
-    key = {"spec": spec, "config": config.to_row(), "device": device, "seq_len": seq_len, "image_size": image_size}
+    key = {"spec": spec, "config": config.to_row(), "device": device, "seq_len": seq_len, "image_size": image_size,
+           **generation_job_fields(generation, model_options)}
     if shapes is not None:
         key[shapes.dim] = shapes.sizes[0]
     return key
@@ -418,6 +428,8 @@ def measure_config(
     zygotes: ZygotePool | None = None,
     windows: int = 1,
     threads: int | None = None,
+    model_options: Mapping[str, Any] | None = None,
+    generation: Generation | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
     worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
@@ -436,14 +448,17 @@ def measure_config(
     recorded in the run's `extra.worker_env`, as compile time depends on them. With `shapes`, the worker measures every size of the
     set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
     the number of sizes. On the CPU the worker runs torch with `threads` intra-op threads (default:
-    `device_pool.cpu_threads`), recorded in `extra.torch_threads` with where the number came from."""
+    `device_pool.cpu_threads`), recorded in `extra.torch_threads` with where the number came from.
+    `model_options` override the model's config; `generation` measures a generation instead of a forward pass
+    (`compiler.generation`: two windows, whole generations and prefills, so a larger allowance)."""
     job_started = time.monotonic()
     device = context.device
     origin = context.origin
-    wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes)
-    windows = 1 if shapes is not None else max(1, int(windows))
+    wid = workload_id(spec, config.batch_size, seq_len, image_size, shapes, model_options=model_options,
+                      generation=generation)
+    windows = 1 if shapes is not None or generation is not None else max(1, int(windows))
     # the allowance grows with the windows the worker takes (each size of a shape set, or further windows)
-    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else windows))
+    budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else 2 if generation else windows))
     if precompile is None:
         precompile = precompile_opted_in()
     artifacts = None
@@ -455,7 +470,7 @@ def measure_config(
         "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
-        "windows": windows,
+        "windows": windows, **generation_job_fields(generation, model_options),
     }
     if device == "cpu":
         job["threads"], job["threads_from"] = cpu_threads(threads)
@@ -492,7 +507,8 @@ def measure_config(
         result["warm_start_s"], warm_extra = warm_start_fields(warm)
         extra.update(warm_extra)
     described = result.get("workload")
-    workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size}
+    workload = dict(described) if described else {"id": wid, "spec": spec, "batch_size": config.batch_size,
+                                                   **workload_columns(generation, model_options)}
     if shapes is not None:  # the worker described the workload at the set's first size
         workload["id"] = wid
     further = result.pop("further_windows", None) or []
@@ -617,6 +633,8 @@ def bench(
     sample_hz: float = 10.0,
     threads: int | None = None,
     force: bool = False,
+    model_options: Mapping[str, Any] | None = None,
+    generation: Generation | None = None,
     progress: ProgressFn | None = None,
     notice: NoticeFn | None = None,
     stop_before: Callable[[CompileConfig], bool] | None = None,
@@ -641,7 +659,10 @@ def bench(
     $JOULEPILOT_PRECOMPILE, off unless set) has the compile record Dynamo's precompiled frames with them
     (see `measure_config`). `shapes` measures each
     configuration over a shape set (a weighted mix of input sizes; see `compiler.shapes`), the only case
-    where a configuration's `padding` means anything. `stop_before(config)`
+    where a configuration's `padding` means anything. `model_options` override attributes of a transformers
+    config; `generation` (prompt and new tokens) measures a generation instead of a forward pass
+    (`compiler.generation`; the default plan is then eager with the dynamic cache and compiled modes with the
+    static one; warm starts are not timed for it yet). `stop_before(config)`
     returning True ends the sweep before that configuration (a wall-clock deadline, say).
 
     `devices` (several GPUs, e.g. ["cuda:0", "cuda:1"]) measures that many configurations at once, one
@@ -667,8 +688,13 @@ def bench(
     split_spec(spec)
     check_spec(spec)
     if configs is None:
-        configs = plan_configs(default_modes(device), precisions=default_precisions(device), batch_size=batch_size or 1)
+        plan = plan_generation_configs if generation is not None else plan_configs
+        configs = plan(default_modes(device), precisions=default_precisions(device), batch_size=batch_size or 1)
     configs = [c.replace(batch_size=batch_size) if batch_size and c.batch_size != batch_size else c for c in configs]
+    check_workload_request(spec, generation=generation, model_options=model_options, configs=configs,
+                           seq_len=seq_len, image_size=image_size, shapes=shapes)
+    if generation is not None:  # a generation's warm start (artifacts, first generate call) is not timed yet
+        warm_start, save_artifacts = False, False
     if shapes is None and any(c.padding != "none" for c in configs):
         raise ConfigError("padding to buckets needs a shape set to pad: pass shapes=ShapeSet(...) (bench --shapes)")
     min_seconds = default_min_seconds(device) if min_seconds is None else float(min_seconds)
@@ -689,11 +715,13 @@ def bench(
                        stop_before=stop_before, phase_progress=phase_progress,
                        measure_kwargs={"min_seconds": min_seconds, "budget_s": budget_s, "seq_len": seq_len,
                                        "image_size": image_size, "shapes": shapes, "save_artifacts": save_artifacts,
-                                       "precompile": precompile, "sample_hz": sample_hz, "threads": threads},
+                                       "precompile": precompile, "sample_hz": sample_hz, "threads": threads,
+                                       "model_options": model_options, "generation": generation},
                        wants_warm_start=wants_warm_start, zygotes=zygotes)
         if on_gpu and configs:  # the zygotes' CPU work does not disturb the GPUs' idle power: overlap them
             for each in chosen:
-                start_zygote_early(zygotes, worker_job_key(spec, configs[0], each, seq_len, image_size, shapes),
+                start_zygote_early(zygotes, worker_job_key(spec, configs[0], each, seq_len, image_size, shapes,
+                                                           model_options=model_options, generation=generation),
                                    default_worker_env(len(chosen)))
         if len(chosen) > 1:
             return sweep.on_devices(chosen, idle_s)
@@ -722,7 +750,9 @@ class _Sweep:
 
     def _workload_id(self, config: CompileConfig) -> str:
         return workload_id(self.spec, config.batch_size, self.measure_kwargs["seq_len"],
-                           self.measure_kwargs["image_size"], self.measure_kwargs.get("shapes"))
+                           self.measure_kwargs["image_size"], self.measure_kwargs.get("shapes"),
+                           model_options=self.measure_kwargs.get("model_options"),
+                           generation=self.measure_kwargs.get("generation"))
 
     def _already_measured(self, index: int, config: CompileConfig, contexts: Sequence[SweepContext]
                           ) -> dict[str, Any] | None:

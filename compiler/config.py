@@ -17,7 +17,17 @@ from typing import Any
 
 from joulepilot.store import stable_id
 
-from .options import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS, ConfigError, check_choice, check_regional
+from .options import (
+    CACHES,
+    DEFAULT_CACHE,
+    FUSION_PRESETS,
+    MODES,
+    PADDINGS,
+    PRECISIONS,
+    ConfigError,
+    check_choice,
+    check_regional,
+)
 
 OptionItems = tuple[tuple[str, Any], ...]
 
@@ -43,6 +53,11 @@ class CompileConfig:
     block class instead (see `compiler.regional`), a class name compiles that class's instances. True
     and False are read as 'auto' and ''. A whole-model configuration's id is what it was before the
     field existed, so stored runs keep their configuration.
+
+    Generation (a workload with `task = "generate"`, see `compiler.generation`): `cache` is the KV cache
+    ('dynamic', the default, or 'static'); `compile_prefill` compiles the prompt's forward pass too (by default
+    only the decode steps run compiled, the prompt eagerly). Both enter the id and label only when not at their
+    default, so no configuration named before them changes; a forward pass keeps the defaults.
     """
 
     mode: str
@@ -54,21 +69,27 @@ class CompileConfig:
     # "buckets": inputs of a shape set are padded up to their bucket before each call (compiler.shape_set).
     padding: str = "none"
     regional: str = ""
+    cache: str = DEFAULT_CACHE
+    compile_prefill: bool = False
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
         check_choice("fusion preset", self.fusion, FUSION_PRESETS)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("padding", self.padding, PADDINGS)
+        check_choice("cache", self.cache, CACHES)
         if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         object.__setattr__(self, "dynamic", bool(self.dynamic))
+        object.__setattr__(self, "compile_prefill", bool(self.compile_prefill))
         object.__setattr__(self, "regional", check_regional(self.regional))
         options = _as_items(self.options)
         if self.mode == "eager" and (options or self.fusion != "default"):
             raise ConfigError("mode 'eager' does not compile, so fusion presets and Inductor options do not apply")
         if self.mode == "eager" and self.regional:
             raise ConfigError("mode 'eager' does not compile, so regional compilation does not apply")
+        if self.mode == "eager" and self.compile_prefill:
+            raise ConfigError("mode 'eager' does not compile, so compiling the prefill does not apply")
         object.__setattr__(self, "options", options)
 
     # --- identity -----------------------------------------------------------------------------
@@ -85,6 +106,10 @@ class CompileConfig:
             parts.append(f"padding={self.padding}")
         if self.regional:
             parts.append(["regional", self.regional])
+        if self.cache != DEFAULT_CACHE:
+            parts.append(["cache", self.cache])
+        if self.compile_prefill:
+            parts.append("compile_prefill")
         return stable_id(*parts)
 
     @property
@@ -93,6 +118,10 @@ class CompileConfig:
         if self.fusion != "default":
             parts.append(self.fusion)
         parts.extend(f"{k}={v}" for k, v in self.options)
+        if self.cache != DEFAULT_CACHE:
+            parts.append(f"{self.cache}-cache")
+        if self.compile_prefill:
+            parts.append("compiled-prefill")
         parts.append(self.precision)
         if self.dynamic:
             parts.append("dynamic")
@@ -108,9 +137,9 @@ class CompileConfig:
         return self.mode != "eager"
 
     def to_row(self) -> dict[str, Any]:
-        """The configs-table row. `padding` and `regional` only when set (their columns default to 'none' and
-        ''), so the rows of every configuration named before them, in decisions, lock files and exports, are
-        unchanged."""
+        """The configs-table row. `padding`, `regional`, `cache` and `compile_prefill` only when set (their
+        columns default to 'none', '', 'dynamic' and 0), so the rows of every configuration named before them,
+        in decisions, lock files and exports, are unchanged."""
         row = {
             "id": self.id,
             "label": self.label,
@@ -125,6 +154,10 @@ class CompileConfig:
             row["padding"] = self.padding
         if self.regional:
             row["regional"] = self.regional
+        if self.cache != DEFAULT_CACHE:
+            row["cache"] = self.cache
+        if self.compile_prefill:
+            row["compile_prefill"] = 1
         return row
 
     @classmethod
@@ -142,11 +175,13 @@ class CompileConfig:
             batch_size=int(row.get("batch_size") or 1),
             padding=row.get("padding") or "none",
             regional=row.get("regional") or "",
+            cache=row.get("cache") or DEFAULT_CACHE,
+            compile_prefill=bool(row.get("compile_prefill")),
         )
 
     def replace(self, **changes: Any) -> CompileConfig:
         values = {"mode": self.mode, "fusion": self.fusion, "options": self.options, "precision": self.precision,
                   "dynamic": self.dynamic, "batch_size": self.batch_size, "padding": self.padding,
-                  "regional": self.regional}
+                  "regional": self.regional, "cache": self.cache, "compile_prefill": self.compile_prefill}
         values.update(changes)
         return CompileConfig(**values)

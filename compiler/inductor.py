@@ -13,7 +13,7 @@ from typing import Any
 from joulepilot.store import stable_id
 
 from .config import CompileConfig
-from .options import CUDA_ONLY_OPTIONS, FUSION_PRESETS, ConfigError, did_you_mean
+from .options import CUDA_ONLY_OPTIONS, DEFAULT_CACHE, FUSION_PRESETS, ConfigError, did_you_mean
 
 
 def inductor_defaults() -> dict[str, Any]:
@@ -146,4 +146,8 @@ def effective_key(config: CompileConfig, device: str | None = None) -> str:
         parts.append(config.padding)
     if config.regional:
         parts.append(["regional", config.regional])
+    if config.cache != DEFAULT_CACHE:
+        parts.append(["cache", config.cache])
+    if config.compile_prefill:
+        parts.append("compile_prefill")
     return stable_id(*parts)

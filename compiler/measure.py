@@ -176,15 +176,25 @@ def latencies_and_window(call: Callable[[], Any], sync: Callable[[], None], mete
         phases.enter("window")
     if before_window is not None:
         before_window()
+    calls, timed, measurement = metered_window(call, sync, meter, device=device, min_seconds=min_seconds)
+    return TimedWindow(calls=calls, latencies_ms=timed if synchronous else latencies, measurement=measurement,
+                       latency_pass_s=pass_s, latency_source="window" if synchronous else "latency_pass")
+
+
+def metered_window(call: Callable[[], Any], sync: Callable[[], None], meter: Any, *, device: str,
+                   min_seconds: float, name: str = "window") -> tuple[int, list[float], Any]:
+    """One metered window of back-to-back calls, at least `min_seconds` long (and 3 calls), synchronised before
+    it opens and before it closes: (calls, the calls' latencies in ms on a synchronous device, else [], what
+    `meter.end(name)` returned)."""
     sync()
-    meter.begin("window")
-    if synchronous:
+    meter.begin(name)
+    latencies: list[float] = []
+    if is_synchronous(device):
         calls, latencies = timed_back_to_back(call, min_seconds=min_seconds)
     else:
         calls = back_to_back(call, sync, min_seconds=min_seconds)
-    measurement = meter.end("window")
-    return TimedWindow(calls=calls, latencies_ms=latencies, measurement=measurement, latency_pass_s=pass_s,
-                       latency_source="window" if synchronous else "latency_pass")
+    return calls, latencies, meter.end(name)
+
 
 
 # --- disturbed runs --------------------------------------------------------------------------------------

@@ -40,6 +40,13 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # is; "buckets" pads each input up to its bucket first, so a static compile sees fewer distinct shapes.
 PADDINGS = ("none", "buckets")
 
+# The KV cache of a generation (a `task = "generate"` workload): "dynamic" grows with every token (transformers'
+# default, what eager decoding uses), "static" is allocated once for prompt + new tokens, so every decode step
+# has the same shapes and a compiled step can be replayed as a CUDA graph. A forward pass has no cache: its
+# configurations keep the default.
+CACHES = ("dynamic", "static")
+DEFAULT_CACHE = "dynamic"
+
 # Options that only mean something on a CUDA device; Inductor ignores them for CPU graphs.
 CUDA_ONLY_OPTIONS = frozenset({"triton.cudagraphs"})
 
@@ -96,12 +103,14 @@ def parse_option_value(text: str) -> Any:
     return text
 
 
-def parse_option_assignments(items: Any) -> dict[str, Any]:
-    """['max_fusion_size=32', 'epilogue_fusion=false'] -> {'max_fusion_size': 32, 'epilogue_fusion': False}."""
+def parse_option_assignments(items: Any, *, what: str = "option", example: str = "epilogue_fusion=false"
+                             ) -> dict[str, Any]:
+    """['max_fusion_size=32', 'epilogue_fusion=false'] -> {'max_fusion_size': 32, 'epilogue_fusion': False}.
+    `what` and `example` name the option in the error for an item that is not NAME=VALUE."""
     options: dict[str, Any] = {}
     for item in items or ():
-        if "=" not in item:
-            raise ConfigError(f"option {item!r} must look like NAME=VALUE, e.g. epilogue_fusion=false")
-        name, _, value = item.partition("=")
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"{what} {item!r} must look like NAME=VALUE, e.g. {example}")
         options[name.strip()] = parse_option_value(value)
     return options

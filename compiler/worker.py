@@ -11,6 +11,8 @@ tell a compile that overran its budget from a slow measurement. Kinds of job:
   numerical check, optional artifact save and description.
 - "warm_start": load saved artifacts into this (fresh) process's caches, then time applying the
   configuration and its first call (see `compiler.warmstart`).
+- "bench" of a generation (the job has `generation`): the same meters and phases, a generation's windows
+  (`compiler/generation.py`).
 - "doctor": graph breaks, graphs, recompiles and eager time of a workload (`compiler/doctor.py`).
 
 The parent gives each job fresh TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR folders, so the first
@@ -217,10 +219,47 @@ def _further_window(index: int, started_at: float, timed: Any, finished_at: floa
     return fields
 
 
-def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
+def origin_fields(job: dict[str, Any], device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run's provenance: (its runs-table columns, what its `extra.provenance` keeps), from the job's
+    provenance (the sweep's) or this process's own."""
+    from .provenance import provenance
+
+    origin = job.get("provenance") or provenance(device)
+    columns = {k: v for k, v in origin.items()
+               if k in ("device_name", "driver_version", "torch_version", "triton_version", "joulepilot_version",
+                        "provenance_key", "host_id")}
+    return columns, {k: origin[k] for k in ("hostname", "cuda_version", "python_version")}
+
+
+def record_compile_facts(result: dict[str, Any], config: Any, device: str, breaks: Any, frames_after_first: int,
+                         threads_from: str | None = None) -> None:
+    """What a run records of its compile, once measuring is done: graph breaks, recompiles since the first
+    call, the torch.compile arguments, threads and cache hits."""
     import torch
 
     from . import inductor
+
+    extra = result["extra"]
+    _, frames = _dynamo_counts()
+    # Breaks are a property of the model under this configuration: each place Dynamo broke the graph in
+    # the first call, as `joulepilot doctor` lists them; graphs compiled later are recompiles.
+    result["graph_breaks"] = len(breaks.breaks)
+    result["recompiles"] = max(0, frames - frames_after_first)
+    extra["dynamo_frames_first_call"] = frames_after_first
+    if breaks.breaks:
+        extra["graph_breaks"] = breaks.to_list()
+    extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
+    extra["torch_threads"] = torch.get_num_threads()
+    if threads_from:
+        extra["torch_threads_from"] = threads_from
+    extra["compile_caches"] = _cache_counters()
+    if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
+        extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
+
+
+def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
+    import torch
+
     from .apply import apply_config
     from .artifacts import kernel_cache_dirs, save_warm_start
     from .compile_meter import CompileWindow
@@ -236,7 +275,6 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     )
     from .numerics import numeric_check
     from .precision import strict_fp32
-    from .provenance import provenance
     from .regional import describe_regional
     from .shapes import ShapeSetRun
     from .warmstart import compile_timers, enable_precompile
@@ -247,16 +285,13 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     min_seconds = float(job["min_seconds"])
     result: dict[str, Any] = {"extra": {}}
     extra = result["extra"]
-    origin = job.get("provenance") or provenance(device)
-    result.update({k: v for k, v in origin.items()
-                   if k in ("device_name", "driver_version", "torch_version", "triton_version",
-                            "joulepilot_version", "provenance_key", "host_id")})
-    extra["provenance"] = {k: origin[k] for k in ("hostname", "cuda_version", "python_version")}
+    columns, extra["provenance"] = origin_fields(job, device)
+    result.update(columns)
 
     phases.enter("load")
     workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
-                             seed=int(job.get("seed", 1234)))
+                             seed=int(job.get("seed", 1234)), model_options=job.get("model_options"))
     model, inputs = workload.model, workload.example_inputs
     shape_run = ShapeSetRun.from_job(job, config, device)  # None unless the job measures a shape set
     if shape_run is not None:
@@ -344,22 +379,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     finally:
         meter.close()
 
-    _, frames = _dynamo_counts()
-    # Breaks are a property of the model under this configuration: each place Dynamo broke the graph in
-    # the first call, as `joulepilot doctor` lists them; graphs compiled later are recompiles.
-    result["graph_breaks"] = len(breaks.breaks)
-    result["recompiles"] = max(0, frames - frames_after_first)
-    extra["dynamo_frames_first_call"] = frames_after_first
-    if breaks.breaks:
-        extra["graph_breaks"] = breaks.to_list()
-    extra["torch_compile_kwargs"] = inductor.torch_compile_kwargs(config, device)
-    extra["torch_threads"] = torch.get_num_threads()
-    if job.get("threads_from"):
-        extra["torch_threads_from"] = job["threads_from"]
-    extra["compile_caches"] = _cache_counters()
-    if config.compiles and not str(device).startswith("cuda") and config.mode in ("reduce-overhead", "max-autotune"):
-        extra["note"] = "CUDA graphs do not apply on a CPU device; they were left out"
-
+    record_compile_facts(result, config, device, breaks, frames_after_first, threads_from=job.get("threads_from"))
     result.update(_window_fields(window, calls, config.batch_size, idle))
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)
     _check_window_pace(window.duration_s * 1000.0 / calls, result.get("latency_ms_p50"), extra,
@@ -434,7 +454,7 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     phases.enter("load")
     workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),
-                             seed=int(job.get("seed", 1234)))
+                             seed=int(job.get("seed", 1234)), model_options=job.get("model_options"))
     sync = synchronizer(device)
     phases.enter("reference")
     with torch.no_grad(), strict_fp32():  # to check that the loaded code computes what the model does
@@ -504,6 +524,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             from .doctor import run_doctor_job
 
             result = run_doctor_job(job, phases)
+        elif kind == "bench" and job.get("generation"):
+            from .generation import run_generation
+
+            result = run_generation(job, phases)
         else:
             result = run_warm_start(job, phases) if kind == "warm_start" else run_bench(job, phases)
     except Exception as exc:

@@ -9,6 +9,10 @@ Specs:
                                        vision configs
   package.module:factory               your own model; also path/to/file.py:factory
 
+A generation (`task = "generate"`: a prompt, then new tokens against a KV cache) is built by
+`compiler.generation_workloads` (also `tiny-llama`, its built-in spec); `model_options` override attributes
+of a transformers config, for either task.
+
 A factory is called with batch_size and device where it accepts them, and with the sizes the user gave
 (seq_len, image_size; one left out is not passed, so the factory's default holds); a size given that it does
 not accept is refused. It returns either (model, example_inputs) or a model that has an
@@ -34,6 +38,13 @@ from typing import Any
 from joulepilot.store import stable_id
 from joulepilot.store.safeio import shorten
 
+from .generation_workloads import (
+    GENERATION_BUILTINS,
+    Generation,
+    generation_only,
+    model_options_key,
+    model_options_refused,
+)
 from .shape_set import ShapeSet
 
 ADAPTERS = ("torchvision", "timm", "transformers")
@@ -62,11 +73,20 @@ def quote_spec(spec: str) -> str:
 
 
 def workload_id(spec: str, batch_size: int, seq_len: int | None = None, image_size: int | None = None,
-                shapes: ShapeSet | None = None) -> str:
-    """Stable id of a workload; a shape set (measured as a weighted mix of its sizes) makes another one."""
-    if shapes is None:
-        return stable_id("workload", spec, int(batch_size), seq_len, image_size)
-    return stable_id("workload", spec, int(batch_size), seq_len, image_size, {"shapes": shapes.key()})
+                shapes: ShapeSet | None = None, *, model_options: Mapping[str, Any] | None = None,
+                generation: Generation | None = None) -> str:
+    """Stable id of a workload; a shape set (measured as a weighted mix of its sizes), model options and a
+    generation (its prompt and new tokens) each make another one. Each enters only when given, so the id of
+    every forward-pass workload named before them is unchanged."""
+    parts: list[Any] = ["workload", spec, int(batch_size), seq_len, image_size]
+    if shapes is not None:
+        parts.append({"shapes": shapes.key()})
+    options = model_options_key(model_options)
+    if options:
+        parts.append({"model_options": options})
+    if generation is not None:
+        parts.append(generation.key())
+    return stable_id(*parts)
 
 
 @dataclass
@@ -79,17 +99,31 @@ class Workload:
     seq_len: int | None = None
     image_size: int | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    model_options: dict[str, Any] | None = None
+    generation: Generation | None = None  # set for a generation: example_inputs is then (input_ids,)
 
     @property
     def id(self) -> str:
-        return workload_id(self.spec, self.batch_size, self.seq_len, self.image_size)
+        return workload_id(self.spec, self.batch_size, self.seq_len, self.image_size,
+                           model_options=self.model_options, generation=self.generation)
 
     def describe(self, graph: bool = True, with_details: bool = False) -> dict[str, Any]:
         """A row for the workloads table: id, spec, batch_size, params, flops_per_inference (one forward
-        call of one batch), graph_nodes, op_mix, inputs."""
+        call of one batch; for a generation, one generate call), graph_nodes, op_mix, inputs."""
+        if self.generation is not None:
+            from .generation_workloads import describe_generation
+
+            row = describe_generation(self)
+            details = row.pop("details")
+            return {**row, "details": details} if with_details else row
         from .describe import describe_workload
 
-        return describe_workload(self, graph=graph, with_details=with_details)
+        row = describe_workload(self, graph=graph, with_details=with_details)
+        if self.model_options:
+            from .generation_workloads import workload_columns
+
+            row.update(workload_columns(None, self.model_options))
+        return row
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -98,7 +132,7 @@ def split_spec(spec: str) -> tuple[str, str]:
     if not spec:
         raise WorkloadError("empty workload spec; use mlp, convnet, transformer, torchvision:<name>, "
                             "timm:<name>, transformers:<ConfigClass> or package.module:factory")
-    if spec in BUILTIN_NAMES:
+    if spec in BUILTIN_NAMES or spec in GENERATION_BUILTINS:
         return "builtin", spec
     prefix, sep, rest = spec.partition(":")
     if not sep:
@@ -237,18 +271,19 @@ def _check_adapter_name(kind: str, name: str, spec: str, library: Any) -> None:
 _SIZE_OPTIONS = {"batch_size": "--batch-size", "seq_len": "--seq-len", "image_size": "--image-size"}
 
 
-def _call_factory(factory: Callable[..., Any], spec: str, *, batch_size: int, device: str,
-                  **sizes: int | None) -> tuple[Any, tuple]:
-    """Call a `module:factory` with the sizes the user gave (a size left out is not passed, so the factory's
-    own default holds, never None) and `batch_size` and `device` where it takes them. A size the user gave
-    that the factory does not take is refused: the run would be labelled with a size its inputs do not
-    have."""
+def call_factory(factory: Callable[..., Any], spec: str, *, offered: Mapping[str, Any],
+                 given: Mapping[str, int | None] | None = None) -> tuple[Any, dict[str, Any]]:
+    """What a user's factory returns, and the arguments it was called with: each of `offered` (batch size,
+    device, a generation's prompt and new tokens) where it takes it, and the sizes the user gave (`given`; a size
+    left out (None) is not passed, so the factory's own default holds, never None). A size the user gave that
+    the factory does not take is refused: the run would be labelled with a size its inputs do not have.
+    WorkloadError when it raises."""
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    given = {k: v for k, v in sizes.items() if v is not None}
+    given = {k: v for k, v in (given or {}).items() if v is not None}
     name = getattr(factory, "__name__", "the factory")
     for key, value in given.items():
         if not takes_any and key not in params:
@@ -256,15 +291,21 @@ def _call_factory(factory: Callable[..., Any], spec: str, *, batch_size: int, de
                 f"workload {quote_spec(spec)}: {key} {value} was given ({_SIZE_OPTIONS[key]}, or {key} in a policy), "
                 f"but {name}() takes no {key} parameter",
                 f"drop it, or give {name}() a {key} parameter that sizes the example inputs")
-    available = {"batch_size": batch_size, "device": device, **given}
-    kwargs = {k: v for k, v in available.items() if takes_any or k in params}
+    kwargs = {k: v for k, v in {**offered, **given}.items() if takes_any or k in params}
     try:
-        produced = factory(**kwargs)
+        return factory(**kwargs), kwargs
     except Exception as exc:
         raise WorkloadError(f"workload {quote_spec(spec)}: the factory raised {type(exc).__name__}: {exc}") from exc
+
+
+def _call_factory(factory: Callable[..., Any], spec: str, *, batch_size: int, device: str,
+                  **sizes: int | None) -> tuple[Any, tuple]:
+    produced, kwargs = call_factory(factory, spec, offered={"batch_size": batch_size, "device": device},
+                                    given=sizes)
     if isinstance(produced, tuple) and len(produced) == 2:
         model, inputs = produced
         if batch_size != 1 and "batch_size" not in kwargs:
+            name = getattr(factory, "__name__", "the factory")
             raise WorkloadError(
                 f"workload {quote_spec(spec)}: batch_size {batch_size} was given (--batch-size, or batch_size in a "
                 f"policy), but {name}() takes no batch_size parameter and returns its own example inputs",
@@ -282,7 +323,7 @@ def _call_factory(factory: Callable[..., Any], spec: str, *, batch_size: int, de
 
 
 def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | None, image_size: int | None,
-                        generator: Any) -> tuple[Any, tuple, dict[str, Any]]:
+                        generator: Any, model_options: Mapping[str, Any] | None = None) -> tuple[Any, tuple, dict[str, Any]]:
     import torch
 
     from .hf_adapter import HiddenStates
@@ -291,7 +332,12 @@ def _transformers_model(name: str, spec: str, batch_size: int, seq_len: int | No
     config_class = getattr(transformers, name, None)
     if config_class is None:
         raise WorkloadError(f"workload {quote_spec(spec)}: transformers has no class {name!r}")
-    config = config_class()
+    if model_options:
+        from .generation_workloads import transformers_config
+
+        config = transformers_config(spec, model_options)
+    else:
+        config = config_class()
     if hasattr(config, "use_cache"):
         config.use_cache = False  # outputs must be one tensor, without a KV cache
     try:
@@ -336,9 +382,18 @@ def _reinit_zero_weights(model: Any, generator: Any) -> dict[str, Any]:
 
 
 def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_len: int | None,
-           image_size: int | None, generator: Any) -> tuple[Any, tuple, dict[str, Any]]:
+           image_size: int | None, generator: Any, model_options: Mapping[str, Any] | None = None,
+           generation: Generation | None = None) -> tuple[Any, tuple, dict[str, Any]]:
     import torch
 
+    if generation is not None:
+        from .generation_workloads import build_generation
+
+        return build_generation(spec, batch_size, generation, model_options, device, generator)
+    if model_options and kind != "transformers":
+        raise model_options_refused(spec)
+    if name in GENERATION_BUILTINS:
+        raise generation_only(spec)
     if kind == "builtin":
         from .builtin_models import BUILTIN  # torch models: loaded when one is built, not to name one
 
@@ -363,7 +418,7 @@ def _build(kind: str, name: str, spec: str, batch_size: int, device: str, seq_le
         return model, (torch.randn(batch_size, 3, size, image_size or width, generator=generator),), \
             {"image_size": size, **_reinit_zero_weights(model, generator)}
     if kind == "transformers":
-        return _transformers_model(name, spec, batch_size, seq_len, image_size, generator)
+        return _transformers_model(name, spec, batch_size, seq_len, image_size, generator, model_options)
     factory = resolve_factory(name)
     model, inputs = _call_factory(factory, spec, batch_size=batch_size, seq_len=seq_len,
                                   image_size=image_size, device=device)
@@ -387,8 +442,9 @@ def _to_device(value: Any, device: str) -> Any:
 _PREBUILT: dict[tuple[Any, ...], Workload] = {}
 
 
-def _prebuilt_key(spec: str, batch_size: int, seq_len: int | None, image_size: int | None, seed: int) -> tuple:
-    return (spec, int(batch_size), seq_len, image_size, int(seed))
+def _prebuilt_key(spec: str, batch_size: int, seq_len: int | None, image_size: int | None, seed: int,
+                  model_options: Mapping[str, Any] | None = None, generation: Generation | None = None) -> tuple:
+    return (spec, int(batch_size), seq_len, image_size, int(seed), repr(model_options_key(model_options)), generation)
 
 
 def can_prebuild(spec: str, device: str) -> bool:
@@ -398,32 +454,40 @@ def can_prebuild(spec: str, device: str) -> bool:
 
 
 def prebuild_workload(spec: str, batch_size: int = 1, seq_len: int | None = None, image_size: int | None = None,
-                      seed: int = DEFAULT_SEED) -> Workload:
+                      seed: int = DEFAULT_SEED, *, model_options: Mapping[str, Any] | None = None,
+                      generation: Generation | None = None) -> Workload:
     """Build the workload on the CPU now and keep it for the next matching `load_workload` of this process
     (or of a process forked from it, which then owns its copy)."""
-    workload = load_workload(spec, batch_size, "cpu", seq_len, image_size, seed)
-    _PREBUILT[_prebuilt_key(spec, batch_size, seq_len, image_size, seed)] = workload
+    workload = load_workload(spec, batch_size, "cpu", seq_len, image_size, seed, model_options=model_options,
+                             generation=generation)
+    _PREBUILT[_prebuilt_key(spec, batch_size, seq_len, image_size, seed, model_options, generation)] = workload
     return workload
 
 
 def load_workload(spec: str, batch_size: int = 1, device: str = "cpu", seq_len: int | None = None,
-                  image_size: int | None = None, seed: int = DEFAULT_SEED) -> Workload:
+                  image_size: int | None = None, seed: int = DEFAULT_SEED, *,
+                  model_options: Mapping[str, Any] | None = None, generation: Generation | None = None) -> Workload:
     """Build the model (eval mode, random weights from `seed`) and its example inputs on `device`; a
-    workload prebuilt for these arguments (`prebuild_workload`) is handed out instead, moved to `device`."""
+    workload prebuilt for these arguments (`prebuild_workload`) is handed out instead, moved to `device`.
+    `model_options` override a transformers config's attributes; `generation` builds a causal LM and a batch
+    of prompts instead of a forward pass (`compiler.generation_workloads`)."""
     import torch
 
-    prebuilt = _PREBUILT.pop(_prebuilt_key(spec, batch_size, seq_len, image_size, seed), None)
+    options = dict(model_options) if model_options else None
+    prebuilt = _PREBUILT.pop(_prebuilt_key(spec, batch_size, seq_len, image_size, seed, options, generation), None)
     if prebuilt is not None:
         model = prebuilt.model.to(device) if hasattr(prebuilt.model, "to") else prebuilt.model
         return Workload(spec=spec, batch_size=batch_size, device=device, model=model,
                         example_inputs=tuple(_to_device(prebuilt.example_inputs, device)),
-                        seq_len=seq_len, image_size=image_size, notes=dict(prebuilt.notes))
+                        seq_len=seq_len, image_size=image_size, notes=dict(prebuilt.notes), model_options=options,
+                        generation=generation)
     if batch_size < 1:
         raise WorkloadError(f"workload {quote_spec(spec)}: batch_size must be at least 1, got {batch_size}")
     kind, name = split_spec(spec)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    model, inputs, notes = _build(kind, name, spec, batch_size, device, seq_len, image_size, generator)
+    model, inputs, notes = _build(kind, name, spec, batch_size, device, seq_len, image_size, generator, options,
+                                  generation)
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     elif isinstance(inputs, Mapping):  # tuple() of it would pass the keys as the model's inputs
@@ -437,4 +501,4 @@ def load_workload(spec: str, batch_size: int = 1, device: str = "cpu", seq_len: 
         model = model.to(device)
     return Workload(spec=spec, batch_size=batch_size, device=device, model=model,
                     example_inputs=tuple(_to_device(tuple(inputs), device)),
-                    seq_len=seq_len, image_size=image_size, notes=notes)
+                    seq_len=seq_len, image_size=image_size, notes=notes, model_options=options, generation=generation)

@@ -54,11 +54,15 @@ class ZygoteKey:
     image_size: int | None
     seed: int
     device: str
+    # the job's model options and generation (`generation_workloads.job_fields`) as sorted JSON; '' for none
+    variant: str = ""
 
     @classmethod
     def of_job(cls, job: dict[str, Any]) -> ZygoteKey:
+        variant = {k: job[k] for k in ("model_options", "generation") if job.get(k)}
         return cls(str(job["spec"]), int(job["config"].get("batch_size") or 1), job.get("seq_len"),
-                   job.get("image_size"), int(job.get("seed", 1234)), str(job["device"]))
+                   job.get("image_size"), int(job.get("seed", 1234)), str(job["device"]),
+                   json.dumps(variant, sort_keys=True) if variant else "")
 
 
 def forking_enabled() -> bool:

@@ -127,6 +127,7 @@ def preload_modules(info: dict[str, Any], compiler: bool = True) -> None:
 
 def preload_workload(setup: dict[str, Any], info: dict[str, Any]) -> None:
     """Import the workload's library or module and, where `can_prebuild`, build it on the CPU."""
+    from .generation_workloads import from_job
     from .workloads import ADAPTERS, can_prebuild, prebuild_workload, resolve_factory, split_spec
 
     spec, device = setup["spec"], setup["device"]
@@ -141,8 +142,9 @@ def preload_workload(setup: dict[str, Any], info: dict[str, Any]) -> None:
                 resolve_factory(name)
             info["preloaded"].append(name.rpartition(":")[0])
         if can_prebuild(spec, device):
+            generation, model_options = from_job(json.loads(setup["variant"]) if setup.get("variant") else {})
             prebuild_workload(spec, int(setup["batch_size"]), setup.get("seq_len"), setup.get("image_size"),
-                              int(setup["seed"]))
+                              int(setup["seed"]), model_options=model_options, generation=generation)
             info["built"] = True
     except Exception as exc:  # each child builds it again and fails with the worker's own message
         info["build_error"] = f"{type(exc).__name__}: {exc}"[:500]

@@ -18,6 +18,12 @@ SUMMARY_HEADERS = ("run", "config", "status", "compile s", "warm s", "p50 ms", "
 # Left out in this order where the table would not fit; run, config, status, p50, J/inference and source stay.
 SUMMARY_DROP_FIRST = ("warm_start_s", "peak_power_w", "latency_ms_p95", "max_rel_error", "throughput_per_s",
                       "avg_power_w", "compile_s")
+# A generation's table (bench --task generate): per generated token, and its time to first token and per token.
+GENERATION_COLUMNS = ("run_id", "config_label", "status", "compile_s", "ttft_ms_p50", "tpot_ms_p50", "tpot_ms_p95",
+                      "tokens_per_s", "energy_j_per_token", "avg_power_w", "peak_power_w", "tokens_match",
+                      "max_rel_error", "energy_source")
+GENERATION_HEADERS = ("run", "config", "status", "compile s", "TTFT ms", "TPOT ms", "TPOT p95 ms", "tokens/s",
+                      "J/token", "avg W", "peak W", "tokens match", "max rel err", "source")
 
 
 def _split_values(values: tuple[str, ...]) -> list[str]:
@@ -47,11 +53,23 @@ def _end_line(run: dict[str, Any]) -> tuple[str, str | None]:
         from joulepilot.store import compile_energy_text
 
         compile_j = compile_energy_text(run)
-        return (f"ok, compile {run['compile_s']:.2f} s{', ' + compile_j if compile_j else ''}, "
-                f"p50 {run['latency_ms_p50']:.3f} ms, "
+        compiled = f"ok, compile {run['compile_s']:.2f} s{', ' + compile_j if compile_j else ''}, "
+        if run.get("energy_j_per_token") is not None:
+            return compiled + _generation_figures(run), warning
+        return (compiled + f"p50 {run['latency_ms_p50']:.3f} ms, "
                 f"{run['energy_j_per_inference']:.4g} J/inference ({run['energy_source']})", warning)
     first_line = (run.get("reason") or "").splitlines()[0] if run.get("reason") else "unknown reason"
     return f"FAILED, {first_line}", None
+
+
+def _generation_figures(run: dict[str, Any]) -> str:
+    """A generation's end-line figures: 'TTFT 3.1 ms, TPOT 1.2 ms, 0.0151 J/token (estimate), tokens differ'."""
+    ttft, tpot = run.get("ttft_ms_p50"), run.get("tpot_ms_p50")
+    parts = [f"TTFT {ttft:.3g} ms" if ttft is not None else "", f"TPOT {tpot:.3g} ms" if tpot is not None else "",
+             f"{run['energy_j_per_token']:.4g} J/token ({run['energy_source']})"]
+    if run.get("tokens_match") == 0:
+        parts.append("greedy tokens differ from eager fp32's")
+    return ", ".join(p for p in parts if p)
 
 
 def _bench_with_progress(configs: list[Any], *, parallel: int = 1, **kwargs: Any) -> list[dict[str, Any]]:
@@ -95,6 +113,10 @@ def _echo_graph_breaks(runs: list[dict[str, Any]], spec: str, batch_size: int, s
         click.echo(f"graph breaks in {note_line(note)}")
 
 
+def _yes_no(flag: Any) -> str | None:
+    return None if flag is None else "yes" if flag else "no"
+
+
 def _notice(text: str) -> None:
     click.echo(f"bench: {text}", err=True)
 
@@ -119,6 +141,21 @@ def _notice(text: str) -> None:
                    "repeated block class compiled instance by instance instead of the whole model.")
 @click.option("--regional-block", metavar="CLASS",
               help="The block class regional compilation compiles (e.g. BertLayer); implies --regional.")
+@click.option("--task", type=click.Choice(["forward", "generate"]), default="forward", show_default=True,
+              help="forward: J per forward call of one batch; generate: a prompt, then new tokens against a KV "
+                   "cache (J per generated token, TTFT, TPOT) for a causal LM (tiny-llama, transformers:LlamaConfig, "
+                   "...).")
+@click.option("--prompt-len", type=SIZE, help="--task generate: prompt tokens per sequence (default 128).")
+@click.option("--new-tokens", type=SIZE, help="--task generate: tokens every sequence generates (default 128).")
+@click.option("--model-option", "model_option_items", multiple=True, metavar="NAME=VALUE",
+              help="Override an attribute of a transformers config (or tiny-llama's), e.g. num_hidden_layers=2; "
+                   "repeatable.")
+@click.option("--cache", "caches", multiple=True,
+              help="--task generate: KV caches, dynamic and/or static (default: eager with the dynamic cache, "
+                   "compiled modes with the static one).")
+@click.option("--compile-prefill", is_flag=True,
+              help="--task generate: also measure each compiled configuration with the prompt's forward pass "
+                   "compiled (by default only decode steps run compiled).")
 @click.option("--seq-len", type=SIZE, help="Sequence length for token workloads.")
 @click.option("--image-size", type=SIZE, help="Image side for vision workloads.")
 @click.option("--shapes", metavar="DIM=SIZE[:WEIGHT],...",
@@ -148,14 +185,17 @@ def _notice(text: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (progress stays on stderr).")
 def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
                   precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, regional: bool,
-                  regional_block: str | None, seq_len: int | None,
+                  regional_block: str | None, task: str, prompt_len: int | None, new_tokens: int | None,
+                  model_option_items: tuple[str, ...], caches: tuple[str, ...], compile_prefill: bool,
+                  seq_len: int | None,
                   image_size: int | None, shapes: str | None, buckets: str | None, min_seconds: float | None,
                   budget_s: float, device: str | None, devices_text: str | None, force: bool, threads: int | None,
                   warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
     SPEC is mlp, convnet, transformer, torchvision:<name>, timm:<name>, transformers:<ConfigClass> or
-    package.module:factory.
+    package.module:factory; with --task generate, tiny-llama, a causal LM's transformers:<ConfigClass> or a
+    factory returning (model, input_ids).
     """
     from joulepilot.compiler import (
         ConfigError,
@@ -170,6 +210,11 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         default_modes,
         default_precisions,
         remove_stale_scratch,
+    )
+    from joulepilot.compiler.generation_workloads import (
+        generation_of,
+        parse_model_options,
+        plan_generation_configs,
     )
     from joulepilot.compiler.options import parse_option_assignments
     from joulepilot.compiler.shape_set import parse_shape_set, shape_set_variants
@@ -192,13 +237,22 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         device = devices[0] if devices else check_device(device or default_device())
         if threads is not None and device != "cpu":
             raise ConfigError(f"--threads sets torch's threads for a measurement on the CPU; drop it for {device}")
-        configs = plan_configs(
-            _split_values(modes) or default_modes(device),
-            _split_values(fusions) or ["default"],
-            _split_values(precisions) or default_precisions(device),
-            batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
-            regional=("", regional_block or "auto") if regional or regional_block else ("",),
-        )
+        generation = generation_of(task, prompt_len, new_tokens, caches, compile_prefill)
+        if generation is not None and (regional or regional_block):
+            raise ConfigError("--regional compiles a forward pass's repeated blocks, which is not measured for a "
+                              "generation yet: drop --regional")
+        model_options = parse_model_options(model_option_items)
+        plan_args = (_split_values(modes) or default_modes(device), _split_values(fusions) or ["default"],
+                     _split_values(precisions) or default_precisions(device))
+        if generation is not None:
+            configs = plan_generation_configs(*plan_args, batch_size=batch_size, dynamic=dynamic,
+                                              options=parse_option_assignments(raw_options),
+                                              caches=_split_values(caches), compile_prefill=(False, compile_prefill))
+        else:
+            configs = plan_configs(
+                *plan_args, batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
+                regional=("", regional_block or "auto") if regional or regional_block else ("",),
+            )
         shape_set = None
         if buckets and not shapes:
             raise ConfigError("--buckets pads the sizes of a shape set: give --shapes too")
@@ -212,7 +266,8 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                                         devices=devices, min_seconds=min_seconds,
                                         budget_s=budget_s, db=db, batch_size=batch_size, seq_len=seq_len,
                                         image_size=image_size, shapes=shape_set, warm_start=warm_start, force=force,
-                                        threads=threads, notice=_notice)
+                                        threads=threads, model_options=model_options, generation=generation,
+                                        notice=_notice)
     except (ConfigError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     except (StoreError, TelemetryError) as exc:
@@ -220,8 +275,12 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
     runs.sort(key=_energy_key)
     if as_json:
         echo_json(runs)
+    elif generation is not None:
+        echo_table([{**r, "tokens_match": _yes_no(r.get("tokens_match"))} for r in runs], GENERATION_COLUMNS,
+                   GENERATION_HEADERS)
     else:
         echo_table(runs, SUMMARY_COLUMNS, SUMMARY_HEADERS, drop_first=SUMMARY_DROP_FIRST)
+    if not as_json:
         failed = [r for r in runs if r["status"] != "ok"]
         for run in failed:
             click.echo(f"run {run['run_id']} ({run['config_label']}) failed: {run.get('reason')}")
@@ -232,7 +291,8 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         for run in runs:
             if run.get("pending_path"):
                 click.echo(f"{run['config_label']}: not in the database yet, kept in {run['pending_path']}")
-        _echo_graph_breaks(runs, spec, batch_size, seq_len, image_size)
+        if generation is None:  # doctor analyses a forward pass; a generation's breaks are in extra.graph_breaks
+            _echo_graph_breaks(runs, spec, batch_size, seq_len, image_size)
         if any(r.get("energy_source") == "estimate" for r in runs):
             click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
     if runs and all(r["status"] != "ok" for r in runs):

@@ -92,7 +92,7 @@ from .runs import (
     recent_ok_runs,
     workload_runs,
 )
-from .schema import SCHEMA_VERSION
+from .schema import GENERATION_RUN_COLUMNS, SCHEMA_VERSION
 from .timevalues import iso_utc, parse_since
 from .torchversion import torch_major_minor
 
@@ -166,6 +166,7 @@ __all__ = [
     "read_samples",
     "register_deployment",
     "violated_config_ids",
+    "GENERATION_RUN_COLUMNS",
     "SCHEMA_VERSION",
     "StoreError",
     "DatabaseCorrupt",

@@ -5,8 +5,9 @@ do); `json_safe` makes data strict JSON, and `strict_json_text` writes it (decis
 NaN and infinities as null, never the `NaN`/`Infinity` that Python's json writes by default and that SQLite's
 JSON functions and other readers refuse. Every JSON column is decoded through these.
 `json_output` gives every command's JSON one shape (docs/json.md):
-- JSON text columns (`options`, `extra`, `details`, `detail`, `op_mix`, `inputs`, `note`) become objects;
-- 0/1 flag columns (`dynamic`) become booleans;
+- JSON text columns (`options`, `extra`, `details`, `detail`, `op_mix`, `inputs`, `note`, `model_options`)
+  become objects;
+- 0/1 flag columns (`dynamic`, `compile_prefill`, `tokens_match`) become booleans;
 - points in time (`*_at`, `at`, `t_start`, `t_end`, `since`, `start`, `end`) become ISO 8601 UTC text, with the epoch seconds
   kept beside them as `<name>_epoch`;
 - NaN and infinities become null.
@@ -22,8 +23,8 @@ from typing import Any
 
 from .timevalues import epoch_from_iso, iso_utc
 
-JSON_TEXT_KEYS = frozenset({"options", "extra", "details", "detail", "op_mix", "inputs", "note"})
-FLAG_KEYS = frozenset({"dynamic"})
+JSON_TEXT_KEYS = frozenset({"options", "extra", "details", "detail", "op_mix", "inputs", "note", "model_options"})
+FLAG_KEYS = frozenset({"dynamic", "compile_prefill", "tokens_match"})
 TIME_KEYS = frozenset({"at", "t_start", "t_end", "since", "start", "end"})
 EPOCH_SUFFIX = "_epoch"
 

@@ -133,7 +133,9 @@ def insert_run(
 
 RUN_LIST_SQL = """
 SELECT runs.*, workloads.spec AS workload, configs.label AS config_label, configs.mode, configs.fusion,
-       configs.precision, configs.options, configs.dynamic, configs.batch_size, configs.padding, configs.regional
+       configs.precision, configs.options, configs.dynamic, configs.batch_size, configs.padding, configs.regional,
+       configs.cache, configs.compile_prefill, workloads.task, workloads.prompt_len, workloads.new_tokens,
+       workloads.model_options
 FROM runs
 JOIN workloads ON workloads.id = runs.workload_id
 JOIN configs ON configs.id = runs.config_id

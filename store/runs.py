@@ -67,6 +67,14 @@ class RunRow(StoredRow):
     compile_energy_gpu_source: str | None = None
     compile_energy_cpu_j: float | None = None
     compile_energy_cpu_source: str | None = None
+    # a generation's figures (NULL for a forward pass): J per generated token (prefill and decode of the whole
+    # batch), time to first token and per output token, tokens per second, greedy tokens equal to eager's
+    energy_j_per_token: float | None = None
+    ttft_ms_p50: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p95: float | None = None
+    tokens_per_s: float | None = None
+    tokens_match: int | None = None
     # joined from workloads and configs
     workload: str | None = None
     config_label: str | None = None
@@ -78,12 +86,19 @@ class RunRow(StoredRow):
     batch_size: int | None = None
     padding: str | None = None
     regional: str | None = None
+    cache: str | None = None
+    compile_prefill: int | None = None
+    task: str | None = None  # 'generate', or None for a forward pass
+    prompt_len: int | None = None
+    new_tokens: int | None = None
+    model_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_columns(cls, row: Any) -> RunRow:
         run = super().from_columns(row)
         run.extra = json_object(run.extra)
         run.options = json_object(run.options)
+        run.model_options = json_object(run.model_options)
         return run
 
     @property

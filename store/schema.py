@@ -216,6 +216,29 @@ V7 = """
 ALTER TABLE configs ADD COLUMN regional TEXT NOT NULL DEFAULT '';
 """
 
+# Version 8: generation workloads (a prompt, then new tokens against a KV cache). A workload gains its task
+# ('generate'; NULL is a forward pass, every workload stored before), prompt and new-token counts and the model
+# config's overrides (JSON, also of a forward pass built with them); a configuration its KV cache ('dynamic'
+# unless set) and whether the prompt's forward pass is compiled too; a run the figures of a generation that a
+# decision ranks or limits on (the rest of a generation's figures are in its `extra.generation`).
+# The runs columns only a generation fills (NULL on a forward pass's run).
+GENERATION_RUN_COLUMNS = ("energy_j_per_token", "ttft_ms_p50", "tpot_ms_p50", "tpot_ms_p95", "tokens_per_s",
+                          "tokens_match")
+V8 = """
+ALTER TABLE workloads ADD COLUMN task TEXT;
+ALTER TABLE workloads ADD COLUMN prompt_len INTEGER;
+ALTER TABLE workloads ADD COLUMN new_tokens INTEGER;
+ALTER TABLE workloads ADD COLUMN model_options TEXT;
+ALTER TABLE configs ADD COLUMN cache TEXT NOT NULL DEFAULT 'dynamic';
+ALTER TABLE configs ADD COLUMN compile_prefill INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN energy_j_per_token REAL;
+ALTER TABLE runs ADD COLUMN ttft_ms_p50 REAL;
+ALTER TABLE runs ADD COLUMN tpot_ms_p50 REAL;
+ALTER TABLE runs ADD COLUMN tpot_ms_p95 REAL;
+ALTER TABLE runs ADD COLUMN tokens_per_s REAL;
+ALTER TABLE runs ADD COLUMN tokens_match INTEGER;
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -240,5 +263,6 @@ def _v5(conn: sqlite3.Connection) -> None:
 
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
-MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6), _script(V7)]
+MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6), _script(V7),
+                              _script(V8)]
 SCHEMA_VERSION = len(MIGRATIONS)

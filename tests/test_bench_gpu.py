@@ -41,3 +41,26 @@ def test_library_adapters_build_on_the_gpu(spec, kwargs):
     assert out.shape[0] == 2 and out.is_cuda
     row = wl.describe(graph=False)
     assert row["params"] > 1_000_000 and row["flops_per_inference"] > 0
+
+
+@pytest.mark.gpu
+def test_a_generation_on_the_gpu(db):
+    """Eager with the dynamic cache against the static cache compiled with CUDA graphs (transformers' recipe),
+    bf16 as the model's dtype: metered by NVML, no recompile between calls, TTFT and TPOT timed per token."""
+    from joulepilot.compiler.generation_workloads import Generation
+
+    pytest.importorskip("transformers")
+    configs = [CompileConfig("eager", precision="bf16"),
+               CompileConfig("reduce-overhead", precision="bf16", cache="static")]
+    eager, graphs = bench("tiny-llama", configs, device="cuda:0", min_seconds=1.0, db=db, batch_size=4,
+                          budget_s=300, generation=Generation(64, 32))
+    for run in (eager, graphs):
+        assert run["status"] == "ok", run.get("reason")
+        assert run["energy_source"] == "nvml" and run["avg_power_w"] > 10
+        assert run["energy_j_per_token"] == pytest.approx(run["energy_j_per_inference"] / (4 * 32))
+        assert 0 < run["ttft_ms_p50"] and 0 < run["tpot_ms_p50"] <= run["tpot_ms_p95"]
+        assert run["extra"]["generation"]["prefill_energy_source"] == "nvml"
+        assert run["max_rel_error"] is not None and run["max_rel_error"] < 0.1
+        assert power_samples(db, run["run_id"])
+    assert graphs["extra"]["torch_compile_kwargs"] == {"dynamic": False, "mode": "reduce-overhead"}
+    assert graphs["recompiles"] == 0 and graphs["graph_breaks"] == 0

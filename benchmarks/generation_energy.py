@@ -1,0 +1,262 @@
+"""Joules per generated token: two random-weight causal LMs of about 0.5-1.5 B parameters, eager against compiled.
+
+    python benchmarks/generation_energy.py --out benchmarks/results/generation/h100 --max-minutes 9
+    python benchmarks/generation_energy.py --out OUT --models qwen2 --batches 32 --configs eager,reduce-overhead \\
+        --device cuda:1 --max-minutes 9        # a part of the table, on the second GPU, into its own OUT
+    python benchmarks/generation_energy.py --models tiny --batches 1 --configs eager --precisions fp32 \\
+        --prompt-len 8 --new-tokens 4 --device cpu --min-seconds 0.2 --out /tmp/smoke   # runs anywhere
+
+Per model and batch (prompt 512 tokens, 256 new tokens, batch 1, 8 and 32 by default), in each precision
+(bf16 and fp16 as the model's dtype), `bench --task generate` measures, in this order so a deadline cuts the
+least informative last:
+- `eager`: eager with the dynamic KV cache, as transformers generates by default (the baseline);
+- `default`, `reduce-overhead`, `max-autotune-no-cudagraphs`: the forward compiled under that mode with the
+  static KV cache, decode steps compiled, the prompt eager (reduce-overhead is transformers' own recipe);
+- `compiled-dynamic-cache`: the forward compiled (default mode, dynamic shapes) with the dynamic cache: what
+  `torch.compile(model)` gives a generation without a static cache.
+
+Every finished run is in the database (`--db`, default OUT/generation.db) and appended to OUT/runs.jsonl the
+moment it finishes, so a call that is cut off loses only the run in progress; the same command again skips
+what is measured (`bench`'s rule) and goes on. `--max-minutes` stops starting runs when fewer than
+`--reserve-s` seconds would remain. At the end the runs are exported as a `joulepilot runs export` file
+(OUT/runs_export.json: `joulepilot runs import` reads it, and it is the shape of tests/data/) and the J/token
+table is written to OUT/summary.md and printed. Split the table over calls and GPUs with `--models`,
+`--batches`, `--configs` and `--device` (a separate OUT per GPU, or one database per call and `joulepilot runs
+import` to join them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from joulepilot.compiler import CompileConfig, bench
+from joulepilot.compiler.generation_workloads import Generation, transformers_config
+from joulepilot.store import export_runs, list_runs, open_db, write_export
+
+# Two architectures transformers builds from config, of about 0.5-1.5 B parameters (counted at start).
+MODELS: dict[str, dict[str, Any]] = {
+    "llama": {"spec": "transformers:LlamaConfig",
+              "options": {"hidden_size": 1536, "intermediate_size": 8192, "num_hidden_layers": 16,
+                          "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 32000}},
+    "qwen2": {"spec": "transformers:Qwen2Config",
+              "options": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 16,
+                          "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                          "tie_word_embeddings": True}},
+    "tiny": {"spec": "tiny-llama", "options": {}},  # the smoke test's
+}
+DEFAULT_MODELS = "llama,qwen2"
+CONFIGS = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "compiled-dynamic-cache")
+STATIC_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def config_of(name: str, precision: str, batch_size: int) -> CompileConfig:
+    """One of CONFIGS in `precision` at `batch_size`."""
+    if name == "eager":
+        return CompileConfig("eager", precision=precision, batch_size=batch_size)
+    if name == "compiled-dynamic-cache":
+        return CompileConfig("default", precision=precision, dynamic=True, batch_size=batch_size)
+    return CompileConfig(name, precision=precision, cache="static", batch_size=batch_size)
+
+
+def plan(names: list[str], precisions: list[str], batch_size: int) -> list[CompileConfig]:
+    """Every configuration named, in CONFIGS order, in each precision (precisions inside configurations, so
+    that a deadline leaves every precision its most informative runs)."""
+    return [config_of(name, precision, batch_size) for name in CONFIGS if name in names for precision in precisions]
+
+
+def param_count(spec: str, options: dict[str, Any]) -> int:
+    """The model's parameters, counted on the meta device (nothing allocated)."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers_config(spec, options))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def _model_name(run: dict[str, Any]) -> str:
+    options = json.loads(run["model_options"]) if isinstance(run.get("model_options"), str) else \
+        (run.get("model_options") or {})
+    for name, model in MODELS.items():
+        if model["spec"] == run["workload"] and model["options"] == options:
+            return name
+    return run["workload"]
+
+
+def _kind(label: str) -> str:
+    mode = label.split("/")[0]
+    if mode == "eager":
+        return "eager"
+    return f"{mode} static" if "/static-cache/" in label else "compiled-dynamic-cache"
+
+
+def params_text(count: int) -> str:
+    return f"{count / 1e9:.2f} B" if count >= 1e8 else f"{count / 1e6:.2f} M"
+
+
+def _saving(value: float | None, against: float | None) -> str:
+    if value is None or not against:
+        return "-"
+    return f"{(1 - value / against) * 100:.0f} %"
+
+
+def summary_table(runs: list[dict[str, Any]], params: dict[str, int]) -> str:
+    """The J/token table, per model and batch: every run, then the lowest J/token of a static-cache configuration
+    against eager and against the compiled forward with the dynamic cache, in the same precision."""
+    runs = [r for r in runs if r.get("task") == "generate"]
+    sources = sorted({r["energy_source"] for r in runs if r.get("energy_source")})
+    device = next((r["device_name"] for r in runs if r.get("device_name")), "?")
+    torch_version = next((r["torch_version"] for r in runs if r.get("torch_version")), "?")
+    shape = next(((r["prompt_len"], r["new_tokens"]) for r in runs), (None, None))
+    lines = [f"Device: {device}; torch {torch_version}; prompt {shape[0]} tokens, {shape[1]} new tokens per sequence; "
+             f"energy source: {', '.join(sources) or '-'}"
+             + (" (an estimate, not a measurement)" if sources == ["estimate"] else ""), "",
+             "J/token: prefill and decode of the whole batch over every generated token (one run each).", "",
+             "| model | batch | config | J/token | TTFT ms | TPOT ms | TPOT p95 ms | tokens/s | avg W | peak W | "
+             "compile s | tokens match | max rel err | status |", "|" + "---|" * 14]
+    key = lambda r: (_model_name(r), r["batch_size"], r["precision"], r["status"] != "ok",  # noqa: E731
+                     r.get("energy_j_per_token") or 0)
+    for r in sorted(runs, key=key):
+        status = r["status"] if r["status"] == "ok" else f"failed: {(r.get('reason') or '').splitlines()[0][:80]}"
+        match = None if r.get("tokens_match") is None else "yes" if r["tokens_match"] else "no"
+        name = _model_name(r)
+        lines.append(f"| {name} ({params_text(params.get(name, 0))}) | {r['batch_size']} | {r['config_label']} | "
+                     f"{_fmt(r.get('energy_j_per_token'))} | {_fmt(r.get('ttft_ms_p50'))} | "
+                     f"{_fmt(r.get('tpot_ms_p50'))} | {_fmt(r.get('tpot_ms_p95'))} | {_fmt(r.get('tokens_per_s'))} | "
+                     f"{_fmt(r.get('avg_power_w'))} | {_fmt(r.get('peak_power_w'))} | {_fmt(r.get('compile_s'))} | "
+                     f"{_fmt(match)} | {_fmt(r.get('max_rel_error'), 2)} | {status} |")
+    lines += ["", "Lowest J/token of a static-cache configuration per model, batch and precision (single runs: a gap "
+              "smaller than the runs' spread is not a ranking):", "",
+              "| model | batch | precision | eager J/token | compiled, dynamic cache J/token | lowest static-cache "
+              "J/token | its config | saving vs eager | saving vs compiled dynamic cache |", "|" + "---|" * 9]
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        if r["status"] == "ok" and r.get("energy_j_per_token") is not None:
+            groups.setdefault((_model_name(r), r["batch_size"], r["precision"]), []).append(r)
+    for (name, batch, precision), group in sorted(groups.items()):
+        by_kind: dict[str, dict[str, Any]] = {}
+        for r in group:
+            by_kind.setdefault(_kind(r["config_label"]), r)
+        static = [r for r in group if "/static-cache/" in r["config_label"]]
+        best = min(static, key=lambda r: r["energy_j_per_token"]) if static else None
+        eager = by_kind.get("eager", {}).get("energy_j_per_token")
+        dynamic = by_kind.get("compiled-dynamic-cache", {}).get("energy_j_per_token")
+        chosen = best["energy_j_per_token"] if best else None
+        lines.append(f"| {name} | {batch} | {precision} | {_fmt(eager)} | {_fmt(dynamic)} | {_fmt(chosen)} | "
+                     f"{best['config_label'] if best else '-'} | {_saving(chosen, eager)} | {_saving(chosen, dynamic)} |")
+    return "\n".join(lines) + "\n"
+
+
+def export(db_path: Path, out: Path, params: dict[str, int]) -> list[dict[str, Any]]:
+    """OUT/runs_export.json (store.exchange records) and OUT/summary.md; returns the runs."""
+    db = open_db(db_path)
+    try:
+        write_export(out / "runs_export.json", export_runs(db))
+        runs = sorted(list_runs(db), key=lambda r: r["id"])
+    finally:
+        db.close()
+    (out / "summary.md").write_text(summary_table(runs, params))
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join(MODELS)}")
+    parser.add_argument("--batches", default="1,8,32", help="batch sizes (concurrent sequences)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    parser.add_argument("--precisions", default="bf16,fp16")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--min-seconds", type=float, default=5.0, help="each energy window (prefill, generation)")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="eager reference + cold compile, per run")
+    parser.add_argument("--max-minutes", type=float, default=0.0,
+                        help="stop starting runs when fewer than --reserve-s seconds would remain (0: no limit)")
+    parser.add_argument("--reserve-s", type=float, default=120.0,
+                        help="time kept back for the run in progress and the export when --max-minutes is set")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--db", type=Path, help="database (default OUT/generation.db)")
+    args = parser.parse_args(argv)
+
+    started = time.time()
+    unknown = [m for m in _split(args.models) if m not in MODELS] + [c for c in _split(args.configs) if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown model or configuration {unknown[0]!r}: models {', '.join(MODELS)}; configurations "
+                     f"{', '.join(CONFIGS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    db_path = args.db or args.out / "generation.db"
+    deadline = started + args.max_minutes * 60 - args.reserve_s if args.max_minutes else None
+    generation = Generation(args.prompt_len, args.new_tokens)
+    params = {name: param_count(MODELS[name]["spec"], MODELS[name]["options"]) for name in _split(args.models)}
+    stopped_early = False
+
+    with open(args.out / "runs.jsonl", "a") as jsonl:
+        def progress(index: int, total: int, config: CompileConfig, run: dict[str, Any] | None) -> None:
+            if run is None:
+                log(f"  [{index + 1}/{total}] {config.label} ...")
+                return
+            if run.get("skipped"):
+                log(f"  [{index}/{total}] {config.label}: already measured (run {run['run_id']})")
+                return
+            jsonl.write(json.dumps(run, default=str) + "\n")
+            jsonl.flush()
+            if run["status"] == "ok":
+                log(f"  [{index}/{total}] {config.label}: {run['energy_j_per_token']:.4g} J/token "
+                    f"({run['energy_source']}), TPOT {run['tpot_ms_p50']:.3g} ms, TTFT {run['ttft_ms_p50']:.3g} ms, "
+                    f"{run['avg_power_w']:.0f} W avg, compile {run['compile_s']:.1f} s")
+            else:
+                log(f"  [{index}/{total}] {config.label}: FAILED {(run.get('reason') or '').splitlines()[0][:200]}")
+
+        def out_of_time(config: CompileConfig) -> bool:
+            nonlocal stopped_early
+            if deadline is not None and time.time() > deadline:
+                stopped_early = True
+                log(f"  deadline: not starting {config.label} or anything after it")
+                return True
+            return False
+
+        for name in _split(args.models):
+            model = MODELS[name]
+            for batch in (int(b) for b in _split(args.batches)):
+                if stopped_early:
+                    break
+                configs = plan(_split(args.configs), _split(args.precisions), batch)
+                log(f"{name} ({params_text(params[name])} parameters), batch {batch}: {len(configs)} configurations")
+                try:
+                    bench(model["spec"], configs, device=args.device, min_seconds=args.min_seconds,
+                          budget_s=args.budget_s, db=db_path, batch_size=batch, model_options=model["options"] or None,
+                          generation=generation, progress=progress, stop_before=out_of_time)
+                except Exception as exc:  # one model's setup failing must not end the others
+                    log(f"{name}, batch {batch}: could not measure: {type(exc).__name__}: {exc}")
+    runs = export(db_path, args.out, params)
+    ok = sum(r["status"] == "ok" for r in runs)
+    log(f"done in {time.time() - started:.0f} s: {ok} ok, {len(runs) - ok} failed"
+        + (" (stopped at the deadline: run the same command again to go on)" if stopped_early else "")
+        + f"; exported to {args.out}")
+    print(summary_table(runs, params), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
