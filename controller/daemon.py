@@ -45,6 +45,7 @@ from typing import Any
 import schedule
 from joulepilot.compiler.device_pool import Finished
 from joulepilot.policies.batches import config_workload_id
+from joulepilot.policies.load import load_policy_folders
 from joulepilot.store import (
     RunNotStored,
     commit_run_or_set_aside,
@@ -86,13 +87,11 @@ from .planner import measured_config, plan_policy, plan_repeats, repeat_blocked,
 from .redecide import (
     decide_policy,
     fit_or_none,
-    load_policy_folders,
     refused_request,
     request_policy_name,
 )
 
-__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "DeviceUnavailable",
-           "load_policy_folders"]
+__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "DeviceUnavailable"]
 
 log = logging.getLogger("joulepilot.daemon")
 
