@@ -29,7 +29,7 @@ class DaemonAlreadyRunning(RuntimeError):
 def lock_path_for(db_path: str | os.PathLike) -> Path:
     """The lock file beside the database, found through any symlinks, so that two paths to one database
     (a symlink, a relative and an absolute path) share one lock."""
-    db_path = Path(db_path).expanduser().resolve()
+    db_path = Path(os.path.realpath(Path(db_path).expanduser()))  # never raises on a link that loops
     return db_path.with_name(db_path.name + ".daemon.lock")
 
 

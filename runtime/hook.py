@@ -75,7 +75,7 @@ def _write_database(db: Any) -> Any:
     if db is not None and not isinstance(db, str | os.PathLike):
         return db
     path = db_path(db)
-    key = str(path.resolve())
+    key = os.path.realpath(path)
     if key not in _write_databases:
         _write_databases[key] = open_db(path, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS)
     return _write_databases[key]

@@ -110,7 +110,7 @@ def cached_policy(name_or_path: str | os.PathLike | Policy) -> Policy:
     if isinstance(name_or_path, Policy):
         return name_or_path
     path = find_policy(name_or_path)
-    key = str(path.resolve())
+    key = os.path.realpath(path)
     mtime = path.stat().st_mtime_ns
     cached = _policies.get(key)
     if cached and cached[0] == mtime:
@@ -138,7 +138,7 @@ def _read_database(db: Any) -> tuple[Any, StoreError | None, bool]:
     if db is not None and not isinstance(db, str | os.PathLike):
         return db, None, False
     path = db_path(db)
-    key = str(path.resolve())
+    key = os.path.realpath(path)
     if key in _read_databases:
         return _read_databases[key], None, False
     if not path.exists():

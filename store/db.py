@@ -100,7 +100,7 @@ def _connect(target: Path, *, read_only: bool, busy_timeout_ms: int = BUSY_TIMEO
     timeout = busy_timeout_ms / 1000
     if not read_only:
         return sqlite3.connect(str(target), timeout=timeout, isolation_level=None, check_same_thread=False)
-    uri = target.resolve().as_uri()
+    uri = Path(os.path.realpath(target)).as_uri()
     try:
         conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, isolation_level=None,
                                check_same_thread=False)

@@ -83,3 +83,24 @@ def test_a_daemon_pass_decides_every_other_policy_and_status_lists_the_loop(fold
     listed = json.loads(status.stdout)
     assert [d["policy"] for d in listed["decisions"]] == ["good"]
     assert [(e["file"], LOOPS in e["error"]) for e in listed["policy_errors"]] == [(str(folder / "loop.toml"), True)]
+
+
+def test_a_database_path_that_loops_is_one_line_for_the_daemon_and_the_fallback_for_the_hook(folder, tmp_path,
+                                                                                         restore_logging):
+    import torch
+
+    import joulepilot
+
+    loop_db = tmp_path / "j.db"
+    loop_db.symlink_to("j.db")
+    logging.getLogger("joulepilot").handlers.clear()  # the daemon logs to the stderr the runner gives it
+    result = CliRunner().invoke(main, ["daemon", "--once", "--policies", str(folder), "--db", str(loop_db)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "RuntimeError" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: cannot open database {loop_db}"), result.output
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        served = joulepilot.compile(torch.nn.Linear(4, 2), policy=str(folder / "good.toml"), db=loop_db)
+    assert served.decision.source == "none" and served.decision.state == "fallback"
+    assert served(torch.ones(1, 4)).shape == (1, 2)
