@@ -521,8 +521,8 @@ def _store_measured(database: sqlite_utils.Database, spec: str, measured: Measur
     if outcome.run_id is not None:
         return _stored_run(database, outcome.run_id)
     assert outcome.pending_path is not None
-    notice(f"{measured.config.label}: the run could not be stored in the database ({outcome.error}); it is "
-           f"kept in {outcome.pending_path} and imported the next time bench or the daemon opens this database")
+    notice(f"{measured.config.label}: the run could not be stored: {outcome.error}; it is kept in "
+           f"{outcome.pending_path} and imported the next time bench or the daemon opens this database")
     return _set_aside_view(spec, measured, outcome.pending_path, outcome.error)
 
 

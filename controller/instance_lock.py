@@ -77,7 +77,6 @@ class InstanceLock:
         self._fd: int | None = None
 
     def acquire(self) -> InstanceLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC)
         # `status` and the exporter probe the lock with a brief shared flock; retry past such a probe.
         # The pid in the file proves nothing here: a daemon killed by SIGKILL leaves its pid behind,

@@ -202,13 +202,15 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         if skipped:
             click.echo(f"{len(skipped)} configuration(s) already measured ok under the same provenance were not "
                        "measured again (runs " + ", ".join(str(r["run_id"]) for r in skipped) + "); --force redoes them")
-        for run in runs:
-            if run.get("pending_path"):
-                click.echo(f"{run['config_label']}: not in the database yet, kept in {run['pending_path']}")
         _echo_graph_breaks(runs, spec, batch_size, seq_len, image_size)
         if any(r.get("energy_source") == "estimate" for r in runs):
             click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
-    if runs and all(r["status"] != "ok" for r in runs):
+    not_stored = [r for r in runs if r.get("pending_path")]
+    for run in not_stored:
+        click.echo(f"{run['config_label']}: its run was NOT stored: {run.get('store_error') or 'the commit failed'}; "
+                   f"it is kept in {run['pending_path']} and imported the next time bench or the daemon opens the "
+                   "database", err=True)
+    if not_stored or (runs and all(r["status"] != "ok" for r in runs)):
         sys.exit(1)
 
 

@@ -47,9 +47,8 @@ from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy
-from joulepilot.store import StoreError, database_error, host_identity, open_db
+from joulepilot.store import StoreError, database_error, host_identity, is_busy, open_db
 from joulepilot.store.daemon_state import add_host_request
-from joulepilot.store.db import is_busy
 
 from .attach import attach
 from .lookup import (

@@ -39,8 +39,8 @@ from joulepilot.policies.load import find_policy, load_policy
 from joulepilot.policies.lock import config_problem, default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
-from joulepilot.store import StoreError, database_error, default_db_path, open_db
-from joulepilot.store.db import is_busy, opened_immutable
+from joulepilot.store import StoreError, database_error, default_db_path, is_busy, open_db
+from joulepilot.store.db import opened_immutable
 
 # How long the serving path waits for another process's lock on the store, per statement (the store's own
 # default is 30 s): a serving process starts on a lock file or the fallback rather than stall on the daemon.

@@ -42,7 +42,7 @@ import sqlite_utils
 from .commit import commit_run
 from .daemon_state import get_job
 from .db import _write_lock
-from .errors import StoreError
+from .errors import StoreError, database_error
 from .files import write_file_atomic
 from .jsonvalues import json_object
 from .refusals import StoreRefusal, refused_line, store_refusal
@@ -64,6 +64,7 @@ class StoreOutcome:
     run_id: int | None  # the stored run, or None when it was set aside
     pending_path: Path | None = None  # the side file holding it, when set aside
     error: str = ""  # why the commit failed
+    failure: StoreError | None = None  # SQLite's refusal as the store's error (`database_error`): damaged, full, ...
 
 
 @dataclass
@@ -147,9 +148,20 @@ def _write_transaction(db: sqlite_utils.Database, stop: Callable[[], bool] | Non
             raise
 
 
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, sqlite3.Error):
-        return str(exc)
+def _failure(exc: BaseException, db: sqlite_utils.Database) -> StoreError | None:
+    """SQLite's refusal of the commit as the store's error, naming the file and the fix; None for anything else."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    try:
+        where: Any = database_file(db) or "(in memory)"
+    except sqlite3.Error:
+        where = "(the database)"
+    return database_error(where, exc)
+
+
+def _why(exc: BaseException, failure: StoreError | None) -> str:
+    if failure is not None:
+        return str(failure)
     if isinstance(exc, SystemExit):
         return f"exit {exc.code} during the commit"
     if isinstance(exc, KeyboardInterrupt):
@@ -210,14 +222,15 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
                                 job_id=job_id, further=further)
         return StoreOutcome(run_id)
     except BaseException as exc:
-        error = _why(exc)
+        failure = _failure(exc, db)
+        error = _why(exc, failure)
         record = {"pending_id": pending_id, "written_at": time.time(), "error": error, "job_id": job_id,
                   "run": run, "samples": samples, "host": host, "devices": devices, "workload": workload,
                   "config": config, "further": [{"run": more, "samples": more_samples}
                                                 for more, more_samples in further]}
         path = _keep_aside(db, record)
-        if isinstance(exc, sqlite3.Error):
-            return StoreOutcome(None, path, error)
+        if failure is not None:
+            return StoreOutcome(None, path, error, failure)
         log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
                     "or the daemon opens this database", database_file(db), error, path)
         raise
