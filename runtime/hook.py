@@ -20,7 +20,8 @@ all the same, and its metering thread registers it once the lock is released (`a
 Inductor options one by one; `mode` replaces the decided mode and options; anything else (`fullgraph`,
 `backend`, `dynamic`, ...) is passed through. When the decision is eager nothing is compiled and the
 keyword arguments are ignored. The returned callable runs the model under `torch.no_grad()` in the
-decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why).
+decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why), `flush()` and
+`close()`: a `MeteredModel` for a metered deployment, else a `ServedModel`, whose two do nothing.
 
 A decision made at another batch size than the policy's `batch_size` (`[search] batch_sizes`, the batch-size
 lever) is applied as decided (mode, options, precision), but the batch size is the caller's: the hook never
@@ -61,6 +62,8 @@ from .lookup import (
     find_decision,
     torch_version_minor,
 )
+from .metered import MeteredModel
+from .served import ServedModel
 
 log = logging.getLogger("joulepilot.hook")
 
@@ -127,7 +130,7 @@ def _fallback(policy: Policy, kind: str, torch_version: str, db: Any, found: Loo
                            policy.hash, details={"problems": list(found.notes)})
 
 
-def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -> Callable[..., Any]:
+def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -> ServedModel:
     """The model uncompiled in fp32, for a policy that cannot be found or read, after one warning."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, RecursionError):
@@ -137,10 +140,9 @@ def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -
     reason = f"policy {str(policy)!r} cannot be used ({text[:300]}); running the model uncompiled in fp32"
     _warn_once(("policy", str(policy)), reason)
     config = CompileConfig("eager", precision="fp32")
-    compiled = apply_config(config, model, device)
-    compiled.decision = AppliedDecision(str(policy), current_device_kind(device), torch_version_minor(),  # type: ignore[attr-defined]
-                                        config.to_row(), "fallback", "none", reason)
-    return compiled
+    return ServedModel(apply_config(config, model, device),
+                       AppliedDecision(str(policy), current_device_kind(device), torch_version_minor(),
+                                       config.to_row(), "fallback", "none", reason))
 
 
 def _load_artifacts(applied: AppliedDecision, config: Any, device: str,
@@ -226,7 +228,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     deployment: str | None = None,
     flush_on_sigterm: bool = False,
     **torch_compile_kwargs: Any,
-) -> Callable[..., Any]:
+) -> ServedModel | MeteredModel:
     """Compile `model` as the policy's decision for this device kind and torch version says.
 
     `policy`: a policy name (looked up as <name>.toml in $JOULEPILOT_POLICIES, <JOULEPILOT_HOME>/policies,
@@ -234,8 +236,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     `db`: the store (path or open Database; default $JOULEPILOT_DB / the home folder's joulepilot.db).
     `deployment`: meter this live deployment under that name (a `MeteredModel`; its samples are flushed
     by `.close()` and at a normal exit, and on SIGTERM too with `flush_on_sigterm=True`).
-    Other keyword arguments go to torch.compile (see the module docstring). Returns a callable with
-    `.decision`.
+    Other keyword arguments go to torch.compile (see the module docstring). Returns a `MeteredModel` for a metered
+    deployment, else a `ServedModel`; either is called as the model and has `.decision`, `flush()` and `close()`,
+    whichever path was taken (a store that cannot be used, a policy that cannot be read, the fallback).
     """
     dev = _model_device(model, device)
     try:
@@ -281,7 +284,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
     if deployment is None or unmetered:
-        return compiled
+        return ServedModel(compiled, applied)
     attach_kwargs = dict(policy=pol, decision=applied, device=dev, base_model=model,
                          workload_id=measured_under or applied.workload_id, config_id=applied.config_id,
                          device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
@@ -293,7 +296,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
             if not _busy(exc):  # serve unmetered rather than not at all
                 _warn_once(("deployment", deployment),
                            f"deployment {deployment!r} is not metered: {_store_problem(db, exc)}")
-                return compiled
+                return ServedModel(compiled, applied)
             log.warning("deployment %r: %s; its metering thread registers it when the lock is released",
                         deployment, _store_problem(db, exc))
     # Locked by another process: waiting longer here would hold up serving, so the metering thread registers
@@ -302,4 +305,4 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
         return attach(compiled, deployment, db=db, register_on_thread=True, **attach_kwargs)
     except Exception as exc:  # noqa: BLE001 - no meter (or no thread) here: serve unmetered rather than not at all
         _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")
-        return compiled
+        return ServedModel(compiled, applied)

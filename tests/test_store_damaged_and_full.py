@@ -218,5 +218,6 @@ def test_the_hook_serves_a_damaged_store_with_the_fallback_after_one_warning(tmp
             served = joulepilot.compile(torch.nn.Linear(4, 2), policy=str(policy), db=db, deployment="svc")
         messages += [str(w.message) for w in caught]
         assert served.decision.state == "fallback" and served.decision.source == "none"
+        served.close()
     assert len(messages) == 1 and f"the database {db} {DAMAGED}" in messages[0], messages
     assert "deployment 'svc' is not metered" in messages[0]
