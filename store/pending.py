@@ -211,11 +211,9 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
     Raises RunNotStored when the side file cannot be written either (its message names both errors)."""
     devices = list(devices)
     pending_id = uuid.uuid4().hex
-    extra = run.get("extra")
-    extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
-    run = {**run, "extra": {**extra, "pending_id": pending_id}}
+    run = _with_pending_id(run, pending_id)
     samples = [list(s) for s in samples]
-    further = [(dict(more), [list(x) for x in more_samples]) for more, more_samples in further]
+    further = [(_with_pending_id(more, pending_id), [list(x) for x in more_samples]) for more, more_samples in further]
     try:
         with _write_transaction(db, stop):
             run_id = commit_run(db, run, samples, host=host, devices=devices, workload=workload, config=config,
@@ -234,6 +232,14 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
         log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
                     "or the daemon opens this database", database_file(db), error, path)
         raise
+
+
+def _with_pending_id(run: Mapping[str, Any], pending_id: str) -> dict[str, Any]:
+    """`run` with `pending_id` in its `extra`: every run of one commit (the first window and the further ones the
+    same worker took) carries its side file's id; `_stored_pending_run` answers with the first of them."""
+    extra = run.get("extra")
+    extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
+    return {**run, "extra": {**extra, "pending_id": pending_id}}
 
 
 def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | None:
