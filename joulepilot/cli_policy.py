@@ -12,11 +12,11 @@ from joulepilot.policies import PolicyError, break_even_text, find_policy, load_
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
 from joulepilot.store.safeio import shorten
 
-from .clikit import SIZE, db_option, echo_json, echo_table, reading_store, table_width
+from .clikit import SIZE, db_option, echo_json, echo_table, reading_store, table_width, text_value
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 device_name_option = click.option(
-    "--device-name", help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
+    "--device-name", callback=text_value, help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
                           "(default: this host's cuda:0 if present, else cpu).")
 
 
@@ -98,11 +98,11 @@ def _plot_path(_ctx: click.Context, _param: click.Parameter, value: str | None) 
 
 
 @click.command("frontier")
-@click.argument("workload")
+@click.argument("workload", callback=text_value)
 @db_option
-@click.option("--device-name", help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
+@click.option("--device-name", callback=text_value, help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
 @click.option("--batch-size", type=SIZE, help="Batch size; default: the one with most runs.")
-@click.option("--policy", "policy_file", metavar="POLICY",
+@click.option("--policy", "policy_file", metavar="POLICY", callback=text_value,
               help="Predict the search space of POLICY, a file or a name (see `joulepilot policy --help`); "
                    "default: combinations of the knobs measured.")
 @click.option("--no-predict", is_flag=True, help="Measured points only.")
@@ -170,7 +170,7 @@ building it or running its code); exits 1 if any is invalid. A workload library 
 warning.
 
 {POLICY_ARGUMENT_HELP}""")
-@click.argument("policies", metavar="POLICY...", nargs=-1, required=True)
+@click.argument("policies", metavar="POLICY...", nargs=-1, required=True, callback=text_value)
 @json_option
 def check_command(policies: tuple[str, ...], as_json: bool) -> None:
     from joulepilot.policies.load import workload_problem
@@ -413,7 +413,7 @@ it was kept or rejected.
 Decides as the daemon does: configurations that broke the envelope in a deployment are left out.
 
 {POLICY_ARGUMENT_HELP}""")
-@click.argument("name_or_path", metavar="POLICY")
+@click.argument("name_or_path", metavar="POLICY", callback=text_value)
 @db_option
 @device_name_option
 @torch_option
@@ -442,7 +442,7 @@ def explain_command(name_or_path: str, db: str | None, device_name: str | None, 
 directory).
 
 {POLICY_ARGUMENT_HELP}""")
-@click.argument("name_or_path", metavar="POLICY")
+@click.argument("name_or_path", metavar="POLICY", callback=text_value)
 @db_option
 @device_name_option
 @torch_option
