@@ -26,9 +26,10 @@ from .schema import MIGRATIONS, SCHEMA_VERSION
 BUSY_TIMEOUT_MS = 30_000
 # Opening a database file of at most this size runs SQLite's `PRAGMA quick_check` (each page's structure, not the
 # indexes' contents) once per process and state of the file, so that damage anywhere is said at once rather than
-# by whichever command happens to read the damaged pages: about 3-6 ms per MiB (a 16 MiB store: 30-100 ms on a
-# 2-core VM; `joulepilot.compile` opens the store once per process). A larger file is not checked at open; SQLite's
-# errors on its damaged pages are reported the same way when they are read.
+# by whichever command happens to read the damaged pages. It costs about 3-9 ms per MiB on the 2-core VM (the
+# 12 MiB store of benchmarks/decision_lookup.py: 90-130 ms), paid once: `joulepilot.compile`'s first lookup, not
+# the lookups after it. A larger file is not checked at open; SQLite's errors on its damaged pages are reported the
+# same way when they are read.
 QUICK_CHECK_MAX_BYTES = 16 << 20
 _found_whole: set[tuple[int, int, int, int]] = set()  # (device, inode, size, mtime) of files quick_check passed
 
