@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,24 @@ def _load(name_or_path: str) -> Any:
         raise click.ClickException(str(exc)) from exc
 
 
+def _policy_files(given: tuple[str, ...]) -> list[str]:
+    """`policy check`'s arguments, a folder given as a path (it holds a /) standing for its *.toml files, as the
+    daemon reads a policy folder: each is then checked as a file (a FIFO or a link that loops is its own error)."""
+    files: list[str] = []
+    for item in given:
+        folder = Path(item).expanduser()
+        if ("/" in item or item in (".", "..")) and folder.is_dir():
+            with os.scandir(folder) as entries:
+                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+            files.extend([str(folder / name) for name in names] or [item])  # none: the folder's own error
+        else:
+            files.append(item)
+    return files
+
+
 @policy_group.command("check", help=f"""Validate each POLICY and check that its workload resolves (without
 building it or running its code); exits 1 if any is invalid. A workload library not installed here is a
-warning.
+warning. A folder given as a path (policies/, ./) checks every *.toml file in it, as the daemon reads it.
 
 {POLICY_ARGUMENT_HELP}""")
 @click.argument("policies", metavar="POLICY...", nargs=-1, required=True, callback=text_value)
@@ -176,7 +192,7 @@ def check_command(policies: tuple[str, ...], as_json: bool) -> None:
     from joulepilot.policies.load import workload_problem
 
     results = []
-    for given in policies:
+    for given in _policy_files(policies):
         file = given
         try:
             file = _found(given)

@@ -159,23 +159,23 @@ def _refuse_non_regular(path: Path) -> None:
     except (FileNotFoundError, ValueError):
         return
     if problem is not None:
-        raise PolicyError([Problem(str(path), "(file)", "a regular policy file", problem,
-                                   "point at the policy file itself")])
+        found, fix = problem
+        raise PolicyError([Problem(str(path), "(file)", "a regular policy file", found, fix)])
 
 
-def file_problem(path: str | os.PathLike) -> str | None:
-    """Why `path` is not a policy file to open, in words (stat only: never opens it); None for a regular file.
-    FileNotFoundError when nothing is there (a dangling link included)."""
+def file_problem(path: str | os.PathLike) -> tuple[str, str] | None:
+    """Why `path` is not a policy file to open, and the fix (stat only: never opens it); None for a regular
+    file. FileNotFoundError when nothing is there (a dangling link included)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # Path.resolve() would raise RuntimeError on it
-            return "a symbolic link that loops (it leads back to itself); point it at a policy file or remove it"
-        return f"cannot stat it ({exc.strerror or exc})"
+            return "a symbolic link that loops (it leads back to itself)", "point it at a policy file or remove it"
+        return f"cannot stat it ({exc.strerror or exc})", "check its permissions"
     if not stat.S_ISREG(mode):
-        return f"not a regular file ({file_kind(mode)}); a policy must be a regular file"
+        return f"not a regular file ({file_kind(mode)})", "a policy must be a regular file"
     return None
 
 
@@ -212,9 +212,9 @@ def load_policy_folders(folders: Sequence[str | os.PathLike]) -> tuple[list[Poli
             try:
                 problem = file_problem(path)
             except FileNotFoundError as exc:  # a dangling link, or removed since the listing
-                problem = f"cannot stat it ({exc.strerror or exc})"
+                problem = f"cannot stat it ({exc.strerror or exc})", "point the link at a policy file or remove it"
             if problem is not None:
-                errors.append({"file": str(path), "error": f"skipped: {problem}"})
+                errors.append({"file": str(path), "error": "skipped: {}; {}".format(*problem)})
                 continue
             real = os.path.realpath(path)
             if real in seen_files:

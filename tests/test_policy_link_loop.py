@@ -44,13 +44,15 @@ def test_finding_a_looping_policy_names_the_loop(folder):
         assert "no such file" not in str(err.value)
 
 
-def test_policy_check_names_the_loop_and_still_checks_the_others(folder):
-    result = CliRunner().invoke(main, ["policy", "check", str(folder / "loop.toml"), str(folder / "good.toml")])
+@pytest.mark.parametrize("given", [["loop.toml", "good.toml"], ["."]], ids=["files", "folder"])
+def test_policy_check_names_the_loop_and_still_checks_the_others(folder, given):
+    """Each file given, or a folder given as a path (every *.toml in it, as the daemon reads it)."""
+    result = CliRunner().invoke(main, ["policy", "check", *(str(folder / g) for g in given)])
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     assert f"{folder / 'loop.toml'}: 1 problem(s)" in result.output
     assert f"(file): expected a regular policy file, found {LOOPS}" in result.output
-    assert "good.toml: ok (policy good" in result.output
+    assert f"{folder / 'good.toml'}: ok (policy good" in result.output
 
 
 def test_the_hook_given_a_looping_policy_serves_the_model_after_one_warning(folder):
