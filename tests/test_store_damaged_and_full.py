@@ -165,6 +165,15 @@ def test_a_daemon_pass_that_meets_damage_says_so_in_one_line_and_exits_1(tmp_pat
     assert line.startswith(f"pass stopped: the database {db} {DAMAGED}"), log
 
 
+def test_a_daemon_started_on_a_damaged_database_says_so_in_one_line(tmp_path, daemon_log):
+    db, policies = _daemon_folder(tmp_path)
+    result = CliRunner().invoke(main, ["daemon", "--once", "--policies", str(policies), "--db", str(db)])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: the database {db} {DAMAGED}quick_check"), result.output
+    assert "Traceback" not in result.output + daemon_log.getvalue()
+
+
 def test_a_running_daemon_that_meets_damage_logs_it_and_stops_with_exit_code_1(tmp_path, unchecked, flow_worker,
                                                                              daemon_log):
     db, policies = _daemon_folder(tmp_path)
