@@ -593,8 +593,8 @@ def _store_measured(database: sqlite_utils.Database, spec: str, measured: Measur
     if outcome.run_id is not None:
         return _stored_run(database, outcome.run_id)
     assert outcome.pending_path is not None
-    notice(f"{measured.config.label}: the run could not be stored in the database ({outcome.error}); it is "
-           f"kept in {outcome.pending_path} and imported the next time bench or the daemon opens this database")
+    notice(f"{measured.config.label}: the run could not be stored: {outcome.error}; it is kept in "
+           f"{outcome.pending_path} and imported the next time bench or the daemon opens this database")
     return _set_aside_view(spec, measured, outcome.pending_path, outcome.error)
 
 
@@ -602,8 +602,6 @@ def check_devices(devices: Sequence[str]) -> list[str]:
     """`bench --devices`: each one checked as by `check_device`, none twice, GPUs only when there are several
     (one CPU cannot run two measurements without each disturbing the other's)."""
     checked = [check_device(d if not str(d).strip().isdigit() else f"cuda:{str(d).strip()}") for d in devices]
-    if not checked:
-        raise ConfigError("--devices is empty: give GPU indices like 0,1")
     repeated = sorted({d for d in checked if checked.count(d) > 1})
     if repeated:
         raise ConfigError(f"--devices names {', '.join(repeated)} more than once; one measurement per GPU at a time")

@@ -10,8 +10,9 @@ configuration's `compile_s` (and the binaries among its kernels).
 
 So the parent builds the test programs once per host and torch version, in a subprocess of their own
 (`ensure_programs`: `bench` and the daemon never import torch on a CPU sweep; a cancelled job, a
-stopping daemon, stops the build too), into `programs_dir()`, and copies them into
-each job's fresh Inductor cache before a job that compiles on the CPU starts (`seed`). The job's compile then
+stopping daemon, stops the build too, and a killed one takes it along: PR_SET_PDEATHSIG), into
+`programs_dir()`, and copies them into each job's fresh Inductor cache before a job that compiles on the CPU
+starts (`seed`). The job's compile then
 loads them, as a deployed process on this host would, and builds only its own kernels. A failure to build
 them leaves each job to check for itself, as before.
 
@@ -40,7 +41,9 @@ PROGRAMS_DIR_ENV = "JOULEPILOT_VEC_ISA_DIR"
 VEC_ISA_OK_ENV = "TORCHINDUCTOR_VEC_ISA_OK"
 READY = "ready"
 BUILD_TIMEOUT_S = 600.0
-_BUILD = "from torch._inductor import cpu_vec_isa\nprint(cpu_vec_isa.pick_vec_isa())\n"
+# The build dies with the process that started it (a SIGKILLed bench or daemon), as the workers do.
+_BUILD = ("import sys\nfrom joulepilot.compiler.worker import die_with_parent\ndie_with_parent(int(sys.argv[1]))\n"
+          "from torch._inductor import cpu_vec_isa\nprint(cpu_vec_isa.pick_vec_isa())\n")
 _failed: set[Path] = set()  # folders whose build failed in this process: not tried again for every job
 
 
@@ -102,7 +105,8 @@ def ensure_programs(env: Mapping[str, str], cancel: Callable[[], str | None] | N
         return None, None
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen([sys.executable, "-c", _BUILD], env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+        proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(os.getpid())],
+                                env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                                 text=True, start_new_session=True)
     except OSError:

@@ -46,10 +46,14 @@ import schedule
 from joulepilot.compiler.device_pool import Finished
 from joulepilot.policies.batches import config_workload_id
 from joulepilot.policies.decide import newest_sound_decision
+from joulepilot.policies.load import load_policy_folders
 from joulepilot.store import (
+    DatabaseCorrupt,
     RunNotStored,
+    as_store_error,
     commit_run_or_set_aside,
     host_identity,
+    make_db_folder,
     open_db,
     run_columns,
     transaction,
@@ -86,13 +90,11 @@ from .planner import measured_config, plan_policy, plan_repeats, repeat_blocked,
 from .redecide import (
     decide_policy,
     fit_or_none,
-    load_policy_folders,
     refused_request,
     request_policy_name,
 )
 
-__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "DeviceUnavailable",
-           "load_policy_folders"]
+__all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult", "DeviceUnavailable"]
 
 log = logging.getLogger("joulepilot.daemon")
 
@@ -147,6 +149,8 @@ class Daemon:
         self._jobs_view: dict[int, dict[str, Any]] = {}  # running job id -> what heartbeats say of it
         self._jobs_lock = threading.Lock()
         self.last_pass: dict[str, Any] = {}
+        self._exit_code = 0  # of a daemon that keeps running: 1 once it stopped because the database is damaged
+        self._damaged = False  # the database was found damaged: it is written no more (the log said why once)
         self._trackers: dict[str, IdleTracker] = {}
         self._paused = False
         self._exporter: Any = None
@@ -243,6 +247,8 @@ class Daemon:
             return [dict(v) for _, v in sorted(self._jobs_view.items())]
 
     def heartbeat(self, state: str, doing: str, **extra: Any) -> None:
+        if self._damaged:
+            return
         jobs = self.running_jobs()
         # `job`: the oldest running job (what `joulepilot status` shows as the current job); `jobs`: all of them
         detail = {"doing": doing, "hostname": self.host, "interval_s": self.cfg.interval_s,
@@ -251,18 +257,19 @@ class Daemon:
         try:
             write_heartbeat(self.db, state, detail)
         except Exception as exc:  # a locked or full disk must not kill the loop; the next beat retries
-            log.warning("heartbeat not written: %s", exc)
+            log.warning("heartbeat not written: %s", as_store_error(exc, self.cfg.db) or exc)
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def run(self, *, once: bool = False) -> DaemonResult:
         """Raises DeviceUnavailable (before anything is opened) when a device of `devices` cannot be metered,
-        and DaemonAlreadyRunning when another daemon serves the database."""
+        DaemonAlreadyRunning when another daemon serves the database, and StoreError when the database cannot be
+        used (its folder missing, damaged, full, ...)."""
         _configure_logging(self.cfg.log_level)
         check_devices(self.cfg.devices, str(self.cfg.source or "the daemon's defaults (no --config)"))
+        make_db_folder(self.cfg.db)  # its lock file goes there: a mistyped `db` is refused before anything is made
         lock = InstanceLock(self.cfg.db)
         lock.acquire()  # raises DaemonAlreadyRunning naming the holder's pid
         previous = self._install_signals()
-        exit_code = 0
         try:
             self.db = open_db(self.cfg.db)
             _end_leftover_worker(self.db)
@@ -279,13 +286,18 @@ class Daemon:
                 try:
                     self.run_pass()
                 except Exception as exc:
-                    log.exception("pass failed")
-                    return DaemonResult(2, {**self.last_pass, "error": f"{type(exc).__name__}: {exc}"})
+                    problem = as_store_error(exc, self.cfg.db)
+                    if problem is None:
+                        log.exception("pass failed")
+                        return DaemonResult(2, {**self.last_pass, "error": f"{type(exc).__name__}: {exc}"})
+                    log.error("pass stopped: %s", problem)  # one line: the file and the fix, no traceback
+                    self._damaged = isinstance(problem, DatabaseCorrupt)
+                    return DaemonResult(1, {**self.last_pass, "error": str(problem)})
                 skipped = self.last_pass.get("policy_errors") or self.last_pass.get("device_errors")
                 return DaemonResult(1 if skipped else 0, self.last_pass)
             self._start_exporter()
             self._loop()
-            return DaemonResult(exit_code, self.last_pass)
+            return DaemonResult(self._exit_code, self.last_pass)
         finally:
             self._stop_exporter()
             if self.db is not None:
@@ -335,8 +347,17 @@ class Daemon:
     def _guarded_pass(self) -> None:
         try:
             self.run_pass()
-        except Exception:  # one bad pass must not end the daemon; the next one retries
-            log.exception("pass failed; retrying at the next interval")
+        except Exception as exc:  # one bad pass must not end the daemon; the next one retries
+            problem = as_store_error(exc, self.cfg.db)
+            if isinstance(problem, DatabaseCorrupt):  # no pass can work on it: stop (exit 1), saying what to do
+                log.error("%s; the daemon stops", problem)
+                self._exit_code, self._damaged = 1, True
+                self.request_stop("the database is damaged")
+                return
+            if problem is not None:  # full, locked, read-only: one line, and the next pass retries
+                log.error("pass failed: %s; retrying at the next interval", problem)
+            else:
+                log.exception("pass failed; retrying at the next interval")
             self.heartbeat("idle", "last pass failed; see the daemon log")
 
     # --- exporter -----------------------------------------------------------------------------------
@@ -668,8 +689,13 @@ class Daemon:
             if isinstance(event, Finished):
                 try:
                     requeue_job(self.db, event.key.job.id)
-                except Exception:  # the store is what failed: a restart re-queues the job
-                    log.exception("job %d not re-queued", event.key.job.id)
+                except Exception as exc:  # the store is what failed: a restart re-queues the job
+                    problem = as_store_error(exc, self.cfg.db)
+                    if problem is None:
+                        log.exception("job %d not re-queued", event.key.job.id)
+                    else:
+                        log.error("job %d not re-queued (%s); the next start re-queues it", event.key.job.id,
+                                  problem)
                 with self._jobs_lock:
                     self._jobs_view.pop(event.key.job.id, None)
 
@@ -1026,6 +1052,10 @@ class Daemon:
                                                           "latency_ms_p50", "energy_source")})
             return None
         if stored.run_id is None:
+            if isinstance(stored.failure, DatabaseCorrupt):  # no later job's run could be stored: the pass ends
+                log.error("job %d: its run is kept in %s, to be imported once the database is whole again",
+                          job.id, stored.pending_path)
+                raise stored.failure
             log.error("job %d: the run could not be stored (%s); it is kept in %s and imported at the next "
                       "pass or start", job.id, stored.error, stored.pending_path)
             return None

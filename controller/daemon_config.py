@@ -9,6 +9,7 @@ import codecs
 import difflib
 import math
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from joulepilot.policies.lock import default_lock_dir
 from joulepilot.store.db import default_db_path, default_home
-from joulepilot.store.safeio import QUOTE_CHARS, FileRefused, read_regular_file, shorten
+from joulepilot.store.safeio import QUOTE_CHARS, FileRefused, file_kind, read_regular_file, shorten
 
 MAX_CONFIG_BYTES = 1 << 20  # the annotated example is 4 KB; a megabyte is a mistake, not a config
 # Every key takes a plain value or a flat list: the document, a section and a list are three levels.
@@ -226,9 +227,7 @@ def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> Dae
         kwargs["policies"] = tuple(base / Path(p).expanduser() for p in items)
         kwargs["policies_given"] = True
     if "lock_dir" in data:
-        if not isinstance(data["lock_dir"], str) or not data["lock_dir"]:
-            raise DaemonConfigError(f"{where}: lock_dir must be a folder path string, found {_quote(data['lock_dir'])}")
-        kwargs["lock_dir"] = base / Path(data["lock_dir"]).expanduser()
+        kwargs["lock_dir"] = _lock_dir(where, data["lock_dir"], base)
     for key in ("interval_s", "max_decision_age_s"):
         if key in data:
             kwargs[key] = _number(where, key, data[key])
@@ -244,6 +243,25 @@ def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> Dae
         if name in data:
             kwargs[name] = _section(where, name, cls, data[name])
     return DaemonConfig(**kwargs)
+
+
+def _lock_dir(where: str, value: Any, base: Path) -> Path:
+    """`lock_dir`: a folder, or a path where none is yet (created with the first lock file written there)."""
+    if not isinstance(value, str) or not value:
+        raise DaemonConfigError(f"{where}: lock_dir must be a folder path string, found {_quote(value)}")
+    path = base / Path(value).expanduser()
+    fix = "name a folder (created when missing) where the daemon writes the lock files a policy folder cannot hold"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise DaemonConfigError(f"{where}: lock_dir {shorten(str(path), QUOTE_CHARS)} cannot be used "
+                                f"({exc.strerror or exc}); {fix}") from None
+    if not stat.S_ISDIR(mode):
+        kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+        raise DaemonConfigError(f"{where}: lock_dir {shorten(str(path), QUOTE_CHARS)} is {kind}, not a folder; {fix}")
+    return path
 
 
 def _section(where: str, name: str, cls: type, section: Any) -> Any:

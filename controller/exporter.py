@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from joulepilot.store import open_db
+from joulepilot.store import as_store_error, open_db
 from joulepilot.store.daemon_state import HEARTBEAT_STATES, latest_heartbeat, queue_counts
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.metrics import (
@@ -160,7 +160,7 @@ class JoulepilotCollector(Collector):
         try:
             metrics = self._read_database(errors)
         except Exception as exc:
-            errors.append(str(exc))
+            errors.append(str(as_store_error(exc, self.db_path) or exc))
         failed = GaugeMetricFamily("joulepilot_exporter_scrape_error",
                                    "1 when this scrape could not read the database or the daemon lock, or left out "
                                    "a deployment whose record it could not read (the log names it)")

@@ -29,7 +29,7 @@ class DaemonAlreadyRunning(RuntimeError):
 def lock_path_for(db_path: str | os.PathLike) -> Path:
     """The lock file beside the database, found through any symlinks, so that two paths to one database
     (a symlink, a relative and an absolute path) share one lock."""
-    db_path = Path(db_path).expanduser().resolve()
+    db_path = Path(os.path.realpath(Path(db_path).expanduser()))  # never raises on a link that loops
     return db_path.with_name(db_path.name + ".daemon.lock")
 
 
@@ -77,7 +77,6 @@ class InstanceLock:
         self._fd: int | None = None
 
     def acquire(self) -> InstanceLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers (O_CLOEXEC)
         # `status` and the exporter probe the lock with a brief shared flock; retry past such a probe.
         # The pid in the file proves nothing here: a daemon killed by SIGKILL leaves its pid behind,

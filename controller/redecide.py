@@ -1,10 +1,9 @@
-"""What a pass decides: the policy folders it reads, and the decision it stores for each stale policy."""
+"""What a pass decides: the decision it stores for each stale policy (the policy folders it reads are
+`policies.load.load_policy_folders`)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,78 +11,6 @@ from typing import Any
 from .device_probe import DeviceProbe
 
 log = logging.getLogger("joulepilot.daemon")
-
-
-def load_policy_folders(folders: Sequence[Path]) -> tuple[list[Any], list[dict[str, str]]]:
-    """Every `*.toml` policy in the folders; invalid files come back as errors, never raised.
-
-    Only regular files are opened (a FIFO would block the daemon for good). A policy whose workload
-    does not resolve is an error too, found without running any of its code. Two files with the same
-    policy name: the first folder wins and the other is reported. A folder named twice (or through a
-    symbolic link to it), and a file reached twice, is read once: it is not a second policy of that name.
-    """
-    from joulepilot.policies import PolicyError, load_policy
-    from joulepilot.store.safeio import file_kind, shorten
-
-    policies: dict[str, Any] = {}
-    errors: list[dict[str, str]] = []
-    seen_folders: set[Path] = set()
-    seen_files: set[Path] = set()
-    for folder in folders:
-        folder = Path(folder)
-        if not folder.is_dir():
-            errors.append({"file": str(folder), "error": _not_a_folder(folder)})
-            continue
-        resolved = folder.resolve()
-        if resolved in seen_folders:
-            continue
-        seen_folders.add(resolved)
-        try:  # not Path.glob, which on Python 3.11 takes a folder it may not read for an empty one
-            with os.scandir(folder) as entries:
-                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
-        except OSError as exc:
-            errors.append({"file": str(folder), "error": f"cannot list the policy folder "
-                                                         f"({exc.strerror or exc}); let the daemon's user "
-                                                         "read and enter it (chmod, chown or its group)"})
-            continue
-        for path in (folder / name for name in names):
-            real = path.resolve()
-            if real in seen_files:
-                continue
-            seen_files.add(real)
-            try:
-                mode = path.stat().st_mode
-            except OSError as exc:
-                errors.append({"file": str(path), "error": f"skipped: cannot stat it ({exc.strerror or exc})"})
-                continue
-            if not stat.S_ISREG(mode):
-                errors.append({"file": str(path), "error": f"skipped: not a regular file ({file_kind(mode)}); "
-                                                           "a policy must be a regular file"})
-                continue
-            try:
-                policy = load_policy(path, check_workload=True)
-            except PolicyError as exc:
-                errors.append({"file": str(path), "error": str(exc)})
-                continue
-            except Exception as exc:  # a policy naming an unknown knob, etc.: report, keep going
-                errors.append({"file": str(path), "error": shorten(f"{type(exc).__name__}: {exc}", 500)})
-                continue
-            if policy.name in policies:
-                errors.append({"file": str(path), "error": f"policy name {shorten(policy.name)!r} is already "
-                                                           f"defined by {policies[policy.name].path}; names must "
-                                                           "be unique"})
-                continue
-            policies[policy.name] = policy
-    return list(policies.values()), errors
-
-
-def _not_a_folder(folder: Path) -> str:
-    """Why a policy folder named in the config or with --policies cannot be read, and the fix."""
-    fix = "fix `policies` in the daemon config / --policies"
-    if folder.exists():  # a policy file given where its folder belongs, most often
-        return (f"not a folder: `policies` names folders of *.toml files; name the folder that holds this "
-                f"file, or {fix}")
-    return f"policy folder does not exist; create it or {fix}"
 
 
 def fit_or_none(db: Any) -> Any:

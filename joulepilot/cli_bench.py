@@ -8,7 +8,17 @@ from typing import Any
 
 import click
 
-from .clikit import SIZE, FiniteFloat, db_option, echo_json, echo_table, progress, sigterm_as_exit
+from .clikit import (
+    SIZE,
+    FiniteFloat,
+    db_option,
+    echo_json,
+    echo_table,
+    list_values,
+    progress,
+    sigterm_as_exit,
+    text_value,
+)
 
 SUMMARY_COLUMNS = ("run_id", "config_label", "status", "compile_s", "warm_start_s", "latency_ms_p50",
                    "latency_ms_p95", "throughput_per_s", "energy_j_per_inference", "avg_power_w", "peak_power_w",
@@ -24,11 +34,6 @@ GENERATION_COLUMNS = ("run_id", "config_label", "status", "compile_s", "ttft_ms_
                       "max_rel_error", "energy_source")
 GENERATION_HEADERS = ("run", "config", "status", "compile s", "TTFT ms", "TPOT ms", "TPOT p95 ms", "tokens/s",
                       "J/token", "avg W", "peak W", "tokens match", "max rel err", "source")
-
-
-def _split_values(values: tuple[str, ...]) -> list[str]:
-    """Repeated flags and comma lists alike: ('eager,default', 'max-autotune') -> three values."""
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
 def _is_class_name(text: str) -> bool:
@@ -125,21 +130,21 @@ def _notice(text: str) -> None:
 @click.argument("spec")
 @click.option("--batch-size", type=SIZE, default=1, show_default=True,
               help="Samples per forward call.")
-@click.option("--modes", "--mode", "modes", multiple=True,
+@click.option("--modes", "--mode", "modes", multiple=True, callback=list_values("eager,default"),
               help="Compile modes, comma list or repeated: eager, default, reduce-overhead, "
                    "max-autotune-no-cudagraphs, max-autotune. Default: eager,default on CPU; "
                    "eager,default,reduce-overhead,max-autotune-no-cudagraphs on a GPU.")
-@click.option("--fusion", "fusions", multiple=True,
+@click.option("--fusion", "fusions", multiple=True, callback=list_values("default,aggressive-fusion"),
               help="Inductor fusion presets, comma list or repeated (default: default).")
-@click.option("--precision", "precisions", multiple=True,
+@click.option("--precision", "precisions", multiple=True, callback=list_values("fp32,bf16"),
               help="fp32, tf32, bf16, fp16; comma list or repeated. Default: fp32 on CPU, fp32,bf16 on a GPU.")
-@click.option("--option", "raw_options", multiple=True, metavar="NAME=VALUE",
+@click.option("--option", "raw_options", multiple=True, metavar="NAME=VALUE", callback=text_value,
               help="Raw Inductor option for every compiled configuration, e.g. max_fusion_size=32.")
 @click.option("--dynamic", is_flag=True, help="Compile with dynamic shapes.")
 @click.option("--regional", is_flag=True,
               help="Also measure each compiled configuration with regional compilation: the model's most "
                    "repeated block class compiled instance by instance instead of the whole model.")
-@click.option("--regional-block", metavar="CLASS",
+@click.option("--regional-block", metavar="CLASS", callback=text_value,
               help="The block class regional compilation compiles (e.g. BertLayer); implies --regional.")
 @click.option("--task", type=click.Choice(["forward", "generate"]), default="forward", show_default=True,
               help="forward: J per forward call of one batch; generate: a prompt, then new tokens against a KV "
@@ -147,10 +152,10 @@ def _notice(text: str) -> None:
                    "...).")
 @click.option("--prompt-len", type=SIZE, help="--task generate: prompt tokens per sequence (default 128).")
 @click.option("--new-tokens", type=SIZE, help="--task generate: tokens every sequence generates (default 128).")
-@click.option("--model-option", "model_option_items", multiple=True, metavar="NAME=VALUE",
+@click.option("--model-option", "model_option_items", multiple=True, metavar="NAME=VALUE", callback=text_value,
               help="Override an attribute of a transformers config (or tiny-llama's), e.g. num_hidden_layers=2; "
                    "repeatable.")
-@click.option("--cache", "caches", multiple=True,
+@click.option("--cache", "caches", multiple=True, callback=list_values("dynamic,static"),
               help="--task generate: KV caches, dynamic and/or static (default: eager with the dynamic cache, "
                    "compiled modes with the static one).")
 @click.option("--compile-prefill", is_flag=True,
@@ -158,11 +163,11 @@ def _notice(text: str) -> None:
                    "compiled (by default only decode steps run compiled).")
 @click.option("--seq-len", type=SIZE, help="Sequence length for token workloads.")
 @click.option("--image-size", type=SIZE, help="Image side for vision workloads.")
-@click.option("--shapes", metavar="DIM=SIZE[:WEIGHT],...",
+@click.option("--shapes", metavar="DIM=SIZE[:WEIGHT],...", callback=text_value,
               help="Measure over a shape set, e.g. seq_len=64:4,128:3,256:2,512:1: J per call weighted by the "
                    "sizes' shares, recompiles counted over them; compiled modes are swept static and dynamic "
                    "(--dynamic: dynamic only), unpadded and padded to buckets.")
-@click.option("--buckets", metavar="SIZE,...",
+@click.option("--buckets", metavar="SIZE,...", callback=text_value,
               help="Padding buckets for --shapes (default: powers of two).")
 @click.option("--min-seconds", type=FiniteFloat(min=0.05),
               help="Length of each energy window (default 5 on a GPU, 2 on CPU).")
@@ -170,8 +175,8 @@ def _notice(text: str) -> None:
               help="Budget of each configuration's first forward calls (eager reference + cold compile); the "
                    "worker's other phases get an allowance derived from --min-seconds (README: budget model). "
                    "An overrun is recorded as a failed run.")
-@click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
-@click.option("--devices", "devices_text", metavar="0,1",
+@click.option("--device", callback=text_value, help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
+@click.option("--devices", metavar="0,1", callback=list_values("0,1"),
               help="Several GPUs, e.g. 0,1 or cuda:0,cuda:1: as many configurations at once, one per GPU, each "
                    "metered on its own GPU; compile threads are split between them. Instead of --device.")
 @click.option("--force", is_flag=True,
@@ -183,13 +188,13 @@ def _notice(text: str) -> None:
               help="Also time a fresh process that loads the saved compile artifacts (default: on for GPUs).")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON (progress stays on stderr).")
-def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: tuple[str, ...],
-                  precisions: tuple[str, ...], raw_options: tuple[str, ...], dynamic: bool, regional: bool,
+def bench_command(spec: str, batch_size: int, modes: list[str] | None, fusions: list[str] | None,
+                  precisions: list[str] | None, raw_options: tuple[str, ...], dynamic: bool, regional: bool,
                   regional_block: str | None, task: str, prompt_len: int | None, new_tokens: int | None,
-                  model_option_items: tuple[str, ...], caches: tuple[str, ...], compile_prefill: bool,
+                  model_option_items: tuple[str, ...], caches: list[str] | None, compile_prefill: bool,
                   seq_len: int | None,
                   image_size: int | None, shapes: str | None, buckets: str | None, min_seconds: float | None,
-                  budget_s: float, device: str | None, devices_text: str | None, force: bool, threads: int | None,
+                  budget_s: float, device: str | None, devices: list[str] | None, force: bool, threads: int | None,
                   warm_start: bool | None, db: str | None, as_json: bool) -> None:
     """Benchmark SPEC under compile configurations; store each run and print them by joules per inference.
 
@@ -231,23 +236,22 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
                                    "to compile, e.g. --regional-block EncoderLayer (or --regional for the most "
                                    "repeated one)")
     try:
-        if devices_text is not None and device is not None:
+        if devices is not None and device is not None:
             raise ConfigError("give either --device or --devices, not both")
-        devices = check_devices(_split_values((devices_text,))) if devices_text is not None else None
+        devices = check_devices(devices) if devices is not None else None
         device = devices[0] if devices else check_device(device or default_device())
         if threads is not None and device != "cpu":
             raise ConfigError(f"--threads sets torch's threads for a measurement on the CPU; drop it for {device}")
-        generation = generation_of(task, prompt_len, new_tokens, caches, compile_prefill)
+        generation = generation_of(task, prompt_len, new_tokens, caches or (), compile_prefill)
         if generation is not None and (regional or regional_block):
             raise ConfigError("--regional compiles a forward pass's repeated blocks, which is not measured for a "
                               "generation yet: drop --regional")
         model_options = parse_model_options(model_option_items)
-        plan_args = (_split_values(modes) or default_modes(device), _split_values(fusions) or ["default"],
-                     _split_values(precisions) or default_precisions(device))
+        plan_args = (modes or default_modes(device), fusions or ["default"], precisions or default_precisions(device))
         if generation is not None:
             configs = plan_generation_configs(*plan_args, batch_size=batch_size, dynamic=dynamic,
                                               options=parse_option_assignments(raw_options),
-                                              caches=_split_values(caches), compile_prefill=(False, compile_prefill))
+                                              caches=caches or (), compile_prefill=(False, compile_prefill))
         else:
             configs = plan_configs(
                 *plan_args, batch_size=batch_size, dynamic=dynamic, options=parse_option_assignments(raw_options),
@@ -288,14 +292,16 @@ def bench_command(spec: str, batch_size: int, modes: tuple[str, ...], fusions: t
         if skipped:
             click.echo(f"{len(skipped)} configuration(s) already measured ok under the same provenance were not "
                        "measured again (runs " + ", ".join(str(r["run_id"]) for r in skipped) + "); --force redoes them")
-        for run in runs:
-            if run.get("pending_path"):
-                click.echo(f"{run['config_label']}: not in the database yet, kept in {run['pending_path']}")
         if generation is None:  # doctor analyses a forward pass; a generation's breaks are in extra.graph_breaks
             _echo_graph_breaks(runs, spec, batch_size, seq_len, image_size)
         if any(r.get("energy_source") == "estimate" for r in runs):
             click.echo("source 'estimate': CPU time x watts per core, not a measurement (no RAPL or NVML here).")
-    if runs and all(r["status"] != "ok" for r in runs):
+    not_stored = [r for r in runs if r.get("pending_path")]
+    for run in not_stored:
+        click.echo(f"{run['config_label']}: its run was NOT stored: {run.get('store_error') or 'the commit failed'}; "
+                   f"it is kept in {run['pending_path']} and imported the next time bench or the daemon opens the "
+                   "database", err=True)
+    if not_stored or (runs and all(r["status"] != "ok" for r in runs)):
         sys.exit(1)
 
 

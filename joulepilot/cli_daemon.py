@@ -18,6 +18,7 @@ from .clikit import (
     echo_table,
     progress,
     reading_store,
+    text_value,
 )
 
 
@@ -25,7 +26,7 @@ from .clikit import (
 @click.option("--config", "config_path", type=FilePath("--config", "give the daemon's TOML file (see deploy/daemon.toml)"),
               help="Daemon TOML config (see deploy/daemon.toml); without it, the defaults.")
 @db_option
-@click.option("--policies", "policy_dirs", multiple=True, type=click.Path(file_okay=False),
+@click.option("--policies", "policy_dirs", multiple=True, type=click.Path(file_okay=False), callback=text_value,
               help="Policy folder (repeatable; it must exist); overrides the config's `policies`. Default: "
                    "<JOULEPILOT_HOME>/policies, no policies while it does not exist.")
 @click.option("--once", is_flag=True, help="Run one pass (measure, decide, lock) and exit.")

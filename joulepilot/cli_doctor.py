@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .clikit import SIZE, FiniteFloat, echo_json, echo_table, progress, sigterm_as_exit
+from .clikit import SIZE, FiniteFloat, echo_json, echo_table, progress, sigterm_as_exit, text_value
 
 
 def _place(file: str | None, line: int | None) -> str:
@@ -91,7 +91,7 @@ def _echo_report(found: dict[str, Any]) -> None:
               help="Samples per forward call.")
 @click.option("--seq-len", type=SIZE, help="Sequence length for token workloads.")
 @click.option("--image-size", type=SIZE, help="Image side for vision workloads.")
-@click.option("--device", help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
+@click.option("--device", callback=text_value, help="cuda:N or cpu (default: cuda:0 when available, else cpu).")
 @click.option("--backend", type=click.Choice(["inductor", "eager"]), default="inductor", show_default=True,
               help="What compiles Dynamo's graphs. 'eager' finds the same graph breaks without Inductor's compile "
                    "time, but then graph time is uncompiled.")

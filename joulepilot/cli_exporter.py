@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .clikit import db_option
+from .clikit import db_option, text_value
 
 
 def _log_to_stderr() -> logging.Handler | None:
@@ -45,7 +45,7 @@ def listen_error(bind: str, port: int, exc: OSError) -> str:
 
 @click.command("exporter")
 @db_option
-@click.option("--bind", default="127.0.0.1", show_default=True,
+@click.option("--bind", default="127.0.0.1", show_default=True, callback=text_value,
               help="Address to listen on (0.0.0.0: every interface; restrict it with a firewall).")
 @click.option("--port", type=click.IntRange(0, 65535), default=9464, show_default=True,
               help="Port to listen on (0: any free port, printed on stderr).")

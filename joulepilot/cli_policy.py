@@ -13,11 +13,11 @@ from joulepilot.policies import PolicyError, break_even_text, checked_policy, fi
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
 from joulepilot.store.safeio import shorten
 
-from .clikit import SIZE, db_option, echo_json, echo_table, reading_store, table_width
+from .clikit import SIZE, db_option, echo_json, echo_table, reading_store, table_width, text_value
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 device_name_option = click.option(
-    "--device-name", help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
+    "--device-name", callback=text_value, help="Device kind: a GPU name as NVML reports it (e.g. 'NVIDIA H200') or 'cpu' "
                           "(default: this host's cuda:0 if present, else cpu).")
 
 
@@ -100,11 +100,11 @@ def _plot_path(_ctx: click.Context, _param: click.Parameter, value: str | None) 
 
 
 @click.command("frontier")
-@click.argument("workload")
+@click.argument("workload", callback=text_value)
 @db_option
-@click.option("--device-name", help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
+@click.option("--device-name", callback=text_value, help="Device kind (a GPU name or 'cpu'); default: the one with most runs.")
 @click.option("--batch-size", type=SIZE, help="Batch size; default: the one with most runs.")
-@click.option("--policy", "policy_file", metavar="POLICY",
+@click.option("--policy", "policy_file", metavar="POLICY", callback=text_value,
               help="Predict the search space of POLICY, a file or a name (see `joulepilot policy --help`); "
                    "default: combinations of the knobs measured.")
 @click.option("--no-predict", is_flag=True, help="Measured points only.")
@@ -171,16 +171,31 @@ def _load(name_or_path: str) -> Any:
     return policy
 
 
+def _policy_files(given: tuple[str, ...]) -> list[str]:
+    """`policy check`'s arguments, a folder given as a path (it holds a /) standing for its *.toml files, as the
+    daemon reads a policy folder: each is then checked as a file (a FIFO or a link that loops is its own error)."""
+    files: list[str] = []
+    for item in given:
+        folder = Path(item).expanduser()
+        if ("/" in item or item in (".", "..")) and folder.is_dir():
+            with os.scandir(folder) as entries:
+                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+            files.extend([str(folder / name) for name in names] or [item])  # none: the folder's own error
+        else:
+            files.append(item)
+    return files
+
+
 @policy_group.command("check", help=f"""Validate each POLICY and check that its workload resolves (without
 building it or running its code); exits 1 if any is invalid. A workload library not installed here is a
-warning.
+warning. A folder given as a path (policies/, ./) checks every *.toml file in it, as the daemon reads it.
 
 {POLICY_ARGUMENT_HELP}""")
-@click.argument("policies", metavar="POLICY...", nargs=-1, required=True)
+@click.argument("policies", metavar="POLICY...", nargs=-1, required=True, callback=text_value)
 @json_option
 def check_command(policies: tuple[str, ...], as_json: bool) -> None:
     results = []
-    for given in policies:
+    for given in _policy_files(policies):
         file = shorten(given, 200)  # until found: an argument may be a name of any length
         try:
             file = _found(given)
@@ -416,7 +431,7 @@ it was kept or rejected.
 Decides as the daemon does: configurations that broke the envelope in a deployment are left out.
 
 {POLICY_ARGUMENT_HELP}""")
-@click.argument("name_or_path", metavar="POLICY")
+@click.argument("name_or_path", metavar="POLICY", callback=text_value)
 @db_option
 @device_name_option
 @torch_option
@@ -445,7 +460,7 @@ def explain_command(name_or_path: str, db: str | None, device_name: str | None, 
 directory).
 
 {POLICY_ARGUMENT_HELP}""")
-@click.argument("name_or_path", metavar="POLICY")
+@click.argument("name_or_path", metavar="POLICY", callback=text_value)
 @db_option
 @device_name_option
 @torch_option

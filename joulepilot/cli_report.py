@@ -17,20 +17,20 @@ from joulepilot.controller.report import (
 from joulepilot.store import default_db_path
 from joulepilot.store.files import write_file_atomic
 
-from .clikit import db_option, os_error_message, reading_store, since_option
+from .clikit import db_option, os_error_message, reading_store, since_option, text_value
 
 SUFFIX_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json", ".csv": "csv"}
 
 
 @click.command("report")
 @db_option
-@click.option("--deployment", "-d", "name", metavar="NAME", help="The deployment to report on.")
+@click.option("--deployment", "-d", "name", metavar="NAME", callback=text_value, help="The deployment to report on.")
 @click.option("--all", "all_deployments", is_flag=True, help="Summarise every deployment instead.")
 @since_option("windows ending")
 @click.option("--format", "-f", "fmt", type=click.Choice(FORMATS),
               help="Output format (default: from -o's suffix, else md).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), callback=text_value,
               help="Write to this file instead of stdout.")
 @click.option("--windows", "windows", type=click.IntRange(min=0), metavar="N",
               help=f"List the newest N metering windows (default {DEFAULT_WINDOWS}; 0 lists none). Every figure "

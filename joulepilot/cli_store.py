@@ -19,13 +19,22 @@ from joulepilot.store import (
 from joulepilot.store.exchange import write_export
 from joulepilot.store.timevalues import local_minute
 
-from .clikit import DB_META_KEY, FilePath, db_option, echo_json, echo_table, reading_store, since_option
+from .clikit import (
+    DB_META_KEY,
+    FilePath,
+    db_option,
+    echo_json,
+    echo_table,
+    reading_store,
+    since_option,
+    text_value,
+)
 
 RUN_COLUMNS = ("id", "date", "workload", "config_label", "status", "latency_ms_p50", "energy_j_per_inference",
                "avg_power_w", "energy_source")
 RUN_HEADERS = ("id", "started", "workload", "config_label", "status", "latency_ms_p50", "energy_j_per_inference",
                "avg_power_w", "energy_source")
-workload_option = click.option("--workload", help="Only runs of this workload spec (e.g. torchvision:resnet50).")
+workload_option = click.option("--workload", callback=text_value, help="Only runs of this workload spec (e.g. torchvision:resnet50).")
 
 
 @click.group("runs", invoke_without_command=True)

@@ -15,7 +15,7 @@ from joulepilot.telemetry import (
     parse_device,
 )
 
-from .clikit import FiniteFloat, echo_json, echo_table
+from .clikit import FiniteFloat, echo_json, echo_table, text_value
 
 # What a shell exits with when it cannot run a command: not found, found but not executable.
 EXIT_NOT_FOUND = 127
@@ -61,7 +61,7 @@ def _exit_status(code: int) -> int:
 @click.command("measure", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON on stdout; the command's own stdout then goes to stderr.")
-@click.option("--device", default=None,
+@click.option("--device", default=None, callback=text_value,
               help="'cpu', 'cuda:N', or all measured devices (default). CPU-only hosts without RAPL get an estimate.")
 @click.option("--idle-s", type=FiniteFloat(min=0), default=0.0, show_default=True,
               help="Seconds of idle baseline to measure first, for energy above idle (0: none).")

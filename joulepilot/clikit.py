@@ -1,5 +1,6 @@
-"""Small helpers shared by the CLI modules: the --db and --since options, opening the store, JSON and
-table output, progress on stderr, and the one-line messages of the CLI's error boundary."""
+"""Small helpers shared by the CLI modules: the --db and --since options, the parsers of names and lists
+(`text_value`, `list_values`: an empty value is refused, never taken for the default), opening the store, JSON
+and table output, progress on stderr, and the one-line messages of the CLI's error boundary."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -66,10 +67,12 @@ def db_folder_message(path: Path, setting: str) -> str:
             f"folder, or pass --db with a file's path")
 
 
-def _resolve_db(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+def _resolve_db(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--db's callback: --db, else $JOULEPILOT_DB, else None (the default under $JOULEPILOT_HOME). A folder
-    where the database file should be is refused in one line naming the setting it came from. The file is
-    remembered for the error boundary, which names it when SQLite fails in the middle of a command."""
+    where the database file should be is refused in one line naming the setting it came from, and so is an empty
+    --db. The file is remembered for the error boundary, which names it when SQLite fails in the middle of a
+    command."""
+    text_value(ctx, param, value)
     path, setting = db_setting(value)
     # A config file given to the command (the daemon's --config) may name the database in place of the default.
     # click processes the options given on the command line before those left out, so it is known here.
@@ -86,6 +89,48 @@ db_option = click.option(
     callback=_resolve_db,
     help="SQLite database (default: $JOULEPILOT_DB, else joulepilot.db under $JOULEPILOT_HOME).",
 )
+
+
+def _label(param: click.Parameter) -> str:
+    """How the user names a parameter: its longest option ('--modes' of --modes/--mode), or an argument's name."""
+    if isinstance(param, click.Option) and param.opts:
+        return max(param.opts, key=len)
+    return param.human_readable_name.rstrip(".")
+
+
+def _empty(param: click.Parameter, what: str, fix: str) -> click.ClickException:
+    name = _label(param)
+    leave_out = f", or leave {name} out for its default" if isinstance(param, click.Option) else ""
+    return click.ClickException(f"{name} {what}; {fix}{leave_out}")
+
+
+def text_value(_ctx: click.Context | None, param: click.Parameter, value: Any) -> Any:
+    """The callback of every option or argument that takes a name or a path (given once or repeated): an empty or
+    blank value is refused in one line naming it. Passed on, most commands took '' for "not given" and quietly
+    used the default (`--device ''` measured on the default device, `--db ''` used the default database)."""
+    for item in value if isinstance(value, tuple) else (value,):
+        if item is not None and not str(item).strip():
+            raise _empty(param, "is empty", "give a value")
+    return value
+
+
+def list_values(example: str) -> Callable[[click.Context, click.Parameter, Any], list[str] | None]:
+    """The callback of an option that takes a list, given as comma lists or repeated (`--modes eager,default
+    --modes max-autotune`): the values as one list, None when the option is not given. An empty value or item
+    ('', 'eager,,default') is refused in one line naming the option, with `example` of what to give."""
+
+    def parse(_ctx: click.Context, param: click.Parameter, value: Any) -> list[str] | None:
+        texts = value if isinstance(value, tuple) else (() if value is None else (value,))
+        if not texts:
+            return None
+        items = [item.strip() for text in texts for item in str(text).split(",")]
+        if not all(items):
+            shown = " ".join(repr(text) for text in texts)
+            raise _empty(param, f"{shown} has an empty value", f"give values separated by commas, e.g. "
+                                                               f"{_label(param)} {example}")
+        return items
+
+    return parse
 
 
 class FiniteFloat(click.FloatRange):
@@ -118,6 +163,8 @@ class FilePath(click.Path):
         self.fix = fix
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise click.ClickException(f"{self.what} is empty; {self.fix}")
         if not (self.allow_dash and value == "-"):
             if os.path.isdir(value):
                 raise click.ClickException(f"{self.what} {value} is a folder, not a file; {self.fix}")

@@ -1,7 +1,7 @@
 """Policy files: schema and validation, resolution under limits, lock files."""
 
 from .decide import Applicable, Decided, applicable_decision, decide, sync_lock
-from .load import checked_policy, find_policy, load_policy, policy_dirs, policy_hash
+from .load import checked_policy, find_policy, load_policy, load_policy_folders, policy_dirs, policy_hash
 from .lock import (
     LockFileError,
     LockWriteError,
@@ -46,6 +46,7 @@ __all__ = [
     "checked_policy",
     "find_policy",
     "load_policy",
+    "load_policy_folders",
     "lock_path",
     "policy_dirs",
     "policy_hash",

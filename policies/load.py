@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -118,8 +119,8 @@ def _load_policy(path: str | os.PathLike) -> Policy:
 
     raw = read_toml(path)
     policy = validate(raw, str(path))
-    resolved = Path(path).resolve()
-    return dataclasses.replace(policy, workload=anchored_spec(policy.workload, resolved.parent), path=str(resolved),
+    resolved = os.path.realpath(path)  # not Path.resolve(), which raises on a link that loops
+    return dataclasses.replace(policy, workload=anchored_spec(policy.workload, Path(resolved).parent), path=resolved,
                                hash=policy_hash(raw))
 
 
@@ -175,11 +176,99 @@ def find_policy(name_or_path: str | os.PathLike, dirs: Sequence[str | os.PathLik
 
 
 def _refuse_non_regular(path: Path) -> None:
-    """PolicyError for a path that exists but is not a regular file (stat only: never opens it)."""
+    """PolicyError for a path that exists but is not a regular file, or a symbolic link that loops (stat only:
+    never opens it). Nothing there is left to the caller."""
+    try:
+        problem = file_problem(path)
+    except (FileNotFoundError, ValueError):
+        return
+    if problem is not None:
+        found, fix = problem
+        raise PolicyError([Problem(str(path), "(file)", "a regular policy file", found, fix)])
+
+
+def file_problem(path: str | os.PathLike) -> tuple[str, str] | None:
+    """Why `path` is not a policy file to open, and the fix (stat only: never opens it); None for a regular
+    file. FileNotFoundError when nothing is there (a dangling link included)."""
     try:
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # Path.resolve() would raise RuntimeError on it
+            return "a symbolic link that loops (it leads back to itself)", "point it at a policy file or remove it"
+        return f"cannot stat it ({exc.strerror or exc})", "check its permissions"
     if not stat.S_ISREG(mode):
-        raise PolicyError([Problem(str(path), "(file)", "a regular policy file",
-                                   f"{file_kind(mode)}", "point at the policy file itself")])
+        return f"not a regular file ({file_kind(mode)})", "a policy must be a regular file"
+    return None
+
+
+def load_policy_folders(folders: Sequence[str | os.PathLike]) -> tuple[list[Policy], list[dict[str, str]]]:
+    """Every `*.toml` policy in the folders; invalid files come back as errors, never raised.
+
+    Only regular files are opened (a FIFO would block the daemon for good); a symbolic link that loops is one
+    file's error like any other. A policy whose workload does not resolve is an error too, found without running
+    any of its code. Two files with the same policy name: the first folder wins and the other is reported. A
+    folder named twice (or through a symbolic link to it), and a file reached twice, is read once: it is not a
+    second policy of that name.
+    """
+    policies: dict[str, Policy] = {}
+    errors: list[dict[str, str]] = []
+    seen_folders: set[str] = set()
+    seen_files: set[str] = set()
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            errors.append({"file": str(folder), "error": _not_a_folder(folder)})
+            continue
+        resolved = os.path.realpath(folder)
+        if resolved in seen_folders:
+            continue
+        seen_folders.add(resolved)
+        try:  # not Path.glob, which on Python 3.11 takes a folder it may not read for an empty one
+            with os.scandir(folder) as entries:
+                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+        except OSError as exc:
+            errors.append({"file": str(folder), "error": f"cannot list the policy folder "
+                                                         f"({exc.strerror or exc}); let the daemon's user "
+                                                         "read and enter it (chmod, chown or its group)"})
+            continue
+        for path in (folder / name for name in names):
+            try:
+                problem = file_problem(path)
+            except FileNotFoundError as exc:  # a dangling link, or removed since the listing
+                problem = f"cannot stat it ({exc.strerror or exc})", "point the link at a policy file or remove it"
+            if problem is not None:
+                errors.append({"file": str(path), "error": "skipped: {}; {}".format(*problem)})
+                continue
+            real = os.path.realpath(path)
+            if real in seen_files:
+                continue
+            seen_files.add(real)
+            try:
+                policy = load_policy(path, check_workload=True)
+            except PolicyError as exc:
+                errors.append({"file": str(path), "error": str(exc)})
+                continue
+            except Exception as exc:  # a policy naming an unknown knob, etc.: report, keep going
+                errors.append({"file": str(path), "error": shorten(f"{type(exc).__name__}: {exc}", 500)})
+                continue
+            if policy.name in policies:
+                errors.append({"file": str(path), "error": f"policy name {shorten(policy.name)!r} is already "
+                                                           f"defined by {policies[policy.name].path}; names must "
+                                                           "be unique"})
+                continue
+            policies[policy.name] = policy
+    return list(policies.values()), errors
+
+
+def _not_a_folder(folder: Path) -> str:
+    """Why a policy folder named in the config or with --policies cannot be read, and the fix."""
+    fix = "fix `policies` in the daemon config / --policies"
+    try:
+        os.stat(folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a symbolic link that loops (it leads back to itself); point it at the policy folder or {fix}"
+        return f"policy folder does not exist; create it or {fix}"
+    # a policy file given where its folder belongs, most often
+    return f"not a folder: `policies` names folders of *.toml files; name the folder that holds this file, or {fix}"

@@ -11,6 +11,7 @@ from .guard import EnvelopeGuard, EnvelopeWarning, Trip, guard_from_policy
 from .hook import compile, merge_compile_kwargs
 from .lookup import AppliedDecision, current_device_kind, lookup_decision, torch_version_minor
 from .metered import Fallback, MeteredModel, close_all, flush_on_sigterm
+from .served import ServedModel
 from .trips import record_trip
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "EnvelopeWarning",
     "Fallback",
     "MeteredModel",
+    "ServedModel",
     "Trip",
     "attach",
     "close_all",

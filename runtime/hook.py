@@ -20,7 +20,8 @@ all the same, and its metering thread registers it once the lock is released (`a
 Inductor options one by one; `mode` replaces the decided mode and options; anything else (`fullgraph`,
 `backend`, `dynamic`, ...) is passed through. When the decision is eager nothing is compiled and the
 keyword arguments are ignored. The returned callable runs the model under `torch.no_grad()` in the
-decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why).
+decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why), `flush()` and
+`close()`: a `MeteredModel` for a metered deployment, else a `ServedModel`, whose two do nothing.
 
 A decision made at another batch size than the policy's `batch_size` (`[search] batch_sizes`, the batch-size
 lever) is applied as decided (mode, options, precision), but the batch size is the caller's: the hook never
@@ -47,9 +48,8 @@ from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy, name_problem
-from joulepilot.store import StoreError, database_error, host_identity, open_db
+from joulepilot.store import StoreError, database_error, host_identity, is_busy, open_db
 from joulepilot.store.daemon_state import add_host_request
-from joulepilot.store.db import is_busy
 from joulepilot.store.safeio import shorten
 
 from .attach import attach
@@ -63,6 +63,8 @@ from .lookup import (
     find_decision,
     torch_version_minor,
 )
+from .metered import MeteredModel
+from .served import ServedModel
 
 log = logging.getLogger("joulepilot.hook")
 
@@ -76,7 +78,7 @@ def _write_database(db: Any) -> Any:
     if db is not None and not isinstance(db, str | os.PathLike):
         return db
     path = db_path(db)
-    key = str(path.resolve())
+    key = os.path.realpath(path)
     if key not in _write_databases:
         _write_databases[key] = open_db(path, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS)
     return _write_databases[key]
@@ -129,7 +131,7 @@ def _fallback(policy: Policy, kind: str, torch_version: str, db: Any, found: Loo
                            policy.hash, details={"problems": list(found.notes)})
 
 
-def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -> Callable[..., Any]:
+def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -> ServedModel:
     """The model uncompiled in fp32, for a policy that cannot be found or read, after one warning."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, RecursionError):
@@ -140,10 +142,9 @@ def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -
     reason = f"policy {named!r} cannot be used ({shorten(text, 600)}); running the model uncompiled in fp32"
     _warn_once(("policy", named), reason)
     config = CompileConfig("eager", precision="fp32")
-    compiled = apply_config(config, model, device)
-    compiled.decision = AppliedDecision(named, current_device_kind(device), torch_version_minor(),  # type: ignore[attr-defined]
-                                        config.to_row(), "fallback", "none", reason)
-    return compiled
+    return ServedModel(apply_config(config, model, device),
+                       AppliedDecision(named, current_device_kind(device), torch_version_minor(),
+                                       config.to_row(), "fallback", "none", reason))
 
 
 def _load_artifacts(applied: AppliedDecision, config: Any, device: str,
@@ -229,7 +230,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     deployment: str | None = None,
     flush_on_sigterm: bool = False,
     **torch_compile_kwargs: Any,
-) -> Callable[..., Any]:
+) -> ServedModel | MeteredModel:
     """Compile `model` as the policy's decision for this device kind and torch version says.
 
     `policy`: a policy name (looked up as <name>.toml in $JOULEPILOT_POLICIES, <JOULEPILOT_HOME>/policies,
@@ -237,8 +238,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     `db`: the store (path or open Database; default $JOULEPILOT_DB / the home folder's joulepilot.db).
     `deployment`: meter this live deployment under that name (a `MeteredModel`; its samples are flushed
     by `.close()` and at a normal exit, and on SIGTERM too with `flush_on_sigterm=True`).
-    Other keyword arguments go to torch.compile (see the module docstring). Returns a callable with
-    `.decision`.
+    Other keyword arguments go to torch.compile (see the module docstring). Returns a `MeteredModel` for a metered
+    deployment, else a `ServedModel`; either is called as the model and has `.decision`, `flush()` and `close()`,
+    whichever path was taken (a store that cannot be used, a policy that cannot be read, the fallback).
     """
     dev = _model_device(model, device)
     if deployment is not None and (problem := name_problem(deployment, "deployment")) is not None:
@@ -288,7 +290,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
     if deployment is None or unmetered:
-        return compiled
+        return ServedModel(compiled, applied)
     attach_kwargs = dict(policy=pol, decision=applied, device=dev, base_model=model,
                          workload_id=measured_under or applied.workload_id, config_id=applied.config_id,
                          device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
@@ -300,7 +302,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
             if not _busy(exc):  # serve unmetered rather than not at all
                 _warn_once(("deployment", deployment),
                            f"deployment {deployment!r} is not metered: {_store_problem(db, exc)}")
-                return compiled
+                return ServedModel(compiled, applied)
             log.warning("deployment %r: %s; its metering thread registers it when the lock is released",
                         deployment, _store_problem(db, exc))
     # Locked by another process: waiting longer here would hold up serving, so the metering thread registers
@@ -309,4 +311,4 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
         return attach(compiled, deployment, db=db, register_on_thread=True, **attach_kwargs)
     except Exception as exc:  # noqa: BLE001 - no meter (or no thread) here: serve unmetered rather than not at all
         _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")
-        return compiled
+        return ServedModel(compiled, applied)

@@ -43,8 +43,8 @@ from joulepilot.policies.load import find_policy, load_policy
 from joulepilot.policies.lock import default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
-from joulepilot.store import StoreError, database_error, default_db_path, open_db
-from joulepilot.store.db import is_busy, opened_immutable
+from joulepilot.store import StoreError, database_error, default_db_path, is_busy, open_db
+from joulepilot.store.db import opened_immutable
 
 # How long the serving path waits for another process's lock on the store, per statement (the store's own
 # default is 30 s): a serving process starts on a lock file or the fallback rather than stall on the daemon.
@@ -114,7 +114,7 @@ def cached_policy(name_or_path: str | os.PathLike | Policy) -> Policy:
     if isinstance(name_or_path, Policy):
         return name_or_path
     path = find_policy(name_or_path)
-    key = str(path.resolve())
+    key = os.path.realpath(path)
     mtime = path.stat().st_mtime_ns
     cached = _policies.get(key)
     if cached and cached[0] == mtime:
@@ -142,7 +142,7 @@ def _read_database(db: Any) -> tuple[Any, StoreError | None, bool]:
     if db is not None and not isinstance(db, str | os.PathLike):
         return db, None, False
     path = db_path(db)
-    key = str(path.resolve())
+    key = os.path.realpath(path)
     if key in _read_databases:
         return _read_databases[key], None, False
     if not path.exists():

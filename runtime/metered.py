@@ -54,7 +54,7 @@ from typing import Any
 
 import sqlite_utils
 from joulepilot.policies.resolve import torch_minor
-from joulepilot.store import open_db, transaction
+from joulepilot.store import as_store_error, is_busy, open_db, transaction
 from joulepilot.store.deployment_side_files import (
     deployment_side_file,
     describe_deployment_imports,
@@ -511,7 +511,7 @@ class MeteredModel:
         except Exception as exc:  # noqa: BLE001 - the batch stays buffered; the next flush retries it
             if not self._store_refusing:
                 log.warning("deployment %r: the store refused %d window(s) (%s); %s, and written when it takes them",
-                            self.name, len(self._buffer), exc, self._where_kept())
+                            self.name, len(self._buffer), self._problem(exc), self._where_kept())
             self._store_refusing = True
             return False
         if self._store_refusing:
@@ -520,6 +520,13 @@ class MeteredModel:
         if not self._side_imported:
             self._import_side_files()
         return True
+
+    def _problem(self, exc: BaseException) -> str:
+        """What the store's error means, naming the database file and the fix (`store.database_error`); a lock
+        held by another process as SQLite says it (this deployment retries by itself)."""
+        if is_busy(exc):
+            return str(exc)
+        return str(as_store_error(exc, self._db_path or "(the store given to attach)") or exc)
 
     def _where_kept(self) -> str:
         if self._side_file is not None:
@@ -535,10 +542,10 @@ class MeteredModel:
             if self._side_file is not None:
                 log.warning("deployment %r: the store refused the last %d window(s) (%s); they are kept in %s and "
                             "imported the next time a deployment, bench or the daemon opens %s", self.name,
-                            len(self._buffer), exc, self._side_file, self._db_path)
+                            len(self._buffer), self._problem(exc), self._side_file, self._db_path)
             else:
                 log.error("deployment %r: the store refused the last %d window(s) (%s) and no side file could be "
-                          "written: they are lost", self.name, len(self._buffer), exc)
+                          "written: they are lost", self.name, len(self._buffer), self._problem(exc))
 
     def _keep_aside(self, error: str) -> None:
         """Write what the store has not taken yet to this deployment's side file (rewritten whole each time)."""
@@ -596,7 +603,7 @@ class MeteredModel:
                         set_deployment_config(db, deployment_id, current)
                     written = [write_trip(db, t["rows"]) for t in trips]
             except Exception as exc:
-                self._keep_aside(str(exc))
+                self._keep_aside(self._problem(exc))
                 raise
             with self._buffer_lock:
                 del self._buffer[:len(batch)]

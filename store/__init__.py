@@ -31,9 +31,9 @@ from .daemon_state import (
     write_heartbeat,
 )
 from .db import (
-    database_error,
     default_db_path,
     default_home,
+    make_db_folder,
     migrate,
     open_db,
     open_for_reading,
@@ -60,7 +60,17 @@ from .deployments import (
     violated_config_ids,
 )
 from .devicekind import device_kind
-from .errors import DatabaseCorrupt, DatabaseMissing, ExportFormatError, SchemaTooNew, StoreError
+from .errors import (
+    DatabaseCorrupt,
+    DatabaseMissing,
+    DiskFull,
+    ExportFormatError,
+    SchemaTooNew,
+    StoreError,
+    as_store_error,
+    database_error,
+    is_busy,
+)
 from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
 from .jsonvalues import json_column, json_object, json_output, json_safe, row_from_json, strict_json_text
 from .pending import (
@@ -170,9 +180,12 @@ __all__ = [
     "SCHEMA_VERSION",
     "StoreError",
     "DatabaseCorrupt",
+    "DiskFull",
     "DatabaseMissing",
     "SchemaTooNew",
+    "as_store_error",
     "database_error",
+    "is_busy",
     "default_db_path",
     "default_home",
     "export_runs",
@@ -187,6 +200,7 @@ __all__ = [
     "list_decisions",
     "write_decision",
     "list_runs",
+    "make_db_folder",
     "migrate",
     "open_db",
     "power_samples",

@@ -12,10 +12,26 @@ from pathlib import Path
 
 import sqlite_utils
 
-from .errors import DatabaseCorrupt, DatabaseMissing, SchemaTooNew, StoreError
+from .errors import (
+    DatabaseCorrupt,
+    DatabaseMissing,
+    SchemaTooNew,
+    StoreError,
+    damaged_message,
+    database_error,
+    is_busy,
+)
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
 BUSY_TIMEOUT_MS = 30_000
+# Opening a database file of at most this size runs SQLite's `PRAGMA quick_check` (each page's structure, not the
+# indexes' contents) once per process and state of the file, so that damage anywhere is said at once rather than
+# by whichever command happens to read the damaged pages. It costs about 3-9 ms per MiB on the 2-core VM (the
+# 12 MiB store of benchmarks/decision_lookup.py: 90-130 ms), paid once: `joulepilot.compile`'s first lookup, not
+# the lookups after it. A larger file is not checked at open; SQLite's errors on its damaged pages are reported the
+# same way when they are read.
+QUICK_CHECK_MAX_BYTES = 16 << 20
+_found_whole: set[tuple[int, int, int, int]] = set()  # (device, inode, size, mtime) of files quick_check passed
 
 
 def default_home() -> Path:
@@ -82,14 +98,6 @@ class _ImmutableConnection(sqlite3.Connection):
     """A connection opened with `immutable=1`: it sees the file as it was, not what the WAL holds."""
 
 
-def is_busy(exc: BaseException) -> bool:
-    """Whether a sqlite error means another connection holds a lock (SQLITE_BUSY / SQLITE_LOCKED)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower()
-
-
 def opened_immutable(db: sqlite_utils.Database) -> bool:
     """Whether `open_db(read_only=True)` had to open this database immutable (a WAL database in a folder this
     user cannot write): such a connection never sees later commits, so keep it for one read, not longer."""
@@ -100,7 +108,7 @@ def _connect(target: Path, *, read_only: bool, busy_timeout_ms: int = BUSY_TIMEO
     timeout = busy_timeout_ms / 1000
     if not read_only:
         return sqlite3.connect(str(target), timeout=timeout, isolation_level=None, check_same_thread=False)
-    uri = target.resolve().as_uri()
+    uri = Path(os.path.realpath(target)).as_uri()
     try:
         conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, isolation_level=None,
                                check_same_thread=False)
@@ -129,9 +137,9 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
     if (must_exist or read_only) and not target.is_file():
         raise DatabaseMissing(f"database {target} does not exist; check --db / JOULEPILOT_DB (a new database "
                               f"is created by `joulepilot bench`, `joulepilot runs import` or the daemon)")
+    if not read_only:
+        make_db_folder(target)
     try:
-        if not read_only:
-            target.parent.mkdir(parents=True, exist_ok=True)
         conn = _connect(target, read_only=read_only, busy_timeout_ms=busy_timeout_ms)
     except sqlite3.DatabaseError as exc:
         raise database_error(target, exc, busy_timeout_ms=busy_timeout_ms) from exc
@@ -147,6 +155,7 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(f"database {target} has schema version {version}, newer than this joulepilot "
                                f"understands ({SCHEMA_VERSION}); upgrade joulepilot or point --db at another file")
+        _quick_check(conn, target)
         if not read_only:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -160,6 +169,42 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
         conn.close()
         raise
     return db
+
+
+def make_db_folder(target: str | os.PathLike) -> None:
+    """The default database's folder (under JOULEPILOT_HOME) is created when missing; any other database's folder
+    must exist (StoreError otherwise): a mistyped --db / JOULEPILOT_DB would leave a tree of folders and a new,
+    empty store behind."""
+    target = Path(target).expanduser()
+    folder = target.parent
+    if folder.is_dir():
+        return
+    if target.absolute() == (default_home() / "joulepilot.db").absolute():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder {folder} of the default database: {exc.strerror or exc}; "
+                             f"set JOULEPILOT_HOME to a writable folder, or pass --db") from exc
+        return
+    raise StoreError(f"the folder of database {target} does not exist ({folder}); create it (mkdir -p {folder}) or "
+                     f"pass --db / set JOULEPILOT_DB with a file in an existing folder")
+
+
+def _quick_check(conn: sqlite3.Connection, target: Path) -> None:
+    """DatabaseCorrupt when SQLite's quick_check finds the file damaged; skipped for files over
+    QUICK_CHECK_MAX_BYTES and for a file state this process checked already."""
+    try:
+        info = os.stat(target)
+    except OSError:
+        return
+    state = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if info.st_size == 0 or info.st_size > QUICK_CHECK_MAX_BYTES or state in _found_whole:
+        return
+    rows = conn.execute("PRAGMA quick_check(1)").fetchall()  # (1): stop at the first problem
+    if rows != [("ok",)]:
+        found = " ".join(str(rows[0][0] if rows else "no answer").split())
+        raise DatabaseCorrupt(damaged_message(target, f"quick_check: {found[:200]}"))
+    _found_whole.add(state)
 
 
 def open_for_reading(path: str | os.PathLike | None = None) -> sqlite_utils.Database:
@@ -206,8 +251,10 @@ def _schema_state(db: sqlite_utils.Database) -> tuple[int, list[str]]:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
                                                 " ORDER BY type != 'table', name")]
-    finally:
-        conn.execute("COMMIT")
+    except BaseException:
+        _roll_back_keeping_error(conn)  # a COMMIT here would hide why the read failed behind "no transaction"
+        raise
+    conn.execute("COMMIT")
     return version, names
 
 
@@ -236,29 +283,6 @@ def _check_is_joulepilot(db: sqlite_utils.Database, target: Path, *, empty_ok: b
                               f"{lacking}); it was left unchanged: point --db / JOULEPILOT_DB at a joulepilot "
                               f"database, or at a new file to create one")
     return version
-
-
-def database_error(target: str | os.PathLike, exc: sqlite3.Error, *,
-                   busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> StoreError:
-    """A StoreError naming the file and the fix for an error sqlite raised on it (`busy_timeout_ms`: how long
-    the connection waited for a lock)."""
-    text = str(exc)
-    lowered = text.lower()
-    if "not a database" in lowered or "malformed" in lowered or "corrupt" in lowered:
-        return DatabaseCorrupt(f"database {target} is corrupt or not a SQLite file ({text}); restore it from a "
-                               f"backup, or move it aside and let joulepilot create a new one")
-    if "readonly" in lowered or "read-only" in lowered:
-        return StoreError(f"database {target} is read-only ({text}); this command needs to write: fix its "
-                          f"permissions or pass --db with a writable file")
-    if "unable to open" in lowered:
-        return StoreError(f"cannot open database {target} ({text}); the file and its folder must exist and be "
-                          f"writable for this command (SQLite keeps -wal and -shm files beside the database)")
-    if "disk is full" in lowered or "disk i/o" in lowered:
-        return StoreError(f"database {target}: {text}; free space on its disk and retry")
-    if "locked" in lowered or "busy" in lowered:
-        return StoreError(f"database {target} stayed locked for {busy_timeout_ms / 1000:g} s ({text}); "
-                          f"another process holds a long write; retry")
-    return StoreError(f"database {target}: {text}")
 
 
 def _write_lock(db: sqlite_utils.Database) -> threading.RLock:

@@ -42,7 +42,7 @@ import sqlite_utils
 from .commit import commit_run
 from .daemon_state import get_job
 from .db import _write_lock
-from .errors import StoreError
+from .errors import StoreError, database_error
 from .files import write_file_atomic
 from .jsonvalues import json_object
 from .refusals import StoreRefusal, refused_line, store_refusal
@@ -64,6 +64,7 @@ class StoreOutcome:
     run_id: int | None  # the stored run, or None when it was set aside
     pending_path: Path | None = None  # the side file holding it, when set aside
     error: str = ""  # why the commit failed
+    failure: StoreError | None = None  # SQLite's refusal as the store's error (`database_error`): damaged, full, ...
 
 
 @dataclass
@@ -147,9 +148,20 @@ def _write_transaction(db: sqlite_utils.Database, stop: Callable[[], bool] | Non
             raise
 
 
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, sqlite3.Error):
-        return str(exc)
+def _failure(exc: BaseException, db: sqlite_utils.Database) -> StoreError | None:
+    """SQLite's refusal of the commit as the store's error, naming the file and the fix; None for anything else."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    try:
+        where: Any = database_file(db) or "(in memory)"
+    except sqlite3.Error:
+        where = "(the database)"
+    return database_error(where, exc)
+
+
+def _why(exc: BaseException, failure: StoreError | None) -> str:
+    if failure is not None:
+        return str(failure)
     if isinstance(exc, SystemExit):
         return f"exit {exc.code} during the commit"
     if isinstance(exc, KeyboardInterrupt):
@@ -199,28 +211,35 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
     Raises RunNotStored when the side file cannot be written either (its message names both errors)."""
     devices = list(devices)
     pending_id = uuid.uuid4().hex
-    extra = run.get("extra")
-    extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
-    run = {**run, "extra": {**extra, "pending_id": pending_id}}
+    run = _with_pending_id(run, pending_id)
     samples = [list(s) for s in samples]
-    further = [(dict(more), [list(x) for x in more_samples]) for more, more_samples in further]
+    further = [(_with_pending_id(more, pending_id), [list(x) for x in more_samples]) for more, more_samples in further]
     try:
         with _write_transaction(db, stop):
             run_id = commit_run(db, run, samples, host=host, devices=devices, workload=workload, config=config,
                                 job_id=job_id, further=further)
         return StoreOutcome(run_id)
     except BaseException as exc:
-        error = _why(exc)
+        failure = _failure(exc, db)
+        error = _why(exc, failure)
         record = {"pending_id": pending_id, "written_at": time.time(), "error": error, "job_id": job_id,
                   "run": run, "samples": samples, "host": host, "devices": devices, "workload": workload,
                   "config": config, "further": [{"run": more, "samples": more_samples}
                                                 for more, more_samples in further]}
         path = _keep_aside(db, record)
-        if isinstance(exc, sqlite3.Error):
-            return StoreOutcome(None, path, error)
+        if failure is not None:
+            return StoreOutcome(None, path, error, failure)
         log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
                     "or the daemon opens this database", database_file(db), error, path)
         raise
+
+
+def _with_pending_id(run: Mapping[str, Any], pending_id: str) -> dict[str, Any]:
+    """`run` with `pending_id` in its `extra`: every run of one commit (the first window and the further ones the
+    same worker took) carries its side file's id; `_stored_pending_run` answers with the first of them."""
+    extra = run.get("extra")
+    extra = dict(json.loads(extra) if isinstance(extra, str) else (extra or {}))
+    return {**run, "extra": {**extra, "pending_id": pending_id}}
 
 
 def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | None:

@@ -12,6 +12,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import original_error, sqlite_code
+
 # SQLite's primary result codes that say nothing about what was being written
 _REASONS = {
     sqlite3.SQLITE_BUSY: "the database is locked by another process",
@@ -26,11 +28,6 @@ _REASONS = {
     sqlite3.SQLITE_NOTADB: "the database is damaged",
     sqlite3.SQLITE_NOMEM: "SQLite ran out of memory",
 }
-# the same, matched on the message where an error carries no code
-_TEXTS = (("locked", sqlite3.SQLITE_BUSY), ("busy", sqlite3.SQLITE_BUSY), ("disk is full", sqlite3.SQLITE_FULL),
-          ("readonly", sqlite3.SQLITE_READONLY), ("read-only", sqlite3.SQLITE_READONLY),
-          ("disk i/o", sqlite3.SQLITE_IOERR), ("malformed", sqlite3.SQLITE_CORRUPT),
-          ("not a database", sqlite3.SQLITE_NOTADB), ("closed database", sqlite3.SQLITE_CANTOPEN))
 
 
 @dataclass(frozen=True)
@@ -43,14 +40,8 @@ class StoreRefusal:
 
 def store_refusal(exc: BaseException) -> StoreRefusal | None:
     """The refusal `exc` is, when any other write would meet it too; None for an error of this write's own."""
-    if not isinstance(exc, sqlite3.Error):
-        return None
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:
-        text = str(exc).lower()
-        code = next((c for needle, c in _TEXTS if needle in text), None)
-    reason = _REASONS.get(code & 0xFF) if code is not None else None
-    return None if reason is None else StoreRefusal(reason, str(exc))
+    reason = _REASONS.get(sqlite_code(exc))  # type: ignore[arg-type]
+    return None if reason is None else StoreRefusal(reason, str(original_error(exc)))
 
 
 def refused_line(count: int, folder: Path | None, refusal: StoreRefusal, retried: str) -> str:

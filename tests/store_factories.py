@@ -27,3 +27,24 @@ def database_at(path: Path, version: int, *, wal: bool = False, user_table: bool
         conn.execute("CREATE TABLE my_notes (note TEXT)")
     conn.close()
     return path
+
+
+def damage_pages(path: Path, table: str, *, keep_root: bool = True) -> list[int]:
+    """Write garbage over the pages of `table` (its leaves; with `keep_root` False its root too) in a real database
+    file, as a failing disk or a stray write would: the header and every other table stay whole, so SQLite opens
+    the file and finds the damage only where it reads those pages (or when quick_check walks them). Returns the
+    page numbers damaged (1-based)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        rows = conn.execute("SELECT pageno, path FROM dbstat WHERE name = ? ORDER BY pageno", [table]).fetchall()
+    finally:
+        conn.close()
+    pages = [page for page, where in rows if not (keep_root and where == "/")]
+    assert pages, f"{table} has no pages to damage besides its root: store more rows in it first"
+    with open(path, "r+b") as fh:
+        for page in pages:
+            fh.seek((page - 1) * page_size)
+            fh.write(bytes([0xAB]) * page_size)
+    return pages

@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 from joulepilot.store import SCHEMA_VERSION, import_runs, list_runs, open_db, read_export, schema_version
 from joulepilot.store.schema import MIGRATIONS
+from store_factories import damage_pages
 
 from joulepilot.cli import BoundaryGroup, main
 
@@ -57,6 +58,8 @@ def _damaged(kind: str, folder: Path) -> Path:
         conn.execute("PRAGMA user_version = 99")
         conn.commit()
         conn.close()
+    elif kind == "middle-pages":  # the runs' pages only: commands that do not read runs used to succeed
+        damage_pages(_seeded(path), "runs")
     elif kind == "damaged-pages":  # the header and schema are fine; the rows are not
         _seeded(path)
         size = path.stat().st_size
@@ -97,22 +100,25 @@ def export_file(tmp_path_factory):
     return folder / "runs.json"
 
 
-@pytest.mark.parametrize("kind,needle", [
-    ("garbage", "corrupt or not a SQLite file"),
-    ("truncated", "corrupt or not a SQLite file"),
-    ("damaged-pages", "corrupt or not a SQLite file"),
-    ("future", "schema version 99, newer than this joulepilot"),
+DAMAGED = "is damaged (SQLite: "
+RECOVER = ".recover | sqlite3 "
+
+
+@pytest.mark.parametrize("kind,needles", [
+    ("garbage", (DAMAGED, RECOVER)),
+    ("truncated", (DAMAGED, RECOVER)),
+    ("middle-pages", (DAMAGED, RECOVER)),
+    ("damaged-pages", (DAMAGED, RECOVER)),
+    ("future", ("schema version 99, newer than this joulepilot",)),
 ])
-def test_every_command_reports_a_bad_database_in_one_line(work, export_file, kind, needle):
+def test_every_command_reports_a_bad_database_in_one_line(work, export_file, kind, needles):
     path = _damaged(kind, work)
     before = path.read_bytes()
     runner = CliRunner()
     commands = read_commands(work) + write_commands(work, export_file)
-    if kind == "damaged-pages":  # SQLite notices only when a command reads the damaged rows: the runs
-        commands = [c for c in commands if c[0] in ("fit", "frontier", "policy") or c[:2] in (["runs"], ["runs", "--json"])]
     for command in commands:
         result = runner.invoke(main, [*command, "--db", str(path)])
-        assert_one_line_error(result, needle, str(path))
+        assert_one_line_error(result, *needles, str(path))
     assert path.read_bytes() == before  # nothing tried to "repair" it
     assert not (work / "out.json").exists() and not (work / "resnet50.lock.json").exists()
 
@@ -130,10 +136,29 @@ def test_read_commands_refuse_a_database_that_does_not_exist(work, export_file):
 
 
 def test_import_creates_the_database_it_is_given(work, export_file):
-    fresh = work / "new" / "jp.db"
+    fresh = work / "jp.db"
     result = CliRunner().invoke(main, ["runs", "import", str(export_file), "--db", str(fresh)])
     assert result.exit_code == 0, result.output
     assert len(list_runs(open_db(fresh))) == len(read_export(export_file))
+
+
+def test_a_database_in_a_folder_that_does_not_exist_is_refused_not_created(work, export_file, monkeypatch):
+    """A mistyped --db (or JOULEPILOT_DB) used to leave a tree of new folders and an empty store behind."""
+    typo = work / "srv" / "joulepilott" / "jp.db"
+    runner = CliRunner()
+    for command in (["runs", "import", str(export_file)], ["bench", "mlp", "--device", "cpu"], ["daemon", "--once"]):
+        assert_one_line_error(runner.invoke(main, [*command, "--db", str(typo)]),
+                              f"the folder of database {typo} does not exist ({typo.parent}); create it")
+    monkeypatch.setenv("JOULEPILOT_DB", str(typo))
+    assert_one_line_error(runner.invoke(main, ["runs", "import", str(export_file)]), "does not exist")
+    assert not (work / "srv").exists()
+    # the default database, under JOULEPILOT_HOME, is still created with its folder
+    monkeypatch.delenv("JOULEPILOT_DB")
+    home = work / "new-home"
+    monkeypatch.setenv("JOULEPILOT_HOME", str(home))
+    result = runner.invoke(main, ["runs", "import", str(export_file)])
+    assert result.exit_code == 0, result.output
+    assert (home / "joulepilot.db").is_file()
 
 
 def folder_commands(folder: Path, export: Path) -> list[list[str]]:

@@ -72,3 +72,39 @@ def test_runs_limit_refuses_a_negative_count(tmp_path):
     result = runner.invoke(main, ["runs", "--db", str(db), "--limit", "0", "--json"])  # 0 stays "all"
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == []
+
+
+POLICY = str(REPO / "examples" / "policies" / "mlp.toml")
+
+
+@pytest.mark.parametrize("args,option", [
+    (BENCH, "--modes"), (BENCH, "--fusion"), (BENCH, "--precision"), (BENCH, "--devices"), (BENCH, "--device"),
+    (BENCH, "--shapes"), (BENCH, "--buckets"), (BENCH, "--option"), (BENCH, "--regional-block"), (BENCH, "--db"),
+    (DOCTOR, "--device"), (["exporter", "--port", "0"], "--bind"), (["frontier", "mlp"], "--device-name"),
+    (["frontier", "mlp"], "--policy"), (["policy", "explain", POLICY], "--device-name"),
+    (["policy", "lock", POLICY], "--device-name"), (["report", "--all"], "--output"), (["report"], "--deployment"),
+    (["runs"], "--workload"), (["daemon", "--once"], "--policies"), (["daemon", "--once"], "--config"),
+    (["measure"], "--device"),
+])
+def test_an_empty_name_or_list_is_refused_naming_the_option_not_taken_for_the_default(tmp_path, args, option):
+    """`--device ''` measured on the default device and `--modes ''` swept the default modes, silently; every
+    option that takes a name or a list now refuses an empty value (or an empty item: 'eager,,default')."""
+    db = tmp_path / "j.db"
+    tail = ["--", sys.executable, "-c", "pass"] if args == ["measure"] else []
+    with_db = [] if option == "--db" or args in (["measure"], DOCTOR) else ["--db", str(db)]
+    result = CliRunner().invoke(main, [*args, option, "", *with_db, *tail])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {option} "), result.output
+    assert "is empty; give" in lines[0] or "has an empty value; give values separated by commas" in lines[0]
+    assert not db.exists()  # nothing ran, so nothing was stored
+
+
+@pytest.mark.parametrize("args", [["frontier", ""], ["policy", "check", ""], ["policy", "explain", ""],
+                                  [*BENCH, "--modes", "eager,,default"], [*BENCH, "--devices", "0,"]])
+def test_an_empty_argument_or_list_item_is_refused_too(tmp_path, args):
+    result = CliRunner().invoke(main, [*args, "--db", str(tmp_path / "j.db")] if args[0] != "policy" or
+                                args[1] != "check" else args)
+    assert result.exit_code == 1, result.output
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert " is empty; give a value" in line or " has an empty value; " in line, line

@@ -124,7 +124,7 @@ def test_a_policy_file_named_as_the_folder_says_so_and_how_to_fix_it(_isolated_h
 def test_a_folder_named_twice_or_through_a_link_is_read_once(tmp_path):
     """The same folder in the config and with --policies, or beside a symbolic link to it, holds no second policy
     of each name: reading it twice once reported every policy as defined twice (and `--once` exited 1)."""
-    from joulepilot.controller.redecide import load_policy_folders
+    from joulepilot.policies.load import load_policy_folders
 
     folder = tmp_path / "policies"
     folder.mkdir()
@@ -152,7 +152,7 @@ def test_a_policy_folder_the_daemon_cannot_list_is_an_error_not_an_empty_folder(
     import errno
     import os
 
-    from joulepilot.controller.redecide import load_policy_folders
+    from joulepilot.policies.load import load_policy_folders
 
     locked, readable = tmp_path / "locked", tmp_path / "readable"
     for folder in (locked, readable):

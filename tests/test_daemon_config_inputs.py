@@ -125,3 +125,23 @@ def test_the_daemon_command_refuses_a_non_finite_interval_in_one_line(tmp_path, 
         f"Error: {config}: interval_s must be a number from 1 to 86,400 (seconds), found {value}; set it in range, "
         "or remove it for the default 300"]
     assert not (tmp_path / "j.db").exists()
+
+
+def test_a_lock_dir_that_is_not_a_folder_is_refused_in_one_line(tmp_path):
+    """`lock_dir` naming a regular file used to be accepted, and every lock the daemon wrote there then failed."""
+    import os
+
+    (tmp_path / "locks.txt").write_text("a file, not a folder\n")
+    message = refusal(tmp_path, 'lock_dir = "locks.txt"\n')
+    assert f"lock_dir {tmp_path / 'locks.txt'} is a regular file, not a folder; name a folder" in message
+    os.mkfifo(tmp_path / "pipe")
+    assert "is a FIFO (named pipe), not a folder" in refusal(tmp_path, 'lock_dir = "pipe"\n')
+    (tmp_path / "loop").symlink_to("loop")
+    assert "cannot be used (Too many levels of symbolic links)" in refusal(tmp_path, 'lock_dir = "loop"\n')
+    # a folder, or a path where nothing is yet, is taken
+    (tmp_path / "daemon.toml").write_text('lock_dir = "state/locks"\n')
+    assert load_daemon_config(tmp_path / "daemon.toml").lock_dir == tmp_path / "state" / "locks"
+    (tmp_path / "daemon.toml").write_text('lock_dir = "locks.txt"\n')
+    result = CliRunner().invoke(main, ["daemon", "--once", "--config", str(tmp_path / "daemon.toml")])
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path / 'daemon.toml'}: lock_dir "), \
+        result.output

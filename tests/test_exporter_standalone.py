@@ -245,7 +245,8 @@ def test_a_corrupt_database_gives_the_error_gauge_logged_once_then_recovers(tmp_
     assert only(found, "joulepilot_exporter_scrape_error") == 0
     assert only(found, "joulepilot_energy_joules_total", deployment="mlp-prod") == pytest.approx(250.5)
     messages = [(r.levelno, r.getMessage()) for r in caplog.records]
-    assert [m for level, m in messages if level == logging.WARNING and "corrupt" in m] == [messages[0][1]]
+    assert [m for level, m in messages if level == logging.WARNING and f"the database {db_path} is damaged" in m] \
+        == [messages[0][1]]
     assert messages[-1][0] == logging.INFO and "again" in messages[-1][1]
 
 

@@ -150,3 +150,28 @@ def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, 
     # the job's seconds: the first run's job_wall_s plus the further windows' spans
     spans = sum(r["finished_at"] - r["started_at"] for r in runs[1:])
     assert 0 < extras[0]["job_wall_s"] and extras[0]["job_wall_s"] + spans >= sum(r["window_s"] for r in runs)
+
+
+def test_every_run_of_a_two_window_job_carries_its_pending_id(tmp_path):
+    """A commit's `pending_id` is how an import finds a run already stored; the further window of a two-window job
+    used to be stored without one."""
+    now = time.time()
+    refs = {"host": host_identity(), "workload": FILLER_WORKLOAD, "config": FILLER_CONFIG}
+    db = open_db(tmp_path / "j.db")
+    row = _first_row(now, now + 6)
+    commit_run_or_set_aside(db, row, [], further=further_window_rows(row, [_window(2, now + 3, now + 4, 11.0)]),
+                            **refs)
+    stored = [json_object(r["extra"]) for r in list_runs(db)]
+    assert len(stored) == 2 and stored[0]["pending_id"] and stored[0]["pending_id"] == stored[1]["pending_id"]
+
+    full = open_db(tmp_path / "full.db")  # set aside, then imported: the same holds
+    _make_full(full)
+    row = _first_row(now, now + 6)
+    outcome = commit_run_or_set_aside(full, row, [], further=further_window_rows(row, [_window(2, now + 3, now + 4,
+                                                                                             11.0)]), **refs)
+    full.execute("PRAGMA max_page_count = 1000000")
+    (item,) = import_pending_runs(full)
+    kept = [json_object(r["extra"]) for r in list_runs(full) if r["status"] == "ok"]
+    assert item.run_id is not None and len(kept) == 2
+    assert outcome.pending_path.name.endswith(f"{kept[0]['pending_id'][:8]}.json")
+    assert kept[0]["pending_id"] == kept[1]["pending_id"]

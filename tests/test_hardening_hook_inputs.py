@@ -22,6 +22,7 @@ from decision_factories import (
 )
 from joulepilot.policies import write_lock
 from joulepilot.policies.lock import lock_path
+from joulepilot.runtime import MeteredModel
 from joulepilot.store import import_runs, open_db, read_export
 
 H200_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
@@ -130,7 +131,7 @@ def test_a_broken_store_falls_back_with_one_warning(tmp_path, damage):
     _, again = compile_with_warnings(policy_path, str(path))
     assert again == []  # once per process
     metered, said = compile_with_warnings(policy_path, str(path), deployment="svc-prod")  # metering needs the store
-    assert not hasattr(metered, "flush") and said == []
+    assert not isinstance(metered, MeteredModel) and metered.flush() == 0 and said == []  # served unmetered
 
 
 @pytest.mark.parametrize("content", [

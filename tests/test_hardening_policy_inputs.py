@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 from daemon_factories import daemon_cmd, poll_query, query, wait_for, write_daemon_config
 from joulepilot.compiler import WorkloadError, check_spec
-from joulepilot.controller.redecide import load_policy_folders
 from joulepilot.policies import PolicyError, find_policy, load_policy, read_lock
+from joulepilot.policies.load import load_policy_folders
 from joulepilot.store import open_db
 from joulepilot.store.daemon_state import add_request, latest_heartbeat, write_heartbeat
 

@@ -117,7 +117,7 @@ def test_one_device_keeps_every_core_for_its_compile(tmp_path, two_gpus, flow_wo
     (["--devices", "0,cpu"], "cpu cannot share a sweep"),
     (["--devices", "0,7"], "does not exist: this host has 2 CUDA GPU(s)"),
     (["--devices", "0,1", "--device", "cuda:0"], "either --device or --devices"),
-    (["--devices", ","], "--devices is empty"),
+    (["--devices", ","], "--devices ',' has an empty value; give values separated by commas, e.g. --devices 0,1"),
 ])
 def test_bad_devices_is_one_clean_line(tmp_path, two_gpus, flow_worker, args, message):
     result = _bench(tmp_path / "j.db", *args)

@@ -60,8 +60,8 @@ def test_disk_full_commit_keeps_the_run_and_the_next_bench_imports_it(tmp_path, 
     assert run["status"] == "ok" and run["run_id"] is None and run["energy_j_per_inference"] > 0
     side_file = pending_dir_of(path) / run["pending_path"].split("/")[-1]
     assert side_file.is_file()
-    assert any("could not be stored in the database (database or disk is full)" in n and str(side_file) in n
-               for n in notes), notes
+    assert any(f"could not be stored: the disk holding {path} is full (SQLite: database or disk is full)" in n
+               and str(side_file) in n for n in notes), notes
     check = open_db(path)
     assert [r["reason"] for r in list_runs(check)] == ["filler"]  # the measurement is not in the database
     check.close()

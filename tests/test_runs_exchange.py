@@ -99,7 +99,7 @@ def test_export_to_stdout_and_import_of_several_files(tmp_path):
     everything.write_text(_ok("runs", "export", "-", "--db", str(a)).stdout)
     recent = tmp_path / "recent.json"
     _ok("runs", "export", str(recent), "--db", str(a), "--since", "2d")
-    target = tmp_path / "new" / "c.db"  # import creates the database
+    target = tmp_path / "c.db"  # import creates the database
     result = _ok("runs", "import", str(everything), str(recent), "--db", str(target), "--json")
     assert [(r["file"], r["imported"], r["skipped"]) for r in json.loads(result.stdout)] == [
         (str(everything), 2, 0), (str(recent), 0, 1)]

@@ -84,7 +84,7 @@ def test_every_open_refuses_another_programs_database(tmp_path, options, user_ve
 
 
 def test_a_new_path_and_an_empty_file_become_joulepilot_databases(tmp_path):
-    new = tmp_path / "sub" / "new.db"
+    new = tmp_path / "new.db"
     empty = tmp_path / "empty.db"
     empty.touch()
     for path in (new, empty):

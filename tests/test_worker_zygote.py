@@ -351,6 +351,43 @@ def test_building_the_vector_instruction_programs_stops_when_the_job_is_cancelle
     assert not [p for p in psutil.process_iter() if p.pid != os.getpid() and building_here(p)]
 
 
+def test_the_vector_instruction_build_dies_with_a_sigkilled_parent(tmp_path):
+    """A SIGKILLed bench (or daemon) takes its build of the test programs along (PR_SET_PDEATHSIG), as it does its
+    workers; the build used to run on for its ~10 s. The build is stopped (SIGSTOP) once it has imported torch, so
+    that only the kernel's SIGKILL can end it, however long the build would take: one left stopped is a failure."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_VEC_ISA_OK"}
+    env[PROGRAMS_DIR_ENV] = str(tmp_path / "programs")
+    parent = subprocess.Popen([sys.executable, "-c", "import os\nfrom joulepilot.compiler.host_isa import "
+                               "ensure_programs\nensure_programs(dict(os.environ))\n"], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    build = None
+    try:
+        def torch_loaded() -> psutil.Process | None:
+            for child in psutil.Process(parent.pid).children():
+                try:
+                    if any("libtorch" in m.path for m in child.memory_maps()):
+                        return child
+                except psutil.Error:
+                    pass
+            return None
+
+        build = wait_for(torch_loaded, 120, "the build to import torch")
+        build.suspend()
+        parent.kill()
+        parent.wait(timeout=30)
+        _, alive = psutil.wait_procs([build], timeout=60)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], "the build outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if build is not None and build.is_running():
+            build.kill()
+
+
 def test_on_a_cpu_a_compiled_job_loads_the_hosts_vector_instruction_programs_and_builds_only_its_kernel(
         monkeypatch, tmp_path):
     """Inductor checks the CPU's vector instruction sets by building and loading a test program per set in the
