@@ -699,10 +699,10 @@ def bench(
     idle_s = default_idle_s(device) if idle_s is None else float(idle_s)
     wants_warm_start = warm_start if callable(warm_start) else _constant(on_gpu if warm_start is None else warm_start)
 
-    if device == "cpu":
+    database, owned = _open(db)
+    if device == "cpu":  # once the database is open: a refused --db is the only line
         count, source = cpu_threads(threads)
         notice(f"torch runs on {count} thread{'s' if count != 1 else ''} on the CPU ({source}; --threads N to change)")
-    database, owned = _open(db)
     stack = contextlib.ExitStack()
     try:
         # runs an earlier commit could not store, windows a deployment could not write

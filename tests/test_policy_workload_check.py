@@ -11,7 +11,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from joulepilot.controller.redecide import load_policy_folders
+from joulepilot.policies.load import load_policy_folders
 from joulepilot.policies import checked_policy
 from joulepilot.store import open_db
 from joulepilot.store.decisions import list_decisions
