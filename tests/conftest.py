@@ -40,6 +40,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [os.path.join(os.path.dirname(os.path.abspath(__file__)), "coverage_boot"),
      *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
+import process_state  # noqa: E402
 import pytest  # noqa: E402
 from daemon_factories import use_fake_worker, use_flow_worker  # noqa: E402
 
@@ -156,6 +157,22 @@ def pytest_sessionfinish(session):
     # they would), and what survives it is frozen out of pytest's passes.
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _guard_process_state():
+    """Fails a test that leaves process-wide state changed (tests/process_state.py says which), and puts it back so
+    that the tests after it are not failed too. Named to sort first among the autouse fixtures: it is set up
+    before and torn down after the others, monkeypatch's undo included."""
+    before = process_state.snapshot()
+    yield
+    after = process_state.snapshot()
+    changed = process_state.changes(before, after)
+    if changed:
+        process_state.put_back(before, after)
+        pytest.fail(f"the test left process-wide state changed: {', '.join(changed)} (change it for the test "
+                    "only: monkeypatch.setenv, torch._dynamo.config.patch(...) as a context, try/finally)",
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)
