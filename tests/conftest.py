@@ -137,7 +137,9 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.iter_markers("xdist_group")) and _uses_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(f"module:{getattr(item, 'path', item).name}"))
     # pytest-xdist hands out tests in this order: files with long tests first, so that no process is left with
-    # a long test at the end while the others idle, and files that mostly wait among the others.
+    # a long test at the end while the others idle, and files that mostly wait among the others. pytest-randomly
+    # has shuffled the files and each file's tests before this hook (its own is a wrapper that runs first); the
+    # sort is stable, so within a weight the files keep that order, and a file its tests' order.
     if _whole_suite(config):  # whole files move, so tests that share a module's fixture keep their order
         place = _file_order(items, {})
         items.sort(key=lambda item: place[str(getattr(item, "path", ""))])
@@ -147,6 +149,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The order's seed, at the end where a failure is read (pytest -q prints no header): the same command with
+    `-p randomly --randomly-seed=N` runs the tests in the same order again."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int) and config.option.randomly_reorganize:
+        terminalreporter.write_line(f"tests in random order: replay it with -p randomly --randomly-seed={seed}, "
+                                    "or run them in file order with -p no:randomly")
 
 
 @pytest.hookimpl(trylast=True)
