@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-MARKER = re.compile(r"<!--\s*snippet:\s*(.*?)\s*-->")
+MARKER = re.compile(r"^\s*<!--\s*snippet:\s*(.*?)\s*-->\s*$")  # a line of its own
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*(\S*)")
 
 # What the text around a block supposes, as code run before the block in its namespace.
