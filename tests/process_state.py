@@ -15,8 +15,9 @@ import sys
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD",
                                                      "SIGXFSZ", "SIGALRM", "SIGPIPE") if hasattr(signal, name))
 TORCH_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
-# pytest's own variable, set anew for every phase of every test
-_OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}
+# pytest's own variable, set anew for every phase of every test; and those a library sets once, when the first test
+# imports it (scikit-learn: its OpenMP runtime's)
+_OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
 _MISSING = object()
 
 
