@@ -28,7 +28,7 @@ def environment() -> jinja2.Environment:
         percent=f.percent, human_time=f.human_time, iso=iso, versus=f.versus_baseline, saved=f.energy_saved,
         payback_headline=f.payback_headline, search_cost=f.search_cost, calls=calls_text,
         baseline_energy=f.baseline_energy, deployment_energy=f.deployment_energy, power_reading=f.power_reading,
-        estimate_part=f.estimate_part, summary_source=f.summary_source, served_versus=f.served_versus)
+        estimate_part=f.estimate_part, summary_source=f.summary_source)
     return env
 
 

@@ -16,8 +16,10 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP"
                                                      "SIGXFSZ", "SIGALRM", "SIGPIPE") if hasattr(signal, name))
 TORCH_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
 # pytest's own variable, set anew for every phase of every test; and those a library sets once, when the first test
-# imports it (scikit-learn: its OpenMP runtime's)
-_OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
+# uses it (scikit-learn's OpenMP runtime's at import; Inductor's for its C++ kernels' loader, at a first compile)
+_OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+                  "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+_INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 _MISSING = object()
 
 
@@ -38,10 +40,21 @@ def _deleted_keys(config) -> frozenset:
     return frozenset(name for name, entry in entries.items() if getattr(entry, "hide", False))
 
 
+def _environ() -> dict:
+    """os.environ but the variables above, and Inductor's cache folder where it is Inductor's default: Inductor
+    sets TORCHINDUCTOR_CACHE_DIR to it at its first compile (to another folder, it is a change: a test's own
+    temporary folder there would be every later compile's cache)."""
+    environ = {k: v for k, v in os.environ.items() if k not in _OWN_VARIABLES}
+    cache_dirs = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if cache_dirs is not None and environ.get(_INDUCTOR_CACHE) == os.path.abspath(cache_dirs.default_cache_dir()):
+        del environ[_INDUCTOR_CACHE]
+    return environ
+
+
 def snapshot() -> dict:
     """The process-wide state now, one comparable value per part."""
     root = logging.getLogger()
-    state = {"os.environ": {k: v for k, v in os.environ.items() if k not in _OWN_VARIABLES},
+    state = {"os.environ": _environ(),
              "working folder": os.getcwd(),
              "signal handlers": {signal.Signals(sig).name: signal.getsignal(sig) for sig in SIGNALS},
              "root logger": (root.level, tuple(root.handlers))}
@@ -78,6 +91,8 @@ def put_back(before: dict, after: dict) -> None:
         own = {k: v for k, v in os.environ.items() if k in _OWN_VARIABLES}
         os.environ.clear()
         os.environ.update({**before["os.environ"], **own})
+        if _INDUCTOR_CACHE not in before["os.environ"]:  # Inductor sets its default again when it needs it
+            os.environ.pop(_INDUCTOR_CACHE, None)
     if before["working folder"] != after["working folder"]:
         os.chdir(before["working folder"])
     for sig in SIGNALS:
