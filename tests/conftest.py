@@ -177,6 +177,7 @@ def _guard_process_state():
     before and torn down after the others, monkeypatch's undo included."""
     before = process_state.snapshot()
     yield
+    process_state.left_threads(before)  # gives the test's threads their moment to end
     after = process_state.snapshot()
     changed = process_state.changes(before, after)
     if changed:

@@ -11,6 +11,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD",
                                                      "SIGXFSZ", "SIGALRM", "SIGPIPE") if hasattr(signal, name))
@@ -19,6 +21,10 @@ TORCH_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._funct
 # uses it (scikit-learn's OpenMP runtime's at import; Inductor's for its C++ kernels' loader, at a first compile)
 _OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
                   "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"}
+# joulepilot names its threads so (meters, samplers, zygote starters, progress): one a test leaves running meters or
+# writes on into the tests after it. A thread given a moment to end after its stop is not left running.
+OWN_THREADS = "joulepilot-"
+THREAD_GRACE_S = 2.0
 _INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 _MISSING = object()
 
@@ -56,6 +62,8 @@ def snapshot() -> dict:
     root = logging.getLogger()
     state = {"os.environ": _environ(),
              "working folder": os.getcwd(),
+             "joulepilot threads": frozenset((t.ident, t.name) for t in threading.enumerate()
+                                             if t.name.startswith(OWN_THREADS)),
              "signal handlers": {signal.Signals(sig).name: signal.getsignal(sig) for sig in SIGNALS},
              "root logger": (root.level, tuple(root.handlers))}
     torch = sys.modules.get("torch")
@@ -69,6 +77,16 @@ def snapshot() -> dict:
     return state
 
 
+def left_threads(before: dict, grace_s: float = THREAD_GRACE_S) -> list[threading.Thread]:
+    """joulepilot's threads started since `before` that are still running `grace_s` later."""
+    started = [t for t in threading.enumerate()
+               if t.name.startswith(OWN_THREADS) and (t.ident, t.name) not in before["joulepilot threads"]]
+    deadline = time.monotonic() + grace_s
+    for thread in started:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in started if t.is_alive()]
+
+
 def changes(before: dict, after: dict) -> list[str]:
     """What differs between two snapshots, named (for a mapping, each key that differs), among the parts both
     have: a test that imports torch for the first time changes nothing."""
@@ -78,6 +96,8 @@ def changes(before: dict, after: dict) -> list[str]:
         if isinstance(old, dict):
             out += [f"{part}[{key}]" for key in sorted(map(str, old.keys() | new.keys()))
                     if old.get(key, _MISSING) != new.get(key, _MISSING)]
+        elif part == "joulepilot threads":  # threads ending is no change; those started and left running are
+            out += [f"a thread left running: {name}" for name in sorted(name for _, name in new - old)]
         elif isinstance(old, frozenset):
             out += [f"{part} {key}" for key in sorted(old ^ new)]
         elif old != new:

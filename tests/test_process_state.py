@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import process_state
 import torch._dynamo.config as dynamo_config
@@ -46,3 +47,23 @@ def test_a_changed_value_an_environment_variable_the_working_folder_and_a_signal
         os.chdir(cwd)
         signal.signal(signal.SIGUSR2, handler)
         dynamo_config.recompile_limit = limit
+
+
+def test_a_joulepilot_thread_left_running_is_named_and_one_that_ends_in_its_moment_is_not():
+    before = process_state.snapshot()
+    stop, quick = threading.Event(), threading.Event()
+    running = threading.Thread(target=stop.wait, name="joulepilot-meter:left", daemon=True)
+    ending = threading.Thread(target=quick.wait, name="joulepilot-meter:ending", daemon=True)
+    running.start()
+    ending.start()
+    try:
+        threading.Timer(0.05, quick.set).start()  # ends within the moment it is given
+        assert process_state.left_threads(before, grace_s=1.0) == [running]
+        assert process_state.changes(before, process_state.snapshot()) == [
+            "a thread left running: joulepilot-meter:left"]
+    finally:
+        stop.set()
+        quick.set()
+        running.join()
+        ending.join()
+    assert process_state.changes(before, process_state.snapshot()) == []
