@@ -108,11 +108,11 @@ def missing_policy_folders(last_pass: dict[str, Any]) -> dict[str, Any] | None:
     where = ("name another folder in `policies` of the daemon config or with --policies"
              if last_pass.get("policy_folders_given") else
              "name a folder with --policies DIR or `policies` in the daemon config")
-    verb = "does" if len(folders) == 1 else "do"
+    verb, which = ("does", "it") if len(folders) == 1 else ("do", "one")
     return {"folders": folders,
             "message": f"the daemon has no policy folder: {named} {verb} not exist, so it has no policy to "
-                       f"decide; create it (mkdir -p {folders[0]}) and put a policy file in it (*.toml, one per "
-                       f"model: see examples/policies), or {where}; the next pass reads it"}
+                       f"decide; create {which} (mkdir -p {folders[0]}) and put a policy file in it (*.toml, one "
+                       f"per model: see examples/policies), or {where}; the next pass reads it"}
 
 
 def measuring_per_policy(db: sqlite_utils.Database, last_pass: dict[str, Any]) -> list[dict[str, Any]]:
