@@ -445,6 +445,10 @@ class Daemon:
         self._import_pending()
         policies, errors = load_policy_folders(self._policy_folders())
         summary["policies"], summary["policy_errors"] = len(policies), errors
+        # what `joulepilot status` says when none of them exists (controller.status.missing_policy_folders)
+        summary["policy_folders"] = [str(folder) for folder in self.cfg.policies]
+        summary["policy_folders_given"] = self.cfg.policies_given
+        summary["policy_folders_missing"] = [str(folder) for folder in self.cfg.policies if not folder.exists()]
         self._log_policy_errors(errors)
         by_name = {p.name: p for p in policies}
 

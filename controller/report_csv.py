@@ -101,6 +101,20 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
             ("payback", "remaining_s", pb.remaining_s, "s", pb.payback_source),
             ("payback", "text", pb.text, "", None),
         ]
+    sb = report.served_vs_benchmarked
+    if sb is not None:
+        rows += [
+            ("served_vs_benchmarked", "verdict", sb.verdict, "", None),
+            ("served_vs_benchmarked", "config", sb.config_label or sb.config_id, "", None),
+            ("served_vs_benchmarked", "served_j_per_call", sb.served_j_per_call, "J/call", sb.energy_source),
+            ("served_vs_benchmarked", "benchmarked_j_per_call", sb.benchmarked_j_per_call, "J/call", sb.energy_source),
+            ("served_vs_benchmarked", "benchmark_low_j", sb.benchmark_low_j, "J/call", sb.energy_source),
+            ("served_vs_benchmarked", "benchmark_high_j", sb.benchmark_high_j, "J/call", sb.energy_source),
+            ("served_vs_benchmarked", "benchmark_runs", sb.benchmark_runs, "runs", None),
+            ("served_vs_benchmarked", "ratio", sb.ratio, "served / benchmarked", sb.energy_source),
+            ("served_vs_benchmarked", "text", sb.text, "", None),
+            ("served_vs_benchmarked", "hint", sb.hint, "", None),
+        ]
     if report.co2:
         rows += [("co2", "grid_gco2_per_kwh", report.co2.grid_gco2_per_kwh, "gCO2/kWh", "configured"),
                  ("co2", "co2_g", report.co2.co2_g, "g", src)]

@@ -245,3 +245,15 @@ def energy_saved(baseline: Mapping[str, Any]) -> str:
     if saving_j >= 0:
         return f"{energy(saving_j)} saved"
     return f"{energy(-saving_j)} more than the baseline"
+
+
+def served_versus(comparison: Mapping[str, Any] | None) -> str:
+    """The headline of served against benchmarked: '3.77x the benchmark (161.7 mJ against 42.9 mJ)', 'within the
+    noise (43.3 mJ against 42.9 mJ)', or 'not compared'."""
+    if comparison is None or comparison["verdict"] == "not_compared":
+        return "not compared"
+    figures = f"({energy(comparison['served_j_per_call'])} against {energy(comparison['benchmarked_j_per_call'])})"
+    if comparison["verdict"] == "within_noise":
+        return f"within the noise {figures}"
+    ratio = comparison["ratio"]
+    return f"{ratio:.2f}x the benchmark {figures}" if _finite(ratio) else f"{comparison['verdict']} the benchmark"

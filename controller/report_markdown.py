@@ -56,6 +56,8 @@ def report_md(r: DeploymentReport) -> str:
         lines.append(f"| CO2 | {f.fmt(r.co2.co2_g, 'g')} at {f.fmt(r.co2.grid_gco2_per_kwh, 'g/kWh')} |")
     if r.payback:
         lines.append(f"| tuning paid back | {f.payback_headline(r.payback)} |")
+    if r.served_vs_benchmarked:
+        lines.append(f"| served vs benchmarked | {md(f.served_versus(r.served_vs_benchmarked))} |")
     lines += ["", "## Configuration", "",
               f"- In use: {md(c.label or c.config_id or 'unknown')}",
               f"- Decision: {md(c.decision_state)}" + (f" ({c.decided_at})" if c.decided_at else ""),
@@ -67,6 +69,11 @@ def report_md(r: DeploymentReport) -> str:
         lines.append("")
     if r.payback:
         lines += _payback_md(r)
+    sb = r.served_vs_benchmarked
+    if sb:
+        lines += ["## Served against benchmarked", "", f"- {md(sb.text)}"]
+        lines += [f"- Hint: {md(sb.hint)}"] if sb.hint else []
+        lines.append("")
     lines += ["## Savings against baselines measured on the same device kind", "",
               "| baseline | J/inference | source | this deployment per inference | energy saved | note |",
               "|---|---|---|---|---|---|"]

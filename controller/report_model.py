@@ -54,7 +54,7 @@ from joulepilot.store.deployment_figures import (
     sources_at,
 )
 from joulepilot.store.devicekind import device_kind
-from joulepilot.store.runs import latest_runs
+from joulepilot.store.runs import latest_runs, ok_runs_per_config
 from joulepilot.store.timevalues import iso_utc, parse_since
 
 from .gpu_datasheets import find_datasheet
@@ -282,6 +282,35 @@ class Baseline(Section):
 
 
 @dataclass
+class ServedVsBenchmarked(Section):
+    """The J per call this deployment served with the configuration in use, beside the median J per call of that
+    configuration's benchmark runs on the same device kind, metered by the same source (never an estimate against
+    a counter): the runs that count (`policies.resolve.counted_runs`) and their median's interval
+    (`policies.resolve.repeat_intervals`, the workload's other configurations of that source giving the typical
+    spread). `verdict`: `within_noise` (the served figure lies inside that interval), `above` or `below` (outside
+    it: `hint` says what commonly makes the difference), or `not_compared` (`why`)."""
+
+    verdict: str
+    text: str
+    why: str | None = None
+    hint: str | None = None
+    config_id: str | None = None
+    config_label: str | None = None
+    energy_source: str | None = None
+    served_j_per_call: float | None = None
+    served_calls: int = 0
+    served_windows: int = 0
+    benchmarked_j_per_call: float | None = None  # the median of `benchmark_runs` runs
+    benchmark_low_j: float | None = None
+    benchmark_high_j: float | None = None
+    benchmark_interval: str | None = None  # how the interval was made (`policies.noise`)
+    benchmark_runs: int = 0
+    benchmark_run_ids: list[int] = field(default_factory=list)
+    benchmark_batch_size: int | None = None
+    ratio: float | None = None  # served / benchmarked
+
+
+@dataclass
 class Co2(Section):
     grid_gco2_per_kwh: float
     co2_g: float
@@ -355,6 +384,7 @@ class DeploymentReport(Section):
     notes: list[str]
     samples: list[Window]
     payback: Payback | None = None
+    served_vs_benchmarked: ServedVsBenchmarked | None = None
     # When windows are left out of `samples`: the whole period in at most TIMELINE_SPANS spans, each summing the
     # windows that started in it (the plots draw these then). None when every window is listed.
     timeline: list[TimelineSpan] | None = None
@@ -773,6 +803,73 @@ def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Pa
     return out
 
 
+def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str, totals: Totals,
+                           shares: Sequence[ConfigTotals], sharing: Sharing) -> ServedVsBenchmarked:
+    """The served configuration's J per call against its benchmark runs (see `ServedVsBenchmarked`)."""
+    from joulepilot.policies.resolve import counted_runs, repeat_intervals
+    from joulepilot.policies.sources import group_by_source
+
+    config_id = dep.get("config_id")
+    label = store_reports.config_labels(db, [config_id]).get(config_id) if config_id else None
+    out = ServedVsBenchmarked("not_compared", "", config_id=config_id, config_label=label)
+    share = next((c for c in shares if c.config_id == config_id), None)
+    source = totals.energy_source
+    if share is not None:
+        out.served_calls, out.served_windows = share.inferences, share.windows
+        out.served_j_per_call = share.energy_j / share.inferences if share.inferences else None
+    if config_id is None or not dep.get("workload_id"):
+        out.why = "the configuration served or its workload is not recorded"
+    elif out.served_j_per_call is None:
+        out.why = "this deployment served no calls with it in this period"
+    elif not source or "+" in source:
+        out.why = (f"its windows were metered by several sources ({source}): no one benchmark source is like for "
+                   "like" if source else "its windows record no energy source")
+    if out.why:
+        out.text = f"served against benchmarked: not compared, {out.why}"
+        return out
+    out.energy_source = source_key(source)
+    per_config = {cid: counted_runs(runs)[0] for cid, runs in ok_runs_per_config(db, dep["workload_id"], kind).items()}
+    by_source = group_by_source({cid: [r for r in runs if r.energy_j_per_inference is not None]
+                                 for cid, runs in per_config.items()}, lambda run: run.energy_source)
+    mine = by_source.get(out.energy_source, {}).get(config_id, [])
+    if not mine:
+        others = sorted(s for s, configs in by_source.items() if configs.get(config_id))
+        out.why = (f"{label or config_id} has no benchmark run on {kind} metered by {out.energy_source}"
+                   + (f" (only by {', '.join(others)}: not like for like)" if others else ""))
+        out.text = f"served against benchmarked: not compared, {out.why}"
+        return out
+    values = {cid: [r.energy_j_per_inference for r in runs] for cid, runs in by_source[out.energy_source].items()}
+    interval = repeat_intervals(values)[config_id]
+    out.benchmarked_j_per_call, out.benchmark_low_j, out.benchmark_high_j = interval.median, interval.low, interval.high
+    out.benchmark_interval, out.benchmark_runs = interval.method, len(mine)
+    out.benchmark_run_ids = [r.id for r in mine]
+    out.benchmark_batch_size = mine[0].batch_size
+    served = out.served_j_per_call
+    assert served is not None
+    out.ratio = served / interval.median if interval.median else None
+    said = (f"served {energy(served)}/call with {label or config_id} against {energy(interval.median)} benchmarked "
+            f"(median of {len(mine)} run{'s' if len(mine) != 1 else ''}, {energy(interval.low)} to "
+            f"{energy(interval.high)}; {out.energy_source})")
+    if interval.low <= served <= interval.high:
+        out.verdict, out.text = "within_noise", f"{said}: within the benchmark's noise"
+        return out
+    out.verdict = "above" if served > interval.high else "below"
+    times = f"{out.ratio:.2f}x" if out.ratio else "not"
+    out.text = f"{said}: {times} the benchmark, more than its noise"
+    batch = f" (batch {out.benchmark_batch_size})" if out.benchmark_batch_size else ""
+    if out.verdict == "above":
+        shared = (f"; other processes used the device in {sharing.windows_shared} of {sharing.windows} windows"
+                  if sharing.windows_shared else "")
+        out.hint = (f"check that the calls carry the batch size and input sizes benchmarked{batch}: smaller "
+                    "batches or longer inputs cost more per call; idle time between calls counts in the served "
+                    f"energy but not in the benchmark's back-to-back calls; other load on the device adds to its "
+                    f"energy{shared}")
+    else:
+        out.hint = (f"check that the calls carry the batch size and input sizes benchmarked{batch}: smaller "
+                    "batches or shorter inputs cost less per call")
+    return out
+
+
 def _break_notes(configuration: Configuration) -> list[str]:
     if not configuration.graph_break_summary:
         return []
@@ -837,6 +934,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
         notes=_notes(totals, sharing, baselines, sums.windows) + _break_notes(configuration),
         samples=samples,
         payback=_payback(db, dep, kind),
+        served_vs_benchmarked=_served_vs_benchmarked(db, dep, kind, totals, shares, sharing),
         timeline=sample_timeline(db, dep["id"], timeline_spans, since=since_t) if left_out else None,
     )
 

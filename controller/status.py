@@ -72,11 +72,15 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "bill": _decision_bill(d.details),
     } for d in latest_decisions(db)]
     last_pass = detail.get("last_pass") or {}
+    no_folder = missing_policy_folders(last_pass)
     return {
         "db": str(Path(db_path)),
         "daemon": daemon,
         "last_pass": last_pass,
-        "policy_errors": last_pass.get("policy_errors", []),
+        "no_policy_folder": no_folder,
+        # the missing folders are said once, by no_policy_folder
+        "policy_errors": [e for e in last_pass.get("policy_errors", [])
+                          if not (no_folder and isinstance(e, dict) and e.get("file") in no_folder["folders"])],
         "queue": {
             "counts": queue_counts(db),
             "next": [
@@ -89,6 +93,26 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "measuring": measuring_per_policy(db, last_pass),
         "decisions": decisions,
     }
+
+
+def missing_policy_folders(last_pass: dict[str, Any]) -> dict[str, Any] | None:
+    """When none of the daemon's policy folders existed at its last pass (a new host: the config names
+    /etc/joulepilot/policies, or the default <JOULEPILOT_HOME>/policies, and nobody created it), so that it has
+    nothing to decide: the folders and what to do, in one line (`message`). None otherwise, and for a pass of a
+    daemon that did not record its folders."""
+    folders = [str(f) for f in last_pass.get("policy_folders") or []]
+    missing = set(map(str, last_pass.get("policy_folders_missing") or []))
+    if not folders or not set(folders) <= missing:
+        return None
+    named = " and ".join(folders)
+    where = ("name another folder in `policies` of the daemon config or with --policies"
+             if last_pass.get("policy_folders_given") else
+             "name a folder with --policies DIR or `policies` in the daemon config")
+    verb, which = ("does", "it") if len(folders) == 1 else ("do", "one")
+    return {"folders": folders,
+            "message": f"the daemon has no policy folder: {named} {verb} not exist, so it has no policy to "
+                       f"decide; create {which} (mkdir -p {folders[0]}) and put a policy file in it (*.toml, one "
+                       f"per model: see examples/policies), or {where}; the next pass reads it"}
 
 
 def measuring_per_policy(db: sqlite_utils.Database, last_pass: dict[str, Any]) -> list[dict[str, Any]]:

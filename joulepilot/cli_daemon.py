@@ -158,6 +158,8 @@ def status_command(db: str | None, as_json: bool) -> None:
         when = f"{_age(time.time() - finished)} ago" if finished else "in progress"
         click.echo(f"last pass: {when}, {last.get('runs_ok', 0)} ok / {last.get('runs_failed', 0)} failed runs, "
                    f"{len(last.get('decided', []))} decided" + _pass_spent(last.get("measuring")))
+    if status["no_policy_folder"]:
+        click.echo(f"policies: none; {status['no_policy_folder']['message']}", err=True)
     for err in status["policy_errors"]:
         click.echo(f"policy error: {err['file']}: {err['error']}", err=True)
     counts = status["queue"]["counts"]

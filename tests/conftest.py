@@ -40,6 +40,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [os.path.join(os.path.dirname(os.path.abspath(__file__)), "coverage_boot"),
      *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
+import process_state  # noqa: E402
 import pytest  # noqa: E402
 from daemon_factories import use_fake_worker, use_flow_worker  # noqa: E402
 
@@ -136,7 +137,9 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.iter_markers("xdist_group")) and _uses_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(f"module:{getattr(item, 'path', item).name}"))
     # pytest-xdist hands out tests in this order: files with long tests first, so that no process is left with
-    # a long test at the end while the others idle, and files that mostly wait among the others.
+    # a long test at the end while the others idle, and files that mostly wait among the others. pytest-randomly
+    # has shuffled the files and each file's tests before this hook (its own is a wrapper that runs first); the
+    # sort is stable, so within a weight the files keep that order, and a file its tests' order.
     if _whole_suite(config):  # whole files move, so tests that share a module's fixture keep their order
         place = _file_order(items, {})
         items.sort(key=lambda item: place[str(getattr(item, "path", ""))])
@@ -148,6 +151,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """The order's seed, at the end where a failure is read (pytest -q prints no header): the same command with
+    `-p randomly --randomly-seed=N` runs the tests in the same order again."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int) and config.option.randomly_reorganize:
+        terminalreporter.write_line(f"tests in random order: replay it with -p randomly --randomly-seed={seed}, "
+                                    "or run them in file order with -p no:randomly")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session):
     # At the end of each test process pytest collects garbage five times over, to report exceptions raised by
@@ -156,6 +168,23 @@ def pytest_sessionfinish(session):
     # they would), and what survives it is frozen out of pytest's passes.
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _guard_process_state():
+    """Fails a test that leaves process-wide state changed (tests/process_state.py says which), and puts it back so
+    that the tests after it are not failed too. Named to sort first among the autouse fixtures: it is set up
+    before and torn down after the others, monkeypatch's undo included."""
+    before = process_state.snapshot()
+    yield
+    process_state.left_threads(before)  # gives the test's threads their moment to end
+    after = process_state.snapshot()
+    changed = process_state.changes(before, after)
+    if changed:
+        process_state.put_back(before, after)
+        pytest.fail(f"the test left process-wide state changed: {', '.join(changed)} (change it for the test "
+                    "only: monkeypatch.setenv, torch._dynamo.config.patch(...) as a context, try/finally)",
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,20 @@ def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
     finally:
         conn.execute("ROLLBACK")
         conn.close()
+
+
+def send_later(after_s: float, sig: int) -> Future:
+    """Send `sig` to this process `after_s` from now, from another thread; the future holds the monotonic time it
+    was sent, so that a test times how long the signal took to be handled, not how late the thread ran."""
+    sent: Future = Future()
+
+    def send() -> None:
+        time.sleep(after_s)
+        sent.set_result(time.monotonic())
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=send, daemon=True).start()
+    return sent
 
 
 def release_later(conn: sqlite3.Connection, after_s: float) -> threading.Thread:

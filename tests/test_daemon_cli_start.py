@@ -170,3 +170,27 @@ def test_a_policy_folder_the_daemon_cannot_list_is_an_error_not_an_empty_folder(
     assert [p.name for p in policies] == ["readable"]
     assert [e["file"] for e in errors] == [str(locked)]
     assert errors[0]["error"].startswith("cannot list the policy folder (Permission denied)")
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named-in-the-config", "the-default"])
+def test_status_says_plainly_that_the_daemon_has_no_policy_folder_and_what_to_create(_isolated_home, tmp_path,
+                                                                                     named):
+    folder = tmp_path / "etc-joulepilot" / "policies" if named else _isolated_home / "policies"
+    config = tmp_path / "daemon.toml"
+    config.write_text(f'policies = ["{folder}"]\n[exporter]\nenabled = false\n' if named else
+                      "[exporter]\nenabled = false\n")
+    assert daemon("--once", "--config", str(config)).exit_code == (1 if named else 0)
+    text = CliRunner().invoke(main, ["status"])
+    assert text.exit_code == 0, text.output
+    (line,) = [line for line in text.stderr.splitlines() if line.startswith("policies: none;")]
+    assert f"the daemon has no policy folder: {folder} does not exist" in line
+    assert f"create it (mkdir -p {folder}) and put a policy file in it" in line
+    assert "policy error" not in text.stderr  # said once, plainly
+    data = json.loads(CliRunner().invoke(main, ["status", "--json"]).stdout)
+    assert data["no_policy_folder"]["folders"] == [str(folder)] and data["policy_errors"] == []
+
+    folder.mkdir(parents=True)  # created: the next pass reads it, and status has nothing to say about it
+    assert daemon("--once", "--config", str(config)).exit_code == 0
+    text = CliRunner().invoke(main, ["status"])
+    assert "no policy folder" not in text.output and json.loads(
+        CliRunner().invoke(main, ["status", "--json"]).stdout)["no_policy_folder"] is None

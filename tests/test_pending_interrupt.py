@@ -22,6 +22,7 @@ from pending_factories import (
     finished_run,
     release_later,
     runs_in,
+    send_later,
     side_files,
     side_record,
     write_lock_held,
@@ -64,16 +65,14 @@ def test_a_signal_while_the_commit_waits_for_the_lock_sets_the_run_aside_at_once
     previous = signal.signal(sig, handler)
     try:
         with write_lock_held(path):
-            timer = threading.Timer(0.5, os.kill, (os.getpid(), sig))
-            started = time.monotonic()
-            timer.start()
+            sent = send_later(0.5, sig)
             with pytest.raises(raised):
                 commit_run_or_set_aside(db, **finished_run())
-            waited_s = time.monotonic() - started
-            timer.join()
+            handled_s = time.monotonic() - sent.result()
     finally:
         signal.signal(sig, previous)
-    assert waited_s < 1.5, f"the signal was handled {waited_s - 0.5:.1f} s after it came"
+    # well within SQLite's 10 s wait (the slices are 0.1 s; a busy machine may take seconds to run this thread)
+    assert handled_s < 5, f"the signal was handled {handled_s:.1f} s after it came"
     assert runs_in(path) == []
     pending_id = _assert_kept_whole(path)
     _assert_imported_once(db, path, pending_id)
@@ -166,7 +165,7 @@ def test_the_sliced_wait_still_waits_the_whole_busy_timeout(tmp_path):
         outcome = commit_run_or_set_aside(db, **finished_run())
         waited_s = time.monotonic() - started
         releaser.join()
-    assert outcome.run_id is not None and 0.9 < waited_s < 3.0
+    assert outcome.run_id is not None and 0.9 < waited_s  # stored: the wait did not end at the first slice
     assert [r[0] for r in runs_in(path)] == [outcome.run_id] and side_files(path) == []
     assert db.execute("PRAGMA busy_timeout").fetchone()[0] == 3000  # the connection's own timeout is back
 
@@ -175,7 +174,7 @@ def test_the_sliced_wait_still_waits_the_whole_busy_timeout(tmp_path):
         started = time.monotonic()
         outcome = commit_run_or_set_aside(db, **finished_run(0.25))
         waited_s = time.monotonic() - started
-    assert outcome.run_id is None and "locked" in outcome.error and 0.9 < waited_s < 2.5
+    assert outcome.run_id is None and "locked" in outcome.error and 0.9 < waited_s < 10  # once, not per slice
     _assert_kept_whole(path, 0.25)
     db.close()
 
@@ -191,7 +190,7 @@ def test_a_stop_request_ends_the_wait_and_sets_the_run_aside(tmp_path):
         timer.start()
         outcome = commit_run_or_set_aside(db, **finished_run(), stop=stop.is_set)
         waited_s = time.monotonic() - started
-    assert outcome.run_id is None and "locked" in outcome.error and waited_s < 1.5
+    assert outcome.run_id is None and "locked" in outcome.error and waited_s < 5  # not SQLite's 10 s
     assert outcome.pending_path == _side_file_only(path)
     db.close()
 
@@ -228,7 +227,8 @@ def test_sigterm_to_bench_while_its_run_waits_for_a_locked_database(tmp_path, ow
                 proc.kill()
                 proc.wait()
     text = stderr_path.read_text()
-    assert exited_s < 3.0, f"bench exited {exited_s:.1f} s after SIGTERM; stderr:\n{text}"
+    # the store's busy timeout is 30 s: a bench that waited it out would exit later than this
+    assert exited_s < 15, f"bench exited {exited_s:.1f} s after SIGTERM; stderr:\n{text}"
     assert proc.returncode == 128 + signal.SIGTERM, text
     assert runs_in(path) == []
     (file,) = side_files(path)

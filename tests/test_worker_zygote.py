@@ -205,10 +205,11 @@ def test_a_forked_worker_decides_inductors_compile_threads_from_its_own_environm
     from joulepilot.compiler.zygote_server import _fresh_compile_state
     from torch._inductor import config
 
-    monkeypatch.setattr(config, "compile_threads", config.compile_threads)  # restored afterwards
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
-    _fresh_compile_state()
-    assert config.compile_threads == 3
+    # restored afterwards by config.patch (pytest >= 9.1's monkeypatch.setattr would delete the key on undo)
+    with config.patch(compile_threads=config.compile_threads):
+        _fresh_compile_state()
+        assert config.compile_threads == 3
 
 
 def test_only_a_factory_for_a_gpu_is_left_to_each_worker_to_build():
