@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -128,11 +129,14 @@ def test_every_stored_field(sweep):
     db.close()
 
 
-def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, flow_worker):
+def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, flow_worker, tmp_path):
+    # into a copy of the sweep's store, so the module's other tests see the sweep's runs alone in any order
+    db_path = tmp_path / "bench.db"
+    shutil.copyfile(sweep["db_path"], db_path)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JOULEPILOT_HOME", str(sweep["home"]))
         result = CliRunner().invoke(main, ["bench", "mlp", "--modes", "eager", "--device", "cpu", "--batch-size", "4",
-                                           "--min-seconds", "0.2", "--db", str(sweep["db_path"])])
+                                           "--min-seconds", "0.2", "--db", str(db_path)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     row = next(line for line in lines if "eager/fp32/b4" in line)
@@ -143,16 +147,16 @@ def test_summary_table_and_a_second_sweep_into_the_same_db(sweep, flow_worker):
     # measured ok under the same provenance by the first sweep: not measured again
     eager_id = next(r["run_id"] for r in sweep["runs"] if r["mode"] == "eager")
     assert f"not measured again (runs {eager_id}); --force redoes them" in result.stdout
-    db = open_db(sweep["db_path"])
+    db = open_db(db_path)
     assert len(list_runs(db)) == 2
     db.close()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JOULEPILOT_HOME", str(sweep["home"]))
         forced = CliRunner().invoke(main, ["bench", "mlp", "--modes", "eager", "--device", "cpu", "--batch-size", "4",
-                                           "--min-seconds", "0.2", "--db", str(sweep["db_path"]), "--force"])
+                                           "--min-seconds", "0.2", "--db", str(db_path), "--force"])
     assert forced.exit_code == 0, forced.output
     assert "[1/1] eager/fp32/b4: ok" in forced.stderr
-    db = open_db(sweep["db_path"])
+    db = open_db(db_path)
     assert len(list_runs(db)) == 3  # the earlier sweep's runs are kept
     assert db.execute("SELECT count(*) FROM workloads").fetchone()[0] == 1
     db.close()
