@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
-from joulepilot.policies.bill import NEVER, PAYS_BACK, UNKNOWN_SOURCE, payback_progress
-from joulepilot.policies.sources import ranked_sources, source_key
+from joulepilot.policies.bill import NEVER, PAYS_BACK, payback_progress
+from joulepilot.policies.sources import UNKNOWN_SOURCE, ranked_sources, source_key
 from joulepilot.store import get_deployment, list_deployments, list_violations
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row

@@ -186,7 +186,7 @@ def _spent(entry: dict[str, Any]) -> str:
 
 def _pass_spent(measuring: Any) -> str:
     """The last pass's measuring, all policies together: '; measuring 2 runs, 39 s, 412 J (estimate)'."""
-    from joulepilot.policies.bill import joined_sources
+    from joulepilot.policies.sources import joined_sources
 
     entries = [m for m in measuring or [] if isinstance(m, dict)]
     if not entries:

@@ -43,7 +43,9 @@ from typing import Any
 import sqlite_utils
 from joulepilot.store.runs import RunRow, workload_runs
 
-ESTIMATE = "estimate"
+from .judge import counted_rows
+from .sources import ESTIMATE, UNKNOWN_SOURCE, joined_sources
+
 BASELINES = (("default", "stock compile default fp32"), ("eager", "eager fp32"))
 PAYS_BACK, NEVER, UNKNOWN = "pays_back", "never", "unknown"
 
@@ -94,9 +96,6 @@ def _latency_pass_s(extra: Mapping[str, Any]) -> float:
         return 0.0  # the window's own calls were timed: no separate pass
     calls, mean_ms = _number(extra.get("latency_calls")), _number(extra.get("latency_ms_mean"))
     return calls * mean_ms / 1000.0 if calls and mean_ms else 0.0
-
-
-UNKNOWN_SOURCE = "source unknown"
 
 
 def _run_source(run: RunRow, extra: Mapping[str, Any]) -> str | None:
@@ -160,18 +159,6 @@ def run_cost(run: RunRow) -> RunCost:
                    loaded_s=loaded_s, loaded_w=_number(run.avg_power_w),
                    idle_s=max(0.0, seconds - metered_s - loaded_s), idle_w=_number(run.idle_power_w),
                    metered_j_by_source=by_source)
-
-
-def joined_sources(*groups: Iterable[str | None]) -> str | None:
-    """'nvml+estimate' from the sources of several figures: each named once, `estimate` last."""
-    names: set[str] = set()
-    for group in groups:
-        for source in group:
-            if source:
-                names.update(part for part in str(source).split("+") if part)
-    if not names:
-        return None
-    return "+".join(sorted(names - {ESTIMATE}) + ([ESTIMATE] if ESTIMATE in names else []))
 
 
 @dataclass
@@ -311,12 +298,10 @@ def bill_text(bill: Mapping[str, Any]) -> str:
 def _counted_median_j(runs: Sequence[RunRow], source: str | None = None) -> tuple[float | None, int, str | None]:
     """(median J per call over the counted repeats, how many, their energy source). With `source`, over the
     runs metered by it when there are any (as the resolver counts a configuration: runs of one source)."""
-    from .resolve import counted_runs
-
     if source:
         same = [r for r in runs if joined_sources([r.energy_source]) == source]
         runs = same or runs
-    counted, _clean = counted_runs(list(runs))
+    counted = counted_rows(list(runs))
     values = [r.energy_j_per_inference for r in counted if r.energy_j_per_inference is not None]
     if not values:
         return None, 0, None

@@ -23,6 +23,9 @@ OBJECTIVES = ("energy", "latency", "edp")
 SEARCH_STRATEGIES = ("guided", "exhaustive")
 GUARD_ACTIONS = ("warn", "fallback")
 DEFAULT_EXPECTED_INFERENCES = 1_000_000
+# [search] tolerance_pct: the regret a policy accepts, in percent of the objective (`policies.judge`).
+DEFAULT_TOLERANCE_PCT = 2.0
+MAX_TOLERANCE_PCT = 50.0
 # What a problem may quote: a policy file is written by someone else and may hold a megabyte in one
 # value, which must not be echoed whole into every error, log line and heartbeat.
 QUOTED_VALUE_CHARS = 200
@@ -120,6 +123,9 @@ class Search:
     # Counted runs (from MIN_FRESH_PROCESSES worker processes) the chosen configuration needs for a
     # `verified` decision (policies.noise.confirmation); fewer make it `provisional`.
     min_repeats: int = MIN_REPEATS
+    # The regret the policy accepts, in percent: configurations that cannot differ by more are a tie settled
+    # by the tie-break, and the search measures nothing that could not beat its choice by more.
+    tolerance_pct: float = DEFAULT_TOLERANCE_PCT
     # The batch-size lever: batch sizes the grid covers besides `batch_size`, compared in J per sample
     # (policies.batches); None: the policy's batch_size only.
     batch_sizes: tuple[int, ...] | None = None
@@ -242,6 +248,14 @@ def _min_repeats(value: Any):
                   f"e.g. min_repeats = {MIN_REPEATS}")
 
 
+def _tolerance_pct(value: Any):
+    number = _as_float(value)
+    if number is not None and 0 <= number <= MAX_TOLERANCE_PCT:
+        return number, None
+    return None, (f"a percentage from 0 to {MAX_TOLERANCE_PCT:g} (the regret the policy accepts)", _found(value),
+                  f"e.g. tolerance_pct = {DEFAULT_TOLERANCE_PCT:g}")
+
+
 def _choice(choices: tuple[str, ...]) -> Check:
     def check(value: Any):
         if isinstance(value, str) and value in choices:
@@ -353,6 +367,7 @@ def schema() -> dict[str, Any]:
             "budget_s": _budget_s,
             "max_measurements": _bounded_int(MAX_MEASUREMENTS, "max_measurements = 12"),
             "min_repeats": _min_repeats,
+            "tolerance_pct": _tolerance_pct,
             "batch_sizes": _batch_sizes,
             "regional": _bools,
             "regional_block": _class_name,

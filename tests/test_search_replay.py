@@ -80,14 +80,15 @@ def _regret(value):
 
 def _independent_scoring(path: Path) -> dict[tuple[str, str], dict]:
     """The oracle, its medians and the exhaustive cost per (workload label, scenario), from the file
-    alone, written apart from the benchmark's own code."""
+    alone, written apart from the benchmark's own code: a configuration is clearly within the power limit
+    when every recorded ok run is, straddling when some are, and the oracle is the best clearly-within one
+    (its median relative error within 2e-2 too)."""
     grids: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    labels, names = {}, {}
+    labels = {}
     for rec in read_export(path):
         key = f"{rec['workload']['spec']}/b{rec['workload']['batch_size']}"
         grids[key][rec["config"]["id"]].append(rec["run"])
         labels[rec["config"]["id"]] = rec["config"]["label"]
-        names[key] = key
     out = {}
     for key, configs in grids.items():
         medians, walls = {}, 0.0
@@ -101,16 +102,18 @@ def _independent_scoring(path: Path) -> dict[tuple[str, str], dict]:
                                                         else (r["compile_s"] or 0) * r["avg_power_w"]) / 1e7
                          for r in ok]
             errors = [r["max_rel_error"] for r in ok if r["max_rel_error"] is not None]
-            medians[cid] = (statistics.median(objective), statistics.median(r["avg_power_w"] for r in ok),
+            medians[cid] = (statistics.median(objective), [r["avg_power_w"] for r in ok],
                             statistics.median(errors) if errors else None)
-        powers = [p for _, p, _ in medians.values()]
+        power_medians = [statistics.median(p) for _, p, _ in medians.values()]
         for scenario, q in (("free", None), ("power_p25", 25), ("power_p50", 50), ("power_p75", 75)):
-            limit = None if q is None else float(np.percentile(powers, q))
-            feasible = {cid: m for cid, m in medians.items()
-                        if m[2] is not None and m[2] <= 2e-2 and (limit is None or m[1] <= limit)}
-            oracle = min(feasible, key=lambda c: feasible[c][0]) if feasible else None
+            limit = None if q is None else float(np.percentile(power_medians, q))
+            accurate = {cid: m for cid, m in medians.items() if m[2] is not None and m[2] <= 2e-2}
+            within = {cid: m for cid, m in accurate.items() if limit is None or max(m[1]) <= limit}
+            straddling = {cid: m for cid, m in accurate.items() if cid not in within and min(m[1]) <= limit}
+            oracle = min(within, key=lambda c: within[c][0]) if within else None
             out[(key, scenario)] = {"oracle": labels[oracle] if oracle else "none", "exhaustive_cost_s": walls,
-                                    "objective": {labels[c]: m[0] for c, m in feasible.items()}}
+                                    "objective": {labels[c]: m[0] for c, m in within.items()},
+                                    "straddling": {labels[c]: m[0] for c, m in straddling.items()}}
     return out
 
 
@@ -140,20 +143,18 @@ def test_oracle_regret_and_exhaustive_cost_follow_their_definitions(replays, pat
         assert s["oracle"] == truth["oracle"]
         assert s["exhaustive_cost_s"] == pytest.approx(truth["exhaustive_cost_s"], abs=0.1)
         assert 0 < s["measured"] <= s["grid"] and s["cost_s"] > 0
-        if s["oracle"] == "none":
+        oracle = truth["objective"].get(s["oracle"])
+        if s["chosen"] in truth["straddling"]:  # no error: counted from 0 when lower than the oracle's
+            assert s["regret"] == pytest.approx(0.0 if oracle is None else
+                                                max(0.0, truth["straddling"][s["chosen"]] / oracle - 1))
+        elif s["oracle"] == "none":
             assert (s["chosen"], s["regret"]) == ("infeasible", 0.0), "nothing fits: the search must say so"
         elif s["chosen"] in truth["objective"]:
-            assert s["regret"] == pytest.approx(truth["objective"][s["chosen"]] / truth["objective"][s["oracle"]] - 1)
-        else:  # answered infeasible, or chose a configuration outside the limits by the recorded medians
+            assert s["regret"] == pytest.approx(truth["objective"][s["chosen"]] / oracle - 1)
+        else:  # answered infeasible, or chose a configuration clearly over a limit
             assert s["regret"] is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "missed at seed 0 in 2 of 16 scenarios of the H200 sweep replayed alone (resnet50 power_p75 7.1%, "
-    "BertConfig power_p25 8.3%; 3 of 16 beside the H100 sweep, as the README shows): in each the oracle's "
-    "recorded runs straddle the envelope (its median is within the "
-    "limit, its upper bound is not, which the issue's own envelope rule rejects) or the chosen configuration's "
-    "runs overlap the oracle's, so the tie-break on lower power decides (see the next test)"))
 def test_h200_grids_meet_the_2pct_regret_target_in_every_scenario(replays):
     small = [s for s in replays[H200]["scenarios"] if 6 <= s["grid"] <= 10]
     assert small
