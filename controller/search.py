@@ -37,8 +37,8 @@ How it searches (`strategy = "guided"`):
    the tolerance), each time one new worker process taking the windows still needed (`Step.windows`:
    each window is stored as a run of its own, the later ones marked as windows of the same process).
 7. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
-   or after `max_measurements` measurements; a measurement predicted to overrun the budget is not
-   started.
+   after `max_measurements` measurements, or when a configuration's job failed as often as it may without
+   storing a run (`blocked`); a measurement predicted to overrun the budget is not started.
 
 A grid of `SMALL_GRID` (8) configurations or fewer is measured whole, each configuration once, cheapest
 compile first, then confirmed as above. `strategy = "exhaustive"` does the same on any grid. With several
@@ -113,8 +113,9 @@ class GuidedSearch:
     """One search over one grid; `run()` measures until the stop rule holds and returns the result.
 
     `exclude`: config ids never measured and never chosen (config id -> why; ids alone: they broke the power
-    envelope in a deployment); `blocked`: config id -> why it cannot be measured (its job failed as often as
-    it may without storing a run), left unmeasured."""
+    envelope in a deployment); `blocked`: config id -> why it is measured no more (its job failed as often as
+    it may): one with no run at all stops the search, since a job that fails without storing a run (the
+    device cannot be metered, the workload cannot be built) fails for every configuration."""
 
     def __init__(self, candidates: Sequence[Any], measure: Measurer, predict: Predictor | None = None, *,
                  rules: Rules | None = None, settings: SearchSettings | None = None,
@@ -330,6 +331,9 @@ class GuidedSearch:
             return None, f"budget_s spent ({self.spent_s:.0f} of {s.budget_s:g} s)"
         if s.max_measurements is not None and self.measurements >= s.max_measurements:
             return None, f"max_measurements reached ({self.measurements})"
+        never = [self.arms[cid] for cid in self.blocked if cid in self.arms and not self.arms[cid].runs]
+        if never:  # a job that fails without storing a run (the device cannot be metered, say) fails for all
+            return None, f"{never[0].label} could not be measured: {self.blocked[never[0].id]} without storing a run"
         self._budget_blocked = False
         step = self._next()
         if step is not None:

@@ -484,6 +484,19 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
     )
 
 
+def setting_warnings(policy: Policy, file: str) -> list[Problem]:
+    """Settings that load but do nothing (`policy check` warns of them; the file stays valid: refusing it would
+    turn a policy that served before into one the hook cannot use): `budget_s` and `max_measurements` bound
+    the guided search only, so an exhaustive policy measures its whole grid whatever they say."""
+    search = policy.search
+    if search.strategy != "exhaustive":
+        return []
+    return [Problem(file, f"search.{key}", "no bound under strategy = \"exhaustive\"",
+                    f"{key} = {getattr(search, key):g} is ignored: the exhaustive strategy measures every allowed "
+                    f"configuration", "remove it, or set strategy = \"guided\" for a search it bounds", "warning")
+            for key in ("budget_s", "max_measurements") if getattr(search, key) is not None]
+
+
 def _shape_set(file: str, raw: Mapping[str, Any], values: Mapping[str, Any], tables: Mapping[str, dict[str, Any]],
                problems: list[Problem]) -> Any:
     """The [shapes] table as a compiler ShapeSet (None without one), after the checks that span its keys; a
