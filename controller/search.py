@@ -65,7 +65,7 @@ from joulepilot.store.jsonvalues import json_column
 
 from .features import config_row
 from .planner import compile_cost_rank
-from .search_forecast import DEFAULT_OVERHEAD_S, Arm, Forecast, Forecaster, expected_improvement
+from .search_forecast import DEFAULT_OVERHEAD_S, Arm, Forecast, Forecaster, expected_improvement, prob_below
 from .search_types import (
     STRATEGIES,
     Measurer,
@@ -84,6 +84,9 @@ __all__ = ["STRATEGIES", "GuidedSearch", "SearchResult", "SearchSettings", "Sear
 # at one spread (log sd) above its prediction: measuring another is worth only what it may improve on that.
 REACHABLE_MIN_P = 0.5
 REACHABLE_SD = 1.0
+# A precision whose measured relative error is this many times the limit or more is tried in another
+# configuration only after the rest (one near the limit may yet meet it in another mode).
+FAR_OVER = 2.0
 
 
 def _is_baseline(config: Mapping[str, Any], batch_size: int) -> bool:
@@ -191,17 +194,19 @@ class GuidedSearch:
         """Why `arm` waits until every other candidate was considered ('' when it does not): what this
         workload's runs showed of its precision or its mode."""
         precision, mode = arm.config.get("precision"), arm.config.get("mode")
+        limit = self.rules.limits.max_rel_error
         for verdict in out.measured():
-            if verdict.config.get("precision") == precision and any(
-                    v.startswith("max_rel_error: measured") for v in verdict.violations):
-                return (f"{precision} failed the numerical check in {verdict.label} "
-                        f"(relative error {fmt(verdict.max_rel_error or 0.0)})")
+            error = verdict.max_rel_error
+            if (verdict.config.get("precision") == precision and limit is not None and error is not None
+                    and error > FAR_OVER * limit):
+                return (f"{precision} failed the numerical check in {verdict.label} (relative error {fmt(error)}, "
+                        f"over {FAR_OVER:g}x the limit)")
         for other in self.arms.values():
             if other.config.get("mode") == mode and any(r.compile_overran for r in other.runs):
                 return f"{mode}'s compile overran the budget in {other.label}"
         return ""
 
-    def _explore(self, out: Judgement) -> tuple[Arm, str] | None:
+    def _explore(self, out: Judgement) -> tuple[Arm, str, int] | None:
         """The unmeasured arm with the highest acquisition value, recording why the others are skipped."""
         candidates = self._unmeasured()
         if not candidates:
@@ -211,7 +216,7 @@ class GuidedSearch:
             arm = min(candidates, key=lambda a: (bool(deferred[a.id]), _cost_rank(a.config)))
             why = ("exhaustive: every configuration once" if self.settings.strategy == "exhaustive" else
                    f"a grid of {len(self.arms)} configurations is measured whole, each once")
-            return arm, why + (f" ({deferred[arm.id]}, so it comes last)" if deferred[arm.id] else "")
+            return arm, why + (f" ({deferred[arm.id]}, so it comes last)" if deferred[arm.id] else ""), 1
         self._refresh_raw()
         best = out.best
         kept: list[tuple[Arm, Forecast]] = []
@@ -235,8 +240,20 @@ class GuidedSearch:
                    f"P(within limits) {fc.p_feasible:.0%}, about {fc.cost_s:.0f} s to measure")
             if deferred[arm.id]:
                 why += f" (after the others: {deferred[arm.id]})"
-            return arm, why
+            return arm, why, self._windows(arm, fc, kept, best)
         return None
+
+    def _windows(self, arm: Arm, fc: Forecast, kept: Sequence[tuple[Arm, Forecast]], best: Verdict | None) -> int:
+        """The windows a first measurement takes: as many as a verified decision needs when the forecast says it
+        is likely to become the choice, better than the best measured and than every other candidate's median
+        forecast (a further window costs seconds; a new process for the runs it would then lack, a compile),
+        else one."""
+        level = best.objective.median if best is not None and best.objective is not None else math.inf
+        for other, other_fc in kept:
+            if other is not arm and other_fc.known and other_fc.p_feasible >= REACHABLE_MIN_P:
+                level = min(level, other_fc.mean)
+        likely = fc.known and fc.p_feasible * prob_below(*fc.log_objective, level) >= self.settings.upfront_p
+        return self.rules.min_repeats if likely else 1
 
     def _skip_reason(self, arm: Arm, fc: Forecast, best: Verdict | None) -> str:
         s, rules = self.settings, self.rules
@@ -248,6 +265,11 @@ class GuidedSearch:
             return ""
         level = best.objective.median
         gain = expected_improvement(*fc.log_objective, level * (1.0 - rules.tolerance)) * fc.p_feasible
+        chance = prob_below(*fc.log_objective, level * (1.0 - rules.tolerance)) * fc.p_feasible
+        if chance < s.min_beat_probability and gain < rules.tolerance * level:
+            return (f"predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, measured best "
+                    f"{fmt(level, self.unit)} ({best.label}): a {chance:.0%} chance to beat it by more than the "
+                    f"{rules.tolerance_pct:g}% tolerance (less than {s.min_beat_probability:.0%})")
         if gain < s.min_expected_gain * level:
             return (f"predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, measured best "
                     f"{fmt(level, self.unit)} ({best.label}): expected gain beyond the {rules.tolerance_pct:g}% "
@@ -314,7 +336,10 @@ class GuidedSearch:
         picked = self._explore(out)
         if picked is not None:
             kind = "exhaustive" if self.settings.strategy == "exhaustive" else "guided"
-            return Step(picked[0], True, kind, picked[1])
+            arm, why, windows = picked
+            if windows > 1:
+                why += f" ({windows} windows in one process: it is likely to be chosen)"
+            return Step(arm, True, kind, why, windows)
         repeat = self._repeat(out)
         if repeat is not None:
             return Step(repeat[0], True, "repeat", repeat[2], repeat[1])

@@ -34,10 +34,11 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   counted runs, and either two of them started their own worker process, or no rival could change the
   answer (every rival `beaten` by more than the tolerance: its interval starts more than the tolerance
   above the chosen one's end), so that a second process cannot change the decision. Else `provisional`.
-* **Repeats** (`repeats`): the chosen configuration until it is verified, and both sides of each close
-  call, up to `noise.MAX_REPEATS` runs of one configuration; with nothing within the limits, the
-  configurations that may yet be (average power straddling the envelope, or resting on flagged runs
-  under it) before the infeasible pick.
+* **Repeats** (`repeats`): the chosen configuration until it is verified, both sides of each close call,
+  and the configurations that may yet be within the limits and better (average power straddling the
+  envelope, a figure a limit needs that their runs did not measure, or resting on flagged runs), up to
+  `noise.MAX_REPEATS` runs of one configuration; with nothing within the limits, those that may yet be
+  before the infeasible pick.
 
 Pure Python: no SQL, no torch.
 """
@@ -534,10 +535,13 @@ def _rank(out: Judgement) -> None:
         best = out.best = out.feasible[0]
         assert best.objective is not None
         out.ties = [v for v in out.feasible if v is best or v.objective.overlaps(best.objective)]  # type: ignore[union-attr]
+        # The tie-break chooses among the best and the ties that can be worse than it by at most the tolerance;
+        # one that could be worse by more is a close call: more runs decide, and until then the best stands.
+        settled = [v for v in out.ties if v is best or standing(v, best, rules.tolerance).kind != CLOSE_CALL]
         chosen = best
-        if len(out.ties) > 1:
-            winner, criterion = break_tie([v.tie_entry() for v in out.ties])
-            chosen = next(v for v in out.ties if v.config_id == winner.key)
+        if len(settled) > 1:
+            winner, criterion = break_tie([v.tie_entry() for v in settled])
+            chosen = next(v for v in settled if v.config_id == winner.key)
             out.criterion = criterion if chosen is not best else ""
         out.chosen = chosen
         out.standings = [standing(chosen, v, rules.tolerance) for v in out.feasible if v is not chosen]
@@ -591,7 +595,8 @@ def tie_text(criterion: str, chosen: Verdict, other: Verdict) -> str:
 
 
 def _pct(value: float) -> str:
-    return f"{100 * value:.2g}%" if abs(value) < 0.1 else f"{value:.0%}"
+    """A relative figure in percent: one decimal under 10% (2.9%), none above (21%)."""
+    return f"{100 * value:.1f}%" if abs(value) < 0.1 else f"{value:.0%}"
 
 
 def standing_text(s: Standing, chosen: Verdict, tolerance_pct: float) -> str:
@@ -599,17 +604,24 @@ def standing_text(s: Standing, chosen: Verdict, tolerance_pct: float) -> str:
     rival = s.rival
     if s.kind == BEATEN:
         return f"{chosen.label} beats {rival.label} by {_pct(s.diff_rel)} +- {_pct(s.plus_minus_rel)}"
-    if s.kind == WITHIN_TOLERANCE:
+    lower = chosen.label if s.diff_rel >= 0 else rival.label
+    figures = f"{lower} lower by {_pct(abs(s.diff_rel))} +- {_pct(s.plus_minus_rel)}"
+    if s.kind == WITHIN_TOLERANCE and abs(s.diff_rel) + s.plus_minus_rel <= tolerance_pct / 100.0:
         head = (f"{chosen.label} and {rival.label} are within {tolerance_pct:g}% of each other "
                 f"({_pct(abs(s.diff_rel))} +- {_pct(s.plus_minus_rel)})")
+    elif s.kind == WITHIN_TOLERANCE:
+        head = (f"{chosen.label} cannot be worse than {rival.label} by more than the {tolerance_pct:g}% tolerance "
+                f"({figures})")
     else:
-        lower = chosen.label if s.diff_rel >= 0 else rival.label
-        head = (f"{chosen.label} and {rival.label} tie within the noise ({lower} lower by {_pct(abs(s.diff_rel))} "
-                f"+- {_pct(s.plus_minus_rel)}), and could still differ by more than the {tolerance_pct:g}% "
-                f"tolerance")
+        head = (f"{chosen.label} and {rival.label} tie within the noise ({figures}), and could still differ by more "
+                f"than the {tolerance_pct:g}% tolerance")
     if chosen.objective and rival.objective and chosen.objective.overlaps(rival.objective):
-        _, criterion = break_tie([chosen.tie_entry(), rival.tie_entry()])
-        head += f"; chosen for {tie_text(criterion, chosen, rival)}"
+        winner, criterion = break_tie([chosen.tie_entry(), rival.tie_entry()])
+        if winner.key == chosen.config_id:
+            head += f"; chosen for {tie_text(criterion, chosen, rival)}"
+        else:  # the rival would win the tie-break, but could be worse than the chosen one by over the tolerance
+            head += (f"; {rival.label} has the {tie_text(criterion, rival, chosen)}, but could be worse by more than "
+                     f"the {tolerance_pct:g}% tolerance")
     return head
 
 
@@ -638,9 +650,8 @@ def _explain(out: Judgement) -> None:
             parts.append(f"{', '.join(s.rival.label for s in close)} could still beat it by more than the "
                          f"{rules.tolerance_pct:g}% tolerance")
         elif settled:
-            parts.append(f"{', '.join(s.rival.label for s in settled)} {'is' if len(settled) == 1 else 'are'} "
-                         f"within the {rules.tolerance_pct:g}% tolerance of it: a tie that more runs would not "
-                         f"make matter")
+            parts.append(f"{', '.join(s.rival.label for s in settled)} cannot beat it by more than the "
+                         f"{rules.tolerance_pct:g}% tolerance: a tie that more runs would not make matter")
         if chosen.compile_estimated and rules.objective != "latency":
             parts.append("its compile energy was not metered: estimated as compile seconds x average power")
         if estimate_note(ranked):
@@ -707,6 +718,15 @@ def shortfall(verdict: Verdict, rules: Rules) -> str:
 
 
 # -- what to measure again ---------------------------------------------------------------------------
+def _may_yet_fit(verdict: Verdict) -> bool:
+    """Measured cleanly and compared, and kept out only by what more runs may change: its average power's
+    interval straddling the envelope, or a figure a limit needs that its runs did not measure."""
+    return (verdict.measured and verdict.clean and verdict.compared and bool(verdict.violations)
+            and all("was not measured" in v or (v.startswith("max_avg_power_w") and verdict.power_straddles)
+                    for v in verdict.violations))
+
+
+
 @dataclass(frozen=True)
 class Wanted:
     """A configuration to measure again: the runs it still needs (`advice.more`, one new worker process
@@ -729,27 +749,26 @@ def repeats(out: Judgement) -> list[Wanted]:
     if rules.min_repeats <= 1:
         return []
     chosen = out.chosen
+    unverified = [v for v in out.verdicts.values() if v is not chosen and _may_yet_fit(v)]
     if out.state == "infeasible" and chosen is not None:
         bound = dict(rules.limits.items()).get("max_avg_power_w")
         limit = rules.limits.bound("max_avg_power_w", bound) if bound is not None else None
-        hopeful = [v for v in out.verdicts.values() if v.compared and v is not chosen and (
-            (v.power_straddles and v.only_power and all(x.startswith("max_avg_power_w") for x in v.violations))
-            or (not v.clean and v.measured and limit is not None
-                and any(r.avg_power_w is not None and r.avg_power_w <= limit for r in v.counted)))]
+        flagged = [v for v in out.verdicts.values() if v.compared and not v.clean and v.measured and limit is not None
+                   and any(r.avg_power_w is not None and r.avg_power_w <= limit for r in v.counted)]
         # Those that may yet be within every limit first: one that turns out so makes the infeasible pick moot.
-        order = [(v, True) for v in sorted(hopeful, key=Verdict.sort_key)] + [(chosen, False)]
+        order = [(v, True) for v in sorted({v.config_id: v for v in [*unverified, *flagged]}.values(),
+                                           key=Verdict.sort_key)] + [(chosen, False)]
     elif chosen is not None:
-        close = {s.rival.config_id for s in out.close_calls}
-        level = chosen.objective.high if chosen.objective else math.inf
-        flagged = [v for v in out.flagged_better if v.sort_key()[0] <= level]
-        straddling = [v for v in out.verdicts.values() if v.compared and v.power_straddles and v.only_power
-                      and all(x.startswith("max_avg_power_w") for x in v.violations)
-                      and v.objective is not None and v.objective.low <= level]
-        order = [(v, v is not chosen or bool(close)) for v in sorted(
-            {v.config_id: v for v in [chosen, *[s.rival for s in out.close_calls], *flagged, *straddling]}.values(),
+        # Only those that could beat the chosen one by more than the tolerance are worth another run.
+        hopeful = [v for v in [*out.flagged_better, *unverified]
+                   if v.objective is not None and standing(chosen, v, rules.tolerance).kind == CLOSE_CALL]
+        close = bool(out.close_calls)
+        order = [(v, v is not chosen or close) for v in sorted(
+            {v.config_id: v for v in [chosen, *[s.rival for s in out.close_calls], *hopeful]}.values(),
             key=Verdict.sort_key)]
     else:
-        order = [(v, True) for v in out.flagged_better]
+        order = [(v, True) for v in sorted({v.config_id: v for v in [*out.flagged_better, *unverified]}.values(),
+                                           key=Verdict.sort_key)]
     wanted = []
     for verdict, close in order:
         if verdict is chosen and out.confirmation is not None and out.confirmation.confirmed and not close:
