@@ -214,6 +214,8 @@ def _payback(bill: dict[str, Any] | None) -> str:
         return "-"
     if bill.get("verdict") == PAYS_BACK:
         return f"after {calls_text(bill.get('payback_inferences'))} calls"
+    if bill.get("no_measurable_saving"):
+        return "no measurable saving"
     return "never" if bill.get("verdict") == NEVER else "unknown"
 
 

@@ -136,3 +136,22 @@ def test_a_flagged_run_counts_once_a_clean_repeat_exists(tmp_path, db):
     seed_runs(db, {DEF32: {"energy_j_per_inference": 0.30, "avg_power_w": 20.0, **flag}})
     decision = resolve(_policy(tmp_path), db, "cpu")
     assert _cand(decision, DEF32).status == "flagged" and decision.config_id == bf16.config_id
+
+
+def test_a_decision_never_says_a_configuration_ties_with_itself(tmp_path, db):
+    """Eager fp32 has the lowest median, default fp32 overlaps it, and eager fp32 also wins the tie-break
+    (its compile is cheaper): the reason names the lowest median outright, not 'eager/fp32/b8 ties with
+    eager/fp32/b8 ... (0 s vs 0 s)', in the decision and in what `policy explain` and `policy lock` print."""
+    _seed(db, {EAGER32: [{"energy_j_per_inference": e, "avg_power_w": 30.0} for e in (0.999, 1.000, 1.001)],
+               DEF32: [{"energy_j_per_inference": e, "avg_power_w": 30.0} for e in (1.000, 1.001, 1.002)]})
+    path = write_policy(tmp_path / "policies", limit_w=1000.0)
+    decision = resolve(load_policy(path), db, "cpu")
+    eager = _cand(decision, EAGER32)
+    assert decision.config_id == eager.config_id and len(decision.contenders) == 2
+    assert f"{eager.label} ties with {eager.label}" not in decision.reason
+    assert decision.reason.startswith(f"{eager.label} is the measured configuration with the lowest median")
+    assert f"{eager.label} and {eager.label}" not in decision.confidence
+    for command in (["policy", "explain"], ["policy", "lock"]):
+        out = CliRunner().invoke(main, [*command, str(path), "--db", db_file(db)])
+        assert out.exit_code == 0, out.output
+        assert f"{eager.label} ties with {eager.label}" not in out.output
