@@ -713,7 +713,8 @@ def shortfall(verdict: Verdict, rules: Rules) -> str:
         else:
             continue
         if measured > bound:
-            parts.append(f"lowest measured {what} exceeds {rules.limit_text(limit, value)} by {measured / bound - 1:.0%}")
+            parts.append(f"lowest measured {what} exceeds {rules.limit_text(limit, value)} by "
+                         f"{_pct(measured / bound - 1)}")
     return "; ".join(parts)
 
 
