@@ -6,14 +6,12 @@ by the resolver's rules because it asks the same module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from joulepilot.policies.judge import Rules, Run, Verdict
 from joulepilot.policies.schema import OBJECTIVES
-
-from .features import config_row
 
 STRATEGIES = ("guided", "exhaustive")
 # A grid this small is measured whole (each configuration once, cheapest first), then confirmed: the model
@@ -130,8 +128,3 @@ class SearchResult:
         out["skipped"] = [s.to_dict() for s in self.skipped]
         out["steps"] = [s.to_dict() for s in self.steps]
         return out
-
-
-def per_sample_objective(configs: Iterable[Any]) -> bool:
-    """Whether the grid spans several batch sizes, so the objective is per sample."""
-    return len({int(config_row(c).get("batch_size") or 1) for c in configs}) > 1

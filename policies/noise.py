@@ -21,7 +21,7 @@ Two configurations whose intervals overlap are a tie (`policies.judge` says how 
 tolerance), broken by lower average power, then
 the cheaper compile, then the simpler mode, each criterion deciding only where its own intervals do not
 overlap (`break_tie`). A power envelope is checked on the upper end of the average power's interval
-(`upper_bound`), a peak limit on the highest instant power seen.
+(`policies.judge.check_limits`), a peak limit on the highest instant power seen.
 
 Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
 `MIN_REPEATS` times, in at least two processes (a repeat starts a new process and takes the windows
@@ -159,12 +159,6 @@ def assumed_spread_rel(typical_rel_std: float, *, confidence: float = DEFAULT_CO
     DEFAULT_SPREAD_REL."""
     z = NormalDist().inv_cdf((1 + confidence) / 2)
     return max(DEFAULT_SPREAD_REL, z * typical_rel_std)
-
-
-def upper_bound(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
-                spread_rel: float = DEFAULT_SPREAD_REL, prior_rel_std: float = 0.0) -> float:
-    """The upper end of the median's interval: what an average-power envelope is checked against."""
-    return median_interval(values, confidence=confidence, spread_rel=spread_rel, prior_rel_std=prior_rel_std).high
 
 
 def mode_rank(mode: str) -> int:

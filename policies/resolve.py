@@ -319,15 +319,6 @@ def _scan_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str, torc
     return _Scan(ok_by_config, latest_per_config(runs, failed_if_no_ok=True), flagged, newest_failed, all_by_config)
 
 
-def judge_runs(policy: Policy, configs: list[Any], runs_by_config: Mapping[str, list[RunRow]],
-               exclude: Collection[str] = ()) -> Judgement:
-    """The judge's decision on stored runs (config id -> its runs) among the policy's grid `configs`."""
-    ids = {c.id for c in configs}
-    return judge([c.to_row() for c in configs],
-                 {cid: [Run.from_row(r) for r in rows] for cid, rows in runs_by_config.items() if cid in ids},
-                 Rules.of(policy), exclude=exclude)
-
-
 def _figures(runs: list[RunRow]) -> dict[str, Any]:
     """The figures of a configuration's counted runs: medians, the highest peak power, the energy sources
     of them all ('rapl+estimate'), and the newest run's torch version, device and the sources of its compile
@@ -424,7 +415,10 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     fallback = fallback_config(policy)
     configs = candidate_configs(policy)
     rules = Rules.of(policy)
-    out = judge_runs(policy, configs, scan.all_by_config, exclude)
+    ids = {c.id for c in configs}
+    out = judge([c.to_row() for c in configs], {cid: [Run.from_row(r) for r in rows]
+                                                 for cid, rows in scan.all_by_config.items() if cid in ids},
+                rules, exclude=exclude)
     ranked = out.ranked_source
     rows = {r.id: r for runs in scan.all_by_config.values() for r in runs if r.id is not None}
     eager_id = fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id

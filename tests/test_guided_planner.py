@@ -263,10 +263,12 @@ def test_search_keys_are_validated_with_one_line_errors() -> None:
         validate(policy_doc(strategy="guidd"), "svc.toml")
     assert str(info.value) == ("svc.toml: search.strategy: expected one of 'guided', 'exhaustive', found string "
                                "'guidd' (did you mean 'guided'?)")
-    for key, value in (("budget_s", 0), ("max_measurements", 1.5), ("batch_sizes", [8, 0])):
+    for key, value in (("budget_s", 0), ("max_measurements", 1.5), ("batch_sizes", [8, 0]), ("tolerance_pct", 51),
+                       ("tolerance_pct", "2")):
         with pytest.raises(PolicyError) as info:
             validate(policy_doc(**{key: value}), "svc.toml")
         assert str(info.value).startswith(f"svc.toml: search.{key}: expected ") and "\n" not in str(info.value)
-    search = validate(policy_doc(budget_s=600, max_measurements=12, batch_sizes=[8, 32, 8]), "p").search
-    assert (search.strategy, search.budget_s, search.max_measurements, search.batch_sizes) == \
-        ("guided", 600.0, 12, (8, 32))
+    search = validate(policy_doc(budget_s=600, max_measurements=12, batch_sizes=[8, 32, 8], tolerance_pct=5), "p").search
+    assert (search.strategy, search.budget_s, search.max_measurements, search.batch_sizes, search.tolerance_pct) == \
+        ("guided", 600.0, 12, (8, 32), 5.0)
+    assert validate(policy_doc(), "p").search.tolerance_pct == 2.0

@@ -21,7 +21,6 @@ from joulepilot.policies.noise import (
     repeat_advice,
     t_quantile,
     typical_rel_std,
-    upper_bound,
 )
 
 
@@ -74,8 +73,8 @@ def test_assumed_spread_follows_the_typical_spread_but_not_below_the_default():
 
 def test_upper_bound_is_what_the_envelope_is_checked_against():
     powers = [440.0, 452.0, 446.0]
-    assert median(powers) < 450.0 < upper_bound(powers)  # median within 450 W, upper bound over it
-    assert upper_bound([300.0]) == pytest.approx(300.0 * (1 + DEFAULT_SPREAD_REL))
+    assert median(powers) < 450.0 < median_interval(powers).high  # median within 450 W, upper bound over it
+    assert median_interval([300.0]).high == pytest.approx(300.0 * (1 + DEFAULT_SPREAD_REL))
 
 
 def _entry(key, power, compile_s, mode, objective=1.0, spread=0.01):
