@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
-# The daemon's guided search on a GPU, from a store that holds no run of the policy's model (only other
-# models' committed sweeps, for the trade-off model to learn from), one `daemon --once` pass; then the
-# runs, the decision and the pass summary are left in OUT/NAME for benchmarks/guided_vs_grid.py.
-# Usage (on the GPU machine, from the repo root, with the carried wheels in .whl/):
-#   benchmarks/guided_daemon_gpu.sh NAME SPEC BATCH SEQ_LEN EXCLUDE_SPEC
+# The daemon's guided search on a GPU, from a store that holds no run of the model (only the other models'
+# committed sweeps, for the trade-off model to learn from): one `daemon --once` pass over a policy whose grid is
+# the configurations GRID recorded for SPEC; then what it chose, its regret against GRID's oracle and the fraction
+# of GRID's seconds it spent (benchmarks/guided_vs_grid.py). The runs, the decision and the pass summary stay in
+# OUT/NAME.
+# Usage (on the GPU machine, from the repo root; the carried wheels in .whl/ when the host lacks them):
+#   python benchmarks/gpu_sweep.py --models convnet --out $OUT/grid ...       # the grid (OUT/grid/runs.json)
+#   benchmarks/guided_daemon_gpu.sh NAME GRID.json SPEC BATCH SEQ_LEN|-
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-name=$1 spec=$2 batch=$3 seq=$4 exclude=$5
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
+name=$1 grid=$2 spec=$3 batch=$4 seq=$5
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 dir=${OUT:-/tmp/out}/$name
 mkdir -p "$dir/policies" "$dir/locks"
 nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu --format=csv | tee "$dir/device.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$dir/device.txt"
-python3 - "$exclude" "$dir/others.json" tests/data/*.json <<'PY'
+# The other models' runs to learn from, and the policy's search space: the modes, precisions and fusion
+# presets of the configurations GRID holds for SPEC.
+python3 - "$spec" "$dir/others.json" "$grid" "$dir/search.toml" tests/data/*.json <<'PY'
 import json, sys
-exclude, out, paths = sys.argv[1], sys.argv[2], sys.argv[3:]
-records = [r for p in paths for r in json.load(open(p)) if r["workload"]["spec"] != exclude]
+spec, out, grid, search, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+records = [r for p in paths for r in json.load(open(p)) if r["workload"]["spec"] != spec]
 json.dump(records, open(out, "w"))
 print(f"{len(records)} runs of other workloads to learn from", file=sys.stderr)
+configs = [r["config"] for r in json.load(open(grid)) if r["workload"]["spec"] == spec]
+if not configs:
+    sys.exit(f"{grid} holds no run of {spec}")
+lists = {key: sorted({c[key] for c in configs}) for key in ("mode", "precision", "fusion")}
+with open(search, "w") as f:
+    f.write(f'modes = {json.dumps(lists["mode"])}\nprecisions = {json.dumps(lists["precision"])}\n'
+            f'fusion = {json.dumps(lists["fusion"])}\n')
+print(f"grid of {len({c['id'] for c in configs})} configurations: {lists}", file=sys.stderr)
 PY
+[ $? -eq 0 ] || exit 1
 joulepilot runs import "$dir/others.json" --db "$dir/guided.db" || exit 1
 seq_line=""; [ "$seq" != "-" ] && seq_line="seq_len = $seq"
 cat > "$dir/policies/$name.toml" <<TOML
@@ -35,8 +51,7 @@ expected_inferences = 10_000_000
 max_rel_error = 2e-2
 [search]
 strategy = "guided"
-modes = ["eager", "default", "reduce-overhead"]
-precisions = ["fp32", "tf32", "bf16", "fp16"]
+$(cat "$dir/search.toml")
 TOML
 cat > "$dir/daemon.toml" <<TOML
 db = "$dir/guided.db"
@@ -53,11 +68,12 @@ budget_s = 45.0
 enabled = false
 TOML
 start=$(date +%s)
-timeout 480 joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
+timeout 540 joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
 echo "daemon rc $? in $(( $(date +%s) - start )) s" | tee -a "$dir/device.txt"
 joulepilot runs --db "$dir/guided.db" --workload "$spec" --limit 0 --json > "$dir/runs.json"
 joulepilot policy explain "$dir/policies/$name.toml" --db "$dir/guided.db" --json > "$dir/explain.json" 2>>"$dir/daemon.log"
 tail -5 "$dir/daemon.log"
+python3 benchmarks/guided_vs_grid.py "$dir/runs.json" "$grid" --explain "$dir/explain.json" | tee "$dir/score.txt"
 python3 - "$dir/guided.db" <<'PY'
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1]); conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"); conn.execute("PRAGMA journal_mode=DELETE"); conn.close()

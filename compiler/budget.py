@@ -24,6 +24,8 @@ KILL_GRACE_S = 2.0
 
 # Phases (as the worker names them) that are a first forward call and count against `budget_s`.
 FIRST_CALL_PHASES = ("reference", "compile")
+# The head of a failed run's reason when its compile overran the budget (the guided search reads it back).
+COMPILE_OVERRUN = "compile exceeded budget"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from .budget import FIRST_CALL_PHASES, WorkerBudget
+from .budget import COMPILE_OVERRUN, FIRST_CALL_PHASES, WorkerBudget
 from .host_isa import ensure_programs, job_compiles_on_cpu, programs_to_build, seed
 from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool, kill_process_tree
 
@@ -124,7 +124,7 @@ def kill_reason(phases: list[tuple[str, float]], *, started: float, now: float, 
         if phase == "reference":
             return (f"the first forward call (eager reference) exceeded the compile budget of "
                     f"{budget.first_call_s:g} s")
-        return f"compile exceeded budget of {budget.first_call_s:g} s"
+        return f"{COMPILE_OVERRUN} of {budget.first_call_s:g} s"
     if now - started > budget.total_s:
         return (f"run exceeded its total budget of {budget.total_s:g} s (compile budget {budget.first_call_s:g} s "
                 f"+ {budget.allowance_s:g} s for loading and measuring) during {phase}")

@@ -88,7 +88,7 @@ from .job_runner import JobOutcome
 from .pass_bill import PassBill
 from .planner import measured_config, plan_policy, plan_repeats, repeat_blocked, stale_reason
 from .redecide import (
-    decide_policy,
+    decide_now,
     fit_or_none,
     refused_request,
     request_policy_name,
@@ -715,7 +715,8 @@ class Daemon:
     def _guided_plan(self, policy: Any, probe: DeviceProbe, model: Any) -> GuidedPlan:
         state = self._guided[policy.name]
         return plan_guided(self.db, policy, probe.device_kind, model, provenance_key=probe.provenance_key,
-                           max_age_s=self.cfg.max_decision_age_s, violated=state.violated)
+                           max_age_s=self.cfg.max_decision_age_s, violated=state.violated,
+                           blocked=repeat_blocked(self.db, policy, probe.provenance_key, self.cfg.bench.max_attempts))
 
     def _advance_guided(self, by_name: dict[str, Any], probe: DeviceProbe, summary: dict[str, Any],
                         slots: int = 1) -> bool:
@@ -1084,21 +1085,18 @@ class Daemon:
             if index + 1 < len(ready):  # its warm starts' zygote, started while this policy's are timed
                 following = by_name[ready[index + 1]]
                 self._start_zygote_early(following, _first_config(following), probe.device, None)
-            search = None
-            if name in self._guided:
-                plan = self._guided_plan(policy, probe, model)
-                if not plan.done:  # stopped or paused between measurements: the next pass goes on
-                    continue
-                search = plan.summary()
-            # An exhaustive policy's contender whose repeat job failed as often as it may is not measured again.
-            no_repeat = repeat_blocked(self.db, policy, probe.provenance_key, self.cfg.bench.max_attempts) \
-                if name in self._exhaustive else None
+            # A contender or a guided search's pick whose job failed as often as it may is not measured again.
+            failed_out = repeat_blocked(self.db, policy, probe.provenance_key, self.cfg.bench.max_attempts)
             try:
-                decided = decide_policy(self.db, policy, probe, model, reason=stale[name], lock_dir=self.cfg.lock_dir,
-                                        search=search, no_repeat=no_repeat)
+                decided, _plan = decide_now(self.db, policy, probe.device_kind, model, decided_by="daemon",
+                                            reason=stale[name], provenance_key=probe.provenance_key,
+                                            max_age_s=self.cfg.max_decision_age_s, lock_dir=self.cfg.lock_dir,
+                                            failed_out=failed_out, until_done=True)
             except Exception as exc:
                 log.exception("policy %s: deciding failed", name)
                 summary["policy_errors"].append({"file": str(policy.path), "error": f"deciding failed: {exc}"})
+                continue
+            if decided is None:  # its guided search stopped or paused between measurements: the next pass goes on
                 continue
             decision = decided.decision
             summary["decided"].append({"policy": name, "config": decision.label, "state": decision.state,

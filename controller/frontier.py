@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
-from joulepilot.policies.bill import UNKNOWN_SOURCE
+from joulepilot.policies.judge import counted_rows, intervals
 from joulepilot.policies.noise import median
-from joulepilot.policies.resolve import counted_runs, repeat_intervals
 from joulepilot.policies.sources import (
+    UNKNOWN_SOURCE,
     group_by_source,
     left_out_text,
     not_compared_text,
@@ -87,16 +87,15 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tu
     order = ranked_sources({source: len(group) for source, group in grouped.items()})
     ranked = order[0] if order else None
     own = own_sources(grouped, order)
-    counted_by_source = {source: {cid: counted_runs(rs)[0] for cid, rs in group.items()}
+    counted_by_source = {source: {cid: counted_rows(rs) for cid, rs in group.items()}
                          for source, group in grouped.items()}
-    intervals = {source: repeat_intervals({cid: [r.energy_j_per_inference for r in rs
-                                                 if r.energy_j_per_inference is not None]
-                                           for cid, rs in counted.items()})
-                 for source, counted in counted_by_source.items()}
+    found = {source: intervals({cid: [r.energy_j_per_inference for r in rs if r.energy_j_per_inference is not None]
+                                for cid, rs in counted.items()})
+             for source, counted in counted_by_source.items()}
     points, notes, uncompared = [], [], {}
     for cid, newest in latest.items():
         source = ranked if cid in grouped.get(ranked or "", {}) else own[cid]
-        mine, ci = counted_by_source[source][cid], intervals[source].get(cid)
+        mine, ci = counted_by_source[source][cid], found[source].get(cid)
         point = {
             "label": newest.config_label, "config_id": cid, "mode": newest.mode, "fusion": newest.fusion,
             "precision": newest.precision, "source": "measured", "run_id": mine[0].id if mine else newest.id,

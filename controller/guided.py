@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
 from joulepilot.policies.batches import grid_workload_ids, workload_rows_by_batch
-from joulepilot.policies.schema import Limits, Policy
+from joulepilot.policies.judge import Rules, Run
+from joulepilot.policies.schema import Policy
 from joulepilot.store.runs import RunRow, workload_runs
 
 from .planner import ordered_candidates
-from .search import GuidedSearch, Observation, SearchSettings, SkippedConfig
-from .search_types import LIMIT_UNITS
+from .search import GuidedSearch, SearchSettings, SkippedConfig
 
 IN_PROGRESS = "the search is still under way"
 
@@ -73,9 +73,10 @@ class GuidedPlan:
     max_measurements: int | None = None
     excluded_violated: list[str] = field(default_factory=list)  # labels
     objective_unit: str = ""
-    # The engine's decision on the runs so far (verified | provisional | infeasible | failed), which the
-    # resolver reaches on the same runs (`policies.noise.confirmation`).
+    # The judge's decision on the runs so far (verified | provisional | infeasible | fallback) and the
+    # configuration it chose (None for none), which the resolver reaches on the same runs.
     state: str | None = None
+    chosen: str | None = None
 
     @property
     def done(self) -> bool:
@@ -91,18 +92,9 @@ class GuidedPlan:
 
 
 def search_settings(policy: Policy) -> SearchSettings:
-    """The engine's settings from the policy's `[search]`, `[objective]` and `[limits] margin_pct`."""
-    margin = getattr(policy.limits, "margin_pct", None) or 0.0
-    return SearchSettings(strategy="guided", objective=policy.objective.minimize,
-                          expected_inferences=policy.objective.expected_inferences,
-                          budget_s=policy.search.budget_s, max_measurements=policy.search.max_measurements,
-                          margin_pct=float(margin), min_repeats=policy.search.min_repeats,
-                          baseline_batch_size=policy.batch_size)
-
-
-def search_limits(policy: Policy) -> Limits:
-    """The policy's hard limits as the engine checks them (only the limits it knows)."""
-    return Limits(**{name: getattr(policy.limits, name, None) for name in LIMIT_UNITS})
+    """The engine's settings from the policy's `[search]` (what the judge reads is `Rules.of(policy)`)."""
+    return SearchSettings(strategy="guided", budget_s=policy.search.budget_s,
+                          max_measurements=policy.search.max_measurements, baseline_batch_size=policy.batch_size)
 
 
 def counted_runs(db: sqlite_utils.Database, workload_id: str | Collection[str], device_kind: str,
@@ -119,48 +111,46 @@ def counted_runs(db: sqlite_utils.Database, workload_id: str | Collection[str], 
     return kept[::-1]
 
 
-def _observation(run: RunRow) -> Observation:
-    """A stored run as the engine counts it: a further window of a worker process is not a fresh process
-    (`extra.window_in_process`), as the resolver counts it, so both reach the same state on the same runs."""
-    return Observation.from_run(asdict(run))
-
-
-def _never_measure(config: Mapping[str, Any], fresh_process: bool) -> Observation:
+def _never_measure(config: Mapping[str, Any], fresh_process: bool) -> Run:
     raise RuntimeError("plan_guided only plans; the daemon measures")
 
 
 def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, model: Any = None, *,
                 torch_version: str | None = None, provenance_key: str | None = None,
                 max_age_s: float | None = None, violated: Collection[str] = (),
-                now: float | None = None) -> GuidedPlan:
+                blocked: Mapping[str, str] | None = None, now: float | None = None) -> GuidedPlan:
     """The next measurement of `policy`'s guided search on `device_kind`, from the stored runs.
 
     `model`: a fitted TradeoffModel (fitted once per pass) or None; `violated`: config ids a deployment
-    found over the envelope (never measured again); `provenance_key` / `max_age_s`: count only runs under
-    this provenance and this recent (the daemon's freshness rule)."""
+    found over the envelope (never measured again, never chosen); `blocked`: config id -> why it cannot be
+    measured (its job failed as often as it may without storing a run: `controller.planner.repeat_blocked`);
+    `provenance_key` / `max_age_s`: count only runs under this provenance and this recent (the daemon's
+    freshness rule)."""
     from joulepilot.policies.resolve import policy_workload_id, torch_minor
 
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     now = time.time() if now is None else now
     workload_id = policy_workload_id(policy)
     violated = set(violated)
-    grid = [c for c in ordered_candidates(policy) if c.id not in violated]
+    grid = ordered_candidates(policy)
     plan = GuidedPlan(policy=policy.name, workload_id=workload_id, device_kind=device_kind,
                       budget_s=policy.search.budget_s, max_measurements=policy.search.max_measurements,
-                      excluded_violated=[c.label for c in ordered_candidates(policy) if c.id in violated])
-    if not grid:
+                      excluded_violated=[c.label for c in grid if c.id in violated])
+    if all(c.id in violated for c in grid):
         plan.stop_reason = "every allowed configuration broke the power envelope in a deployment"
         return plan
     runs = counted_runs(db, list(grid_workload_ids(policy).values()), device_kind, torch_version,
                         provenance_key=provenance_key,
                         min_finished_at=None if max_age_s is None else now - max_age_s)
     ids = {c.id for c in grid}
-    prior: dict[str, list[Observation]] = {}
+    prior: dict[str, list[Run]] = {}
     spent_s, made = 0.0, 0
     for run in runs:
         if run.config_id not in ids:
             continue
-        observation = _observation(run)
+        # A further window of a worker process is not a fresh process (`extra.window_in_process`), as the
+        # resolver counts it: both ask the judge, so both reach the same state on the same runs.
+        observation = Run.from_row(run)
         prior.setdefault(run.config_id, []).append(observation)
         if run.extra.get("policy") == policy.name:
             spent_s += observation.wall_s
@@ -179,8 +169,8 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
                         out[i] = pred
             return [pred if pred is not None else {} for pred in out]
 
-    search = GuidedSearch(grid, _never_measure, predict, limits=search_limits(policy),
-                          settings=search_settings(policy), prior=prior, spent_s=spent_s, measurements=made)
+    search = GuidedSearch(grid, _never_measure, predict, rules=Rules.of(policy), settings=search_settings(policy),
+                          prior=prior, spent_s=spent_s, measurements=made, exclude=violated, blocked=blocked)
     step, stop = search.advance()
     result = search.result(stop or IN_PROGRESS)
     by_id = {c.id: c for c in grid}
@@ -194,9 +184,10 @@ def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, mod
     plan.measured = [{"config_id": m.config_id, "label": m.label, "runs": len(m.runs),
                       "ok_runs": sum(1 for r in m.runs if r.ok), "status": m.status,
                       "objective": m.objective.median if m.objective else None,
-                      "energy_source": m.energy_source} for m in result.measured]
+                      "energy_source": m.source} for m in result.measured]
     plan.spent_s, plan.measurements, plan.objective_unit = spent_s, made, result.objective_unit
     plan.state = result.state
+    plan.chosen = result.chosen_config_id
     return plan
 
 

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlite_utils
+from joulepilot.policies.noise import mode_rank
 from joulepilot.store.daemon_state import failed_out_jobs
 from joulepilot.store.decisions import DecisionRow
 from joulepilot.store.runs import recent_ok_runs
 
-# Cheapest compile first: a sweep that is paused or cut short has measured the cheap options.
-MODE_COST_ORDER = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+# Cheapest compile first: a sweep that is paused or cut short has measured the cheap options. Modes go in
+# order of simplicity (`policies.noise.MODE_SIMPLICITY`), which is that of their compile cost too.
 PRECISION_ORDER = ("fp32", "tf32", "bf16", "fp16")
 
 
@@ -42,9 +43,8 @@ def compile_cost_rank(config: Any) -> tuple:
         return getattr(config, name, default)
 
     mode, precision, fusion = knob("mode"), knob("precision"), knob("fusion")
-    mode_rank = MODE_COST_ORDER.index(mode) if mode in MODE_COST_ORDER else len(MODE_COST_ORDER)
     prec_rank = PRECISION_ORDER.index(precision) if precision in PRECISION_ORDER else len(PRECISION_ORDER)
-    return (mode_rank, fusion != "default", fusion, prec_rank, bool(knob("dynamic", False)),
+    return (mode_rank(mode), fusion != "default", fusion, prec_rank, bool(knob("dynamic", False)),
             (knob("padding", "none") or "none") != "none", bool(knob("regional", "")))
 
 

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from .device_probe import DeviceProbe
 
 log = logging.getLogger("joulepilot.daemon")
 
@@ -24,18 +22,37 @@ def fit_or_none(db: Any) -> Any:
         return None
 
 
-def decide_policy(db: Any, policy: Any, probe: DeviceProbe, model: Any, *, reason: str = "",
-                  lock_dir: Path | None = None, search: dict[str, Any] | None = None,
-                  no_repeat: dict[str, str] | None = None) -> Any:
-    """Decide through `policies.decide` (the one way every command decides): leaves out what broke the
-    envelope, stores the decision with this host's provenance, writes the lock file (beside the policy,
-    else in `lock_dir`), with the guided `search` summary in its details. `no_repeat`: contenders the
-    daemon cannot measure again, and why (`controller.planner.repeat_blocked`). Returns the `Decided`; a
-    lock file that could not be written is in `lock_error`."""
-    from joulepilot.policies import decide
+def decide_now(db: Any, policy: Any, device_kind: str, model: Any, *, decided_by: str, reason: str = "",
+               torch_version: str | None = None, provenance_key: str | None = None, max_age_s: float | None = None,
+               lock_dir: Path | None = None, record: bool = True, lock: bool = True,
+               failed_out: Mapping[str, str] | None = None, until_done: bool = False) -> tuple[Any, Any]:
+    """The one decide sequence, the CLI's (`policy explain`, `policy lock`) and the daemon's: a guided policy's
+    search is planned on the stored runs (`controller.guided.plan_guided`), then `policies.decide` decides on
+    the same runs with the judge, leaves out what broke the envelope, stores the decision with the search's
+    summary and `provenance_key`, and writes the lock file (beside the policy, else in `lock_dir`).
 
-    return decide(db, policy, probe.device_kind, model, provenance_key=probe.provenance_key, decided_by="daemon",
-                  reason=reason, lock_dir=lock_dir, search=search, no_repeat=no_repeat)
+    `model`: the trade-off model (`fit_or_none`; the daemon fits it once per pass). `failed_out`: config id
+    -> why its job is queued no more (`controller.planner.repeat_blocked`): a guided search stops at one it
+    could never measure, an exhaustive policy does not list it to confirm. `until_done`: a guided policy
+    whose search is still under way is not decided (the daemon's rule; the CLI decides on what there is).
+    Returns (the `Decided`, or None when not decided; the guided plan, or None)."""
+    from joulepilot.policies import decide, torch_minor
+    from joulepilot.policies.decide import violated_configs
+
+    from .guided import plan_guided
+
+    plan = None
+    if policy.search.strategy == "guided":
+        plan = plan_guided(db, policy, device_kind, model, torch_version=torch_version, provenance_key=provenance_key,
+                           max_age_s=max_age_s, violated=violated_configs(db, policy.name, device_kind),
+                           blocked=failed_out)
+        if until_done and not plan.done:
+            return None, plan
+    decided = decide(db, policy, device_kind, model, torch_version=torch_version or torch_minor(),
+                     provenance_key=provenance_key, decided_by=decided_by, reason=reason, lock_dir=lock_dir,
+                     record=record, lock=lock, search=plan.summary() if plan is not None else None,
+                     no_repeat=failed_out if plan is None else None)
+    return decided, plan
 
 
 def warm_start_candidates(decision: Any) -> list[tuple[str, Any]]:

@@ -203,13 +203,17 @@ def per_sample(baseline: Mapping[str, Any]) -> bool:
 
 
 def versus_baseline(baseline: Mapping[str, Any]) -> str:
-    """The headline against one baseline of a report ('21.4% less', '60.0% more per sample')."""
+    """The headline against one baseline of a report ('21.4% less', '60.0% more per sample'), saying so when the
+    baseline rests on one run ('21.4% less (against a baseline of one run)')."""
     if not baseline["measured"]:
         return "no baseline"
     if baseline.get("like_for_like") is False and not baseline["served_is_baseline"]:
         return NOT_LIKE_FOR_LIKE
     text = versus(baseline["saving_fraction"], is_baseline=baseline["served_is_baseline"])
-    return f"{text} per sample" if per_sample(baseline) and _finite(baseline["saving_fraction"]) else text
+    if not _finite(baseline["saving_fraction"]) or baseline["served_is_baseline"]:
+        return text
+    text = f"{text} per sample" if per_sample(baseline) else text
+    return f"{text} (against a baseline of one run)" if baseline.get("runs") == 1 else text
 
 
 def summary_versus(row: Mapping[str, Any], key: str) -> str:

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlite_utils
-from joulepilot.policies.bill import NEVER, PAYS_BACK, UNKNOWN_SOURCE, payback_progress
-from joulepilot.policies.sources import ranked_sources, source_key
+from joulepilot.policies.bill import NEVER, PAYS_BACK, payback_progress
+from joulepilot.policies.sources import UNKNOWN_SOURCE, ranked_sources, source_key
 from joulepilot.store import get_deployment, list_deployments, list_violations
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
@@ -58,7 +58,7 @@ from joulepilot.store.runs import latest_runs, ok_runs_per_config
 from joulepilot.store.timevalues import iso_utc, parse_since
 
 from .gpu_datasheets import find_datasheet
-from .report_format import J_PER_KWH, energy
+from .report_format import J_PER_KWH, energy, fmt, power_reading
 
 GRID_ENV = "JOULEPILOT_GRID_GCO2_PER_KWH"
 GRID_OPTION = "--grid-gco2-per-kwh"
@@ -676,17 +676,27 @@ def _graph_breaks(db: sqlite_utils.Database, dep: Mapping[str, Any], workload: M
     configuration.graph_break_summary = break_summary(breaks, count, command)
 
 
-def _cannot_be_met(decision: DecisionRow | None) -> str | None:
-    """The statement that the envelope cannot be met, when the decision in force says so."""
+def _cannot_be_met(decision: DecisionRow | None, totals: Totals | None = None,
+                   limits: Mapping[str, float] | None = None) -> str | None:
+    """The statement that the envelope cannot be met, when the decision in force says so. The decision's figure
+    is the upper bound of its benchmark runs' median (the envelope is judged on it); when this deployment's own
+    average power is within the limit, the statement says so beside it, naming which figure is which."""
     if decision is None or decision.state != "infeasible":
         return None
     shortfall = decision.details.get("confidence") or decision.reason or ""
-    return f"the envelope cannot be met: {shortfall}".rstrip(": ")
+    text = f"the envelope cannot be met: {shortfall}".rstrip(": ")
+    limit = (limits or {}).get("max_avg_power_w")
+    served = totals.avg_power_w if totals is not None else None
+    if limit is not None and served is not None and served <= limit:
+        text += (f"; this deployment's own average power, {power_reading(served, totals.energy_source)} over its "
+                 f"windows, is within the {fmt(limit, 'W')} limit: the decision judges the benchmark's runs by the "
+                 f"upper bound of their median, which is over it")
+    return text
 
 
 def _envelope(db: sqlite_utils.Database, dep_id: int, limits: Mapping[str, float], limits_from: str | None,
               sums: SampleTotals, violations: Sequence[Mapping[str, Any]],
-              decision: DecisionRow | None = None) -> Envelope:
+              decision: DecisionRow | None = None, totals: Totals | None = None) -> Envelope:
     labels = store_reports.config_labels(db, (v.get("config_id") for v in violations))
     # Each violation's reading carries the source of the window that tripped it; one outside every window
     # stored (written before its windows were) that of the deployment's windows when they all have one.
@@ -702,7 +712,7 @@ def _envelope(db: sqlite_utils.Database, dep_id: int, limits: Mapping[str, float
                               config_id=v.get("config_id"), config_label=labels.get(v.get("config_id") or ""),
                               decision_id=v.get("decision_id"), energy_source=sources.get(v["at"], uniform))
                     for v in violations],
-        cannot_be_met=_cannot_be_met(decision),
+        cannot_be_met=_cannot_be_met(decision, totals, limits),
     )
 
 
@@ -923,7 +933,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
                       start_t=sums.first_t_start, end_t=sums.last_t_end, samples=sums.windows,
                       samples_listed=len(samples), samples_left_out=left_out),
         totals=totals,
-        envelope=_envelope(db, dep["id"], limits, limits_from, sums, violations, decision),
+        envelope=_envelope(db, dep["id"], limits, limits_from, sums, violations, decision, totals),
         configuration=configuration,
         baselines=baselines,
         co2=None if intensity is None else Co2(grid_gco2_per_kwh=intensity,

@@ -21,11 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from joulepilot.policies.judge import LIMITS, Rules, Run, fmt
 from joulepilot.policies.noise import counted, median
-from joulepilot.policies.schema import Limits
 from joulepilot.store.jsonvalues import json_column
-
-from .search_types import LIMIT_FIGURES, LIMIT_UNITS, Observation, SearchSettings, fmt, limit_value
 
 # The trade-off model's log error on an unseen workload, split by what configurations share (standard
 # deviations in log space; fitted by maximum likelihood to the residuals of the committed GPU sweeps, each
@@ -66,7 +64,7 @@ class Arm:
     """One configuration of the grid: its row, its runs so far and the model's raw prediction."""
 
     config: dict[str, Any]
-    runs: list[Observation] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
     raw: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
@@ -81,10 +79,10 @@ class Arm:
     def compiles(self) -> bool:
         return self.config.get("mode") != "eager"
 
-    def counted_runs(self) -> list[Observation]:
-        return [self.runs[i] for i in counted([r.mark() for r in self.runs])]
+    def counted_runs(self) -> list[Run]:
+        return [self.runs[i] for i in counted(self.runs)]
 
-    def ok_runs(self) -> list[Observation]:
+    def ok_runs(self) -> list[Run]:
         return [r for r in self.runs if r.ok]
 
 
@@ -185,11 +183,9 @@ def expected_improvement(log_mean: float, log_sd: float, best: float) -> float:
 class Forecaster:
     """Forecasts for the unmeasured arms of one search, from the model's raw predictions and the runs."""
 
-    def __init__(self, arms: Mapping[str, Arm], limits: Limits, settings: SearchSettings, per_sample: bool) -> None:
+    def __init__(self, arms: Mapping[str, Arm], rules: Rules) -> None:
         self.arms = arms
-        self.limits = limits
-        self.settings = settings
-        self.per_sample = per_sample
+        self.rules = rules
         self._solved: dict[tuple, tuple[list[Arm], Any, Any]] = {}
 
     def reset(self) -> None:
@@ -299,7 +295,7 @@ class Forecaster:
         return mean, max(REL_ERROR_SPREAD_LOG, spread)
 
     def forecast(self, arm: Arm) -> Forecast:
-        s = self.settings
+        s = self.rules
         energy = self.calibrated(arm, "energy_j_per_inference")
         power = self.calibrated(arm, "avg_power_w")
         latency = self.calibrated(arm, "latency_ms_p95")
@@ -314,7 +310,7 @@ class Forecaster:
             compile_log_j = self.calibrated(arm, "compile_energy_j") if learnt else None
             compile_j = math.exp(compile_log_j[0]) if compile_log_j else compile_s * (power_w or 0.0)
             amortised = math.exp(energy[0]) + compile_j / s.expected_inferences
-            if self.per_sample:
+            if s.per_sample:
                 amortised /= max(1, int(arm.config.get("batch_size") or 1))
             log_obj = (math.log(amortised), energy[1])
         if s.objective == "latency":
@@ -322,8 +318,8 @@ class Forecaster:
         elif s.objective == "edp":
             log_obj = (log_obj[0] + latency[0], math.hypot(log_obj[1], latency[1])) if latency else unknown
         p_total, worst, worst_p = 1.0, "", 2.0
-        for limit, value in self.limits.items():
-            bound = limit_value(limit, value, s.margin_pct)
+        for limit, value in s.limits.items():
+            bound = s.limits.bound(limit, value)
             figure = self._limit_figure(arm, limit, power, latency, compile_log)
             if figure is None or not math.isfinite(figure[1]):
                 continue
@@ -331,8 +327,8 @@ class Forecaster:
             p_total *= p
             if p < worst_p:
                 worst_p = p
-                unit = LIMIT_UNITS[limit]
-                worst = (f"predicted {LIMIT_FIGURES[limit]} {fmt(math.exp(figure[0]), unit)} +- "
+                _, unit, words = LIMITS[limit]
+                worst = (f"predicted {words} {fmt(math.exp(figure[0]), unit)} +- "
                          f"{fmt(math.exp(figure[0]) * figure[1], unit)}, {limit} {fmt(bound, unit)}")
         return Forecast(log_obj, p_total, worst, compile_s + self.overhead_s(), power_w)
 

@@ -194,7 +194,7 @@ def _spent(entry: dict[str, Any]) -> str:
 
 def _pass_spent(measuring: Any) -> str:
     """The last pass's measuring, all policies together: '; measuring 2 runs, 39 s, 412 J (estimate)'."""
-    from joulepilot.policies.bill import joined_sources
+    from joulepilot.policies.sources import joined_sources
 
     entries = [m for m in measuring or [] if isinstance(m, dict)]
     if not entries:
@@ -222,6 +222,8 @@ def _payback(bill: dict[str, Any] | None) -> str:
         return "-"
     if bill.get("verdict") == PAYS_BACK:
         return f"after {calls_text(bill.get('payback_inferences'))} calls"
+    if bill.get("no_measurable_saving"):
+        return "no measurable saving"
     return "never" if bill.get("verdict") == NEVER else "unknown"
 
 

@@ -194,6 +194,8 @@ warning. A folder given as a path (policies/, ./) checks every *.toml file in it
 @click.argument("policies", metavar="POLICY...", nargs=-1, required=True, callback=text_value)
 @json_option
 def check_command(policies: tuple[str, ...], as_json: bool) -> None:
+    from joulepilot.policies.schema import setting_warnings
+
     results = []
     for given in _policy_files(policies):
         file = shorten(given, 200)  # until found: an argument may be a name of any length
@@ -204,8 +206,10 @@ def check_command(policies: tuple[str, ...], as_json: bool) -> None:
             results.append({"file": file, "ok": False, "problems": [p.to_dict() for p in exc.problems],
                             "warnings": []})
             continue
+        warnings = [warning] if warning is not None else []
+        warnings += setting_warnings(policy, file)
         results.append({"file": file, "ok": True, "policy": policy.name, "hash": policy.hash, "problems": [],
-                        "warnings": [warning.to_dict()] if warning is not None else []})
+                        "warnings": [w.to_dict() for w in warnings]})
     if as_json:
         echo_json(results)
     else:
@@ -219,8 +223,8 @@ def check_command(policies: tuple[str, ...], as_json: bool) -> None:
                 click.echo(f"  {p['key']}: expected {p['expected']}, found {p['found']}{hint}")
             for p in r["warnings"]:
                 hint = f" ({p['hint']})" if p["hint"] else ""
-                click.echo(f"  warning: {p['key']}: {p['found']}{hint}; the daemon will skip this policy "
-                           f"on a host without it")
+                after = "; the daemon will skip this policy on a host without it" if p["key"] == "workload" else ""
+                click.echo(f"  warning: {p['key']}: {p['found']}{hint}{after}")
     if not all(r["ok"] for r in results):
         raise SystemExit(1)
 
@@ -245,8 +249,8 @@ def _provenance_key(device_kind: str, torch_version: str) -> str | None:
 
 def _decide(policy: Any, db: str | None, device_name: str | None, torch_version: str | None, *, record: bool,
             lock: bool, decided_by: str) -> tuple[Any, dict[str, Any] | None]:
-    from joulepilot.controller.redecide import fit_or_none
-    from joulepilot.policies import decide, default_lock_dir, torch_minor
+    from joulepilot.controller.redecide import decide_now, fit_or_none
+    from joulepilot.policies import default_lock_dir, torch_minor
 
     # The database must exist (a typo must not decide on nothing); only a command that stores the
     # decision opens it for writing.
@@ -254,16 +258,11 @@ def _decide(policy: Any, db: str | None, device_name: str | None, torch_version:
     try:
         kind = _device_kind(device_name)
         version = torch_minor(torch_version) if torch_version else torch_minor()
-        model = fit_or_none(database)
-        search = None
-        if policy.search.strategy == "guided":
-            from joulepilot.controller.guided import plan_guided
-
-            search = plan_guided(database, policy, kind, model, torch_version=version).summary()
-        return decide(database, policy, kind, model, torch_version=version,
-                      provenance_key=_provenance_key(kind, version) if record else None, decided_by=decided_by,
-                      reason=f"`joulepilot {decided_by}`", lock_dir=default_lock_dir(), record=record, lock=lock,
-                      search=search), search
+        decided, plan = decide_now(database, policy, kind, fit_or_none(database), decided_by=decided_by,
+                                   reason=f"`joulepilot {decided_by}`", torch_version=version,
+                                   provenance_key=_provenance_key(kind, version) if record else None,
+                                   lock_dir=default_lock_dir(), record=record, lock=lock)
+        return decided, plan.summary() if plan is not None else None
     finally:
         database.close()
 

@@ -43,7 +43,9 @@ from typing import Any
 import sqlite_utils
 from joulepilot.store.runs import RunRow, workload_runs
 
-ESTIMATE = "estimate"
+from .judge import counted_rows, intervals
+from .sources import ESTIMATE, UNKNOWN_SOURCE, joined_sources, source_key
+
 BASELINES = (("default", "stock compile default fp32"), ("eager", "eager fp32"))
 PAYS_BACK, NEVER, UNKNOWN = "pays_back", "never", "unknown"
 
@@ -94,9 +96,6 @@ def _latency_pass_s(extra: Mapping[str, Any]) -> float:
         return 0.0  # the window's own calls were timed: no separate pass
     calls, mean_ms = _number(extra.get("latency_calls")), _number(extra.get("latency_ms_mean"))
     return calls * mean_ms / 1000.0 if calls and mean_ms else 0.0
-
-
-UNKNOWN_SOURCE = "source unknown"
 
 
 def _run_source(run: RunRow, extra: Mapping[str, Any]) -> str | None:
@@ -160,18 +159,6 @@ def run_cost(run: RunRow) -> RunCost:
                    loaded_s=loaded_s, loaded_w=_number(run.avg_power_w),
                    idle_s=max(0.0, seconds - metered_s - loaded_s), idle_w=_number(run.idle_power_w),
                    metered_j_by_source=by_source)
-
-
-def joined_sources(*groups: Iterable[str | None]) -> str | None:
-    """'nvml+estimate' from the sources of several figures: each named once, `estimate` last."""
-    names: set[str] = set()
-    for group in groups:
-        for source in group:
-            if source:
-                names.update(part for part in str(source).split("+") if part)
-    if not names:
-        return None
-    return "+".join(sorted(names - {ESTIMATE}) + ([ESTIMATE] if ESTIMATE in names else []))
 
 
 @dataclass
@@ -311,16 +298,34 @@ def bill_text(bill: Mapping[str, Any]) -> str:
 def _counted_median_j(runs: Sequence[RunRow], source: str | None = None) -> tuple[float | None, int, str | None]:
     """(median J per call over the counted repeats, how many, their energy source). With `source`, over the
     runs metered by it when there are any (as the resolver counts a configuration: runs of one source)."""
-    from .resolve import counted_runs
-
     if source:
         same = [r for r in runs if joined_sources([r.energy_source]) == source]
         runs = same or runs
-    counted, _clean = counted_runs(list(runs))
+    counted = counted_rows(list(runs))
     values = [r.energy_j_per_inference for r in counted if r.energy_j_per_inference is not None]
     if not values:
         return None, 0, None
     return statistics.median(values), len(values), joined_sources(r.energy_source for r in counted)
+
+
+def _saving_noise(ok_by_config: Mapping[str, Sequence[RunRow]], baseline_id: str, applied_id: str,
+                  source: str | None, scale: float) -> str | None:
+    """'0.41 J +- 4% against 0.40 J +- 3%' when the applied configuration's and the baseline's medians of J per
+    call (their counted runs of `source`, the baseline's for as many samples as one applied call: `scale`)
+    overlap, so that no saving is measurable; None when the saving is beyond the noise (or either is not
+    measured). The intervals are the judge's (`policies.judge.intervals`), over every configuration's runs."""
+    values = {cid: [r.energy_j_per_inference for r in counted_rows([r for r in runs if source_key(r.energy_source)
+                                                                    == source_key(source)])
+                    if r.energy_j_per_inference is not None] for cid, runs in ok_by_config.items()}
+    found = intervals(values)
+    if baseline_id not in found or applied_id not in found:
+        return None
+    base, applied = found[baseline_id], found[applied_id]
+    low, high = base.low * scale, base.high * scale
+    if applied.high < low or high < applied.low:
+        return None
+    return (f"{energy_text(applied.median)} +- {applied.half_width_rel:.0%} against "
+            f"{energy_text(base.median * scale)} +- {base.half_width_rel:.0%}")
 
 
 def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
@@ -373,10 +378,17 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
         out["verdict"], out["why"] = UNKNOWN, (f"the baseline was metered by {baseline['source']} and "
                                                f"{decision.label} by {applied_source}: not like for like")
     else:
-        saving = baseline["energy_j_per_inference"] * applied_batch / batch - applied_j
+        scale = applied_batch / batch
+        saving = baseline["energy_j_per_inference"] * scale - applied_j
         out["saving_j_per_inference"], out["saving_source"] = saving, applied_source
+        noise = _saving_noise(ok_by_config, baseline["config_id"], decision.config_id, applied_source, scale)
         if decision.config_id == baseline["config_id"]:
             out["verdict"], out["why"] = NEVER, f"the decision keeps the baseline, {baseline['kind']}: nothing is saved"
+        elif noise is not None:
+            out["verdict"], out["why"] = UNKNOWN, (f"no measurable saving: {decision.label} and {baseline['kind']} use "
+                                                   f"the same energy per call within the noise of their runs "
+                                                   f"({noise})")
+            out["no_measurable_saving"] = True
         elif saving <= 0:
             out["verdict"], out["why"] = NEVER, (f"{decision.label} uses {energy_text(-saving)} more per call than "
                                                  f"{baseline['kind']}: nothing is saved")
@@ -390,15 +402,19 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
 
 def payback_text(bill: Mapping[str, Any]) -> str:
     """'the search cost 41.2 kJ (...); at 0.47 J saved per call against stock compile default fp32 (nvml) it
-    pays back after 87,000 calls', or why it never does, or why that is not known."""
+    pays back after 87,000 calls', or why it never does, or why that is not known; a baseline measured once
+    is said to be ('nvml, a baseline of one run')."""
     head = f"the search cost {bill_text(bill['search'])}"
+    baseline = bill.get("baseline") or {}
+    once = ", a baseline of one run" if baseline.get("runs") == 1 else ""
     if bill["verdict"] == PAYS_BACK:
-        baseline = bill["baseline"]
         return (f"{head}; at {energy_text(bill['saving_j_per_inference'])} saved per call against "
-                f"{baseline['kind']} ({bill['saving_source']}) it pays back after "
+                f"{baseline['kind']} ({bill['saving_source']}{once}) it pays back after "
                 f"{calls_text(bill['payback_inferences'])} calls")
     if bill["verdict"] == NEVER:
         return f"{head}; it never pays back: {bill['why']}"
+    if bill.get("no_measurable_saving"):
+        return f"{head}; {bill['why']}" + (f" ({baseline['kind']} is a baseline of one run)" if once else "")
     return f"{head}; payback not known: {bill['why']}"
 
 

@@ -77,6 +77,8 @@ def decide(
     violated = violated_configs(db, policy.name, device_kind) | set(exclude)
     decision = resolve(policy, db, device_kind, model, torch_version=torch_version, exclude=violated,
                        no_repeat=no_repeat)
+    if search is not None and search.get("stop_reason") and decision.state == "fallback":
+        decision.reason += f"; the guided search stopped: {search['stop_reason']}"
     decision.bill = tuning_bill(db, decision)
     outcome = Decided(decision)
     if record and search is None:

@@ -17,10 +17,11 @@ of a configuration's counted runs, with an interval for that median:
   committed H200 sweep differ by up to +-7% in J per call, about 4% typically). With two runs the
   interval also covers both.
 
-Two configurations whose intervals overlap are a tie (`compare`), broken by lower average power, then
+Two configurations whose intervals overlap are a tie (`policies.judge` says how they stand against the
+tolerance), broken by lower average power, then
 the cheaper compile, then the simpler mode, each criterion deciding only where its own intervals do not
 overlap (`break_tie`). A power envelope is checked on the upper end of the average power's interval
-(`upper_bound`), a peak limit on the highest instant power seen.
+(`policies.judge.check_limits`), a peak limit on the highest instant power seen.
 
 Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
 `MIN_REPEATS` times, in at least two processes (a repeat starts a new process and takes the windows
@@ -31,8 +32,10 @@ A run flagged with a window warning counts only once the configuration has a cle
 Verified (`confirmation`): a decision is `verified` only when the chosen configuration rests on at least
 `min_repeats` counted runs (MIN_REPEATS unless the policy's `[search] min_repeats` says otherwise), at
 least min(MIN_FRESH_PROCESSES, min_repeats) of them in a fresh worker process (`fresh_process_of`: a
-further window of a process that was already measuring is not); with fewer it is `provisional`. The
-guided search and the resolver both ask this one rule.
+further window of a process that was already measuring is not), unless the judge found it `separated`
+from every rival (worse by more than the tolerance even at the unfavourable end of the difference's
+interval), where one process does; with fewer it is `provisional`. The guided search and the resolver
+both ask this one rule, through the judge.
 
 Pure Python: no SQL, no torch, no numpy.
 """
@@ -43,6 +46,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any, Protocol
 
 DEFAULT_SPREAD_REL = 0.05
 DEFAULT_CONFIDENCE = 0.8
@@ -56,9 +60,6 @@ PRIOR_DOF = 3
 # Simplest first: the tie-break prefers a mode earlier in this list.
 MODE_SIMPLICITY = ("eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
-BETTER_A = "a better"
-BETTER_B = "b better"
-TIE = "tie"
 
 
 def median(values: Sequence[float]) -> float:
@@ -160,47 +161,6 @@ def assumed_spread_rel(typical_rel_std: float, *, confidence: float = DEFAULT_CO
     return max(DEFAULT_SPREAD_REL, z * typical_rel_std)
 
 
-def upper_bound(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE,
-                spread_rel: float = DEFAULT_SPREAD_REL, prior_rel_std: float = 0.0) -> float:
-    """The upper end of the median's interval: what an average-power envelope is checked against."""
-    return median_interval(values, confidence=confidence, spread_rel=spread_rel, prior_rel_std=prior_rel_std).high
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """How configuration a compares with b on a lower-is-better figure.
-
-    `diff_rel` is how much lower the better one's median is, relative to the other's median;
-    `plus_minus_rel` the sum of the two intervals' facing sides, relative to the same median, so that
-    the verdict is a tie exactly when diff_rel <= plus_minus_rel (the intervals overlap)."""
-
-    verdict: str  # BETTER_A | BETTER_B | TIE
-    diff_rel: float
-    plus_minus_rel: float
-    lower: str  # "a" or "b": whose median is lower
-
-    def text(self, name_a: str, name_b: str) -> str:
-        low, high = (name_a, name_b) if self.lower == "a" else (name_b, name_a)
-        figures = f"{self.diff_rel:.0%} +- {self.plus_minus_rel:.0%}"
-        if self.verdict == TIE:
-            return f"{low} and {high} tie within the noise ({low} lower by {figures})"
-        return f"{low} beats {high} by {figures}"
-
-
-def compare(a: Interval, b: Interval) -> Comparison:
-    """Compare two configurations' intervals of a lower-is-better figure (J, ms)."""
-    a_lower = a.median <= b.median
-    low, high = (a, b) if a_lower else (b, a)
-    base = abs(high.median) or 1.0
-    diff = (high.median - low.median) / base
-    plus_minus = ((low.high - low.median) + (high.median - high.low)) / base
-    if a.overlaps(b):
-        verdict = TIE
-    else:
-        verdict = BETTER_A if a_lower else BETTER_B
-    return Comparison(verdict, diff, plus_minus, "a" if a_lower else "b")
-
-
 def mode_rank(mode: str) -> int:
     return MODE_SIMPLICITY.index(mode) if mode in MODE_SIMPLICITY else len(MODE_SIMPLICITY)
 
@@ -241,13 +201,13 @@ def break_tie(entries: Sequence[TieEntry]) -> tuple[TieEntry, str]:
     return min(pool, key=lambda e: (e.objective.median, e.key)), "lower median"
 
 
-@dataclass(frozen=True)
-class RunMark:
-    """What the repeat rules need of one run: did it succeed, was it flagged, did it start a process."""
+class Marked(Protocol):
+    """What the repeat rules read of a run (`policies.judge.Run` has it): did it succeed, was it flagged
+    "repeat this run", did it start its worker process."""
 
     ok: bool
-    flagged: bool = False
-    fresh_process: bool = True
+    flagged: Any
+    fresh_process: bool
 
 
 def fresh_process_of(extra: Mapping[str, object] | None) -> bool:
@@ -257,7 +217,7 @@ def fresh_process_of(extra: Mapping[str, object] | None) -> bool:
     return not (isinstance(index, int) and not isinstance(index, bool) and index > 1)
 
 
-def counted(runs: Sequence[RunMark]) -> list[int]:
+def counted(runs: Sequence[Marked]) -> list[int]:
     """Indexes of the runs that count: ok runs, flagged ones only once there is a clean ok run."""
     ok = [i for i, r in enumerate(runs) if r.ok]
     if any(not runs[i].flagged for i in ok):
@@ -268,15 +228,18 @@ def counted(runs: Sequence[RunMark]) -> list[int]:
 @dataclass(frozen=True)
 class Confirmation:
     """How far one configuration's runs go towards a verified decision: `runs` counted runs (`counted`),
-    `fresh` of them in a fresh worker process, against `min_repeats`."""
+    `fresh` of them in a fresh worker process, against `min_repeats`; `separated`: no rival could change the
+    answer (every one is worse by more than the tolerance even at the unfavourable end of the difference's
+    interval), so a second worker process is not needed."""
 
     runs: int
     fresh: int
     min_repeats: int = MIN_REPEATS
+    separated: bool = False
 
     @property
     def fresh_needed(self) -> int:
-        return min(MIN_FRESH_PROCESSES, self.min_repeats)
+        return 1 if self.separated else min(MIN_FRESH_PROCESSES, self.min_repeats)
 
     @property
     def confirmed(self) -> bool:
@@ -289,17 +252,19 @@ class Confirmation:
             return f"it has {self.runs} of the {self.min_repeats} runs a verified decision needs"
         if self.fresh < self.fresh_needed:
             return (f"it has {self.runs} of the {self.min_repeats} runs a verified decision needs, but only "
-                    f"{self.fresh} of them started its own worker process, and it needs {self.fresh_needed}")
+                    f"{self.fresh} of them started its own worker process, and it needs {self.fresh_needed} "
+                    f"while a rival could still change the answer")
         return ""
 
 
-def confirmation(runs: Sequence[RunMark], min_repeats: int = MIN_REPEATS) -> Confirmation:
+def confirmation(runs: Sequence[Marked], min_repeats: int = MIN_REPEATS, *, separated: bool = False
+                 ) -> Confirmation:
     """Where a configuration's runs (every run of it, failed and flagged ones included) stand against the
     verified rule (see the module's rules)."""
     if min_repeats < 1:
         raise ValueError(f"min_repeats must be at least 1, got {min_repeats!r}")
     kept = [runs[i] for i in counted(runs)]
-    return Confirmation(len(kept), sum(1 for r in kept if r.fresh_process), min_repeats)
+    return Confirmation(len(kept), sum(1 for r in kept if r.fresh_process), min_repeats, separated)
 
 
 @dataclass(frozen=True)
@@ -312,8 +277,8 @@ class RepeatAdvice:
     why: str
 
 
-def repeat_advice(runs: Sequence[RunMark], *, close_call: bool, min_repeats: int = MIN_REPEATS,
-                  max_repeats: int = MAX_REPEATS) -> RepeatAdvice:
+def repeat_advice(runs: Sequence[Marked], *, close_call: bool, min_repeats: int = MIN_REPEATS,
+                  max_repeats: int = MAX_REPEATS, separated: bool = False) -> RepeatAdvice:
     """How many more runs a configuration that contends for the decision needs.
 
     At least `min_repeats` counted clean runs, from at least MIN_FRESH_PROCESSES processes; a close call
@@ -329,7 +294,7 @@ def repeat_advice(runs: Sequence[RunMark], *, close_call: bool, min_repeats: int
     if not clean and any(r.ok for r in runs):
         return RepeatAdvice(min(room, max(1, min_repeats - 1)), True,
                             "its runs were flagged with a window warning; they count after a clean repeat")
-    status = confirmation(runs, min_repeats)
+    status = confirmation(runs, min_repeats, separated=separated)
     if status.runs < min_repeats:
         return RepeatAdvice(min(min_repeats - status.runs, room), True,
                             f"contender with {status.runs} of {min_repeats} runs")

@@ -23,6 +23,9 @@ OBJECTIVES = ("energy", "latency", "edp")
 SEARCH_STRATEGIES = ("guided", "exhaustive")
 GUARD_ACTIONS = ("warn", "fallback")
 DEFAULT_EXPECTED_INFERENCES = 1_000_000
+# [search] tolerance_pct: the regret a policy accepts, in percent of the objective (`policies.judge`).
+DEFAULT_TOLERANCE_PCT = 2.0
+MAX_TOLERANCE_PCT = 50.0
 # What a problem may quote: a policy file is written by someone else and may hold a megabyte in one
 # value, which must not be echoed whole into every error, log line and heartbeat.
 QUOTED_VALUE_CHARS = 200
@@ -135,6 +138,9 @@ class Search:
     # Counted runs (from MIN_FRESH_PROCESSES worker processes) the chosen configuration needs for a
     # `verified` decision (policies.noise.confirmation); fewer make it `provisional`.
     min_repeats: int = MIN_REPEATS
+    # The regret the policy accepts, in percent: configurations that cannot differ by more are a tie settled
+    # by the tie-break, and the search measures nothing that could not beat its choice by more.
+    tolerance_pct: float = DEFAULT_TOLERANCE_PCT
     # The batch-size lever: batch sizes the grid covers besides `batch_size`, compared in J per sample
     # (policies.batches); None: the policy's batch_size only.
     batch_sizes: tuple[int, ...] | None = None
@@ -263,6 +269,14 @@ def _min_repeats(value: Any):
                   f"e.g. min_repeats = {MIN_REPEATS}")
 
 
+def _tolerance_pct(value: Any):
+    number = _as_float(value)
+    if number is not None and 0 <= number <= MAX_TOLERANCE_PCT:
+        return number, None
+    return None, (f"a percentage from 0 to {MAX_TOLERANCE_PCT:g} (the regret the policy accepts)", _found(value),
+                  f"e.g. tolerance_pct = {DEFAULT_TOLERANCE_PCT:g}")
+
+
 def _choice(choices: tuple[str, ...]) -> Check:
     def check(value: Any):
         if isinstance(value, str) and value in choices:
@@ -374,6 +388,7 @@ def schema() -> dict[str, Any]:
             "budget_s": _budget_s,
             "max_measurements": _bounded_int(MAX_MEASUREMENTS, "max_measurements = 12"),
             "min_repeats": _min_repeats,
+            "tolerance_pct": _tolerance_pct,
             "batch_sizes": _batch_sizes,
             "regional": _bools,
             "regional_block": _class_name,
@@ -488,6 +503,19 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         guard=Guard(**tables.get("guard", {})),
         path=file if file != "<policy>" else None,
     )
+
+
+def setting_warnings(policy: Policy, file: str) -> list[Problem]:
+    """Settings that load but do nothing (`policy check` warns of them; the file stays valid: refusing it would
+    turn a policy that served before into one the hook cannot use): `budget_s` and `max_measurements` bound
+    the guided search only, so an exhaustive policy measures its whole grid whatever they say."""
+    search = policy.search
+    if search.strategy != "exhaustive":
+        return []
+    return [Problem(file, f"search.{key}", "no bound under strategy = \"exhaustive\"",
+                    f"{key} = {getattr(search, key):g} is ignored: the exhaustive strategy measures every allowed "
+                    f"configuration", "remove it, or set strategy = \"guided\" for a search it bounds", "warning")
+            for key in ("budget_s", "max_measurements") if getattr(search, key) is not None]
 
 
 def _shape_set(file: str, raw: Mapping[str, Any], values: Mapping[str, Any], tables: Mapping[str, dict[str, Any]],

@@ -20,14 +20,25 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .bill import UNKNOWN_SOURCE, joined_sources
-
 MEASURED = frozenset({"nvml", "rapl"})
 ESTIMATE = "estimate"
+UNKNOWN_SOURCE = "source unknown"  # what a run that records no energy source is grouped as
 NOT_COMPARED = "not compared"  # a reason's head, as `_rejection_summary` counts reasons
 UNCOMPARED = "uncompared"  # a candidate's status
 
 T = TypeVar("T")
+
+
+def joined_sources(*groups: Iterable[str | None]) -> str | None:
+    """'nvml+estimate' from the sources of several figures: each named once, `estimate` last."""
+    names: set[str] = set()
+    for group in groups:
+        for source in group:
+            if source:
+                names.update(part for part in str(source).split("+") if part)
+    if not names:
+        return None
+    return "+".join(sorted(names - {ESTIMATE}) + ([ESTIMATE] if ESTIMATE in names else []))
 
 
 def source_key(source: str | None) -> str:

@@ -16,9 +16,8 @@ import pytest
 from joulepilot.compiler.config import CompileConfig
 from joulepilot.controller import fit
 from joulepilot.controller.search_forecast import Arm, Forecaster
-from joulepilot.controller.search_types import SearchSettings
 from joulepilot.policies import resolve
-from joulepilot.policies.schema import Limits
+from joulepilot.policies.judge import Rules
 from joulepilot.store import import_runs, list_runs, read_export
 from test_resolver_replay import _cases, _policy
 
@@ -88,8 +87,7 @@ def test_runs_without_their_cpu_part_are_left_out_of_the_compile_energy_target(d
 def _forecast_mean(raw: dict[str, tuple[float, float]], expected_inferences: int) -> float:
     config = {"id": "c", "label": "default/fp32/b8", "mode": "default", "precision": "fp32", "batch_size": 8}
     arm = Arm(config=config, raw=raw)
-    settings = SearchSettings(expected_inferences=expected_inferences)
-    return Forecaster({arm.id: arm}, Limits(), settings, per_sample=False).forecast(arm).mean
+    return Forecaster({arm.id: arm}, Rules(expected_inferences=expected_inferences)).forecast(arm).mean
 
 
 def test_the_forecast_amortises_the_predicted_compile_energy_and_falls_back_without_it():

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from decision_factories import db_file, seed_runs, write_policy
 from joulepilot.compiler import CompileConfig
-from joulepilot.controller.search_types import Observation, run_objective
+from joulepilot.policies.judge import Rules, Run, run_objective
 
 from joulepilot.cli import main
 from joulepilot.cli_bench import _end_line
@@ -60,6 +60,6 @@ def test_the_decision_and_the_search_amortise_the_sum_of_both_parts(explained):
     assert chosen["amortised_energy_j"] == pytest.approx(COMPILED["energy_j_per_inference"] + total / n)
     assert data["break_even_inferences"] == pytest.approx(
         total / (EAGER["energy_j_per_inference"] - COMPILED["energy_j_per_inference"]))
-    obs = Observation.from_run({"status": "ok", "started_at": 0.0, "finished_at": 30.0, **COMPILED})
-    assert run_objective(obs, chosen["config"], objective="energy", expected_inferences=n, per_sample=False) == \
+    obs = Run.from_row({"status": "ok", "started_at": 0.0, "finished_at": 30.0, **COMPILED})
+    assert run_objective(obs, chosen["config"], Rules(objective="energy", expected_inferences=n)) == \
         pytest.approx(COMPILED["energy_j_per_inference"] + total / n)

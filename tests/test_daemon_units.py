@@ -21,7 +21,8 @@ from joulepilot.controller.instance_lock import (
     read_lock_pid,
 )
 from joulepilot.controller.job_runner import JobRunner
-from joulepilot.controller.planner import MODE_COST_ORDER, compile_cost_rank, stale_reason
+from joulepilot.controller.planner import compile_cost_rank, stale_reason
+from joulepilot.policies.noise import MODE_SIMPLICITY
 from joulepilot.store.daemon_state import (
     add_request,
     claim_job,
@@ -233,7 +234,7 @@ def test_cheapest_compile_first():
         ("eager", "default", "fp32"), ("eager", "default", "bf16"), ("default", "default", "fp32"),
         ("default", "default", "bf16"), ("default", "no-epilogue-fusion", "fp32"),
         ("reduce-overhead", "default", "fp32"), ("max-autotune", "default", "fp32")]
-    assert MODE_COST_ORDER[0] == "eager" and MODE_COST_ORDER[-1] == "max-autotune"
+    assert MODE_SIMPLICITY[0] == "eager" and MODE_SIMPLICITY[-1] == "max-autotune"
 
 
 def test_stale_reasons():

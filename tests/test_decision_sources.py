@@ -5,13 +5,12 @@ SQLite stores seeded with runs (`decision_factories.seed_runs`); nothing is comp
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from decision_factories import config, seed_rounds, seed_runs, write_policy
-from joulepilot.controller.guided import plan_guided, search_limits, search_settings
-from joulepilot.controller.search import GuidedSearch, Observation
+from joulepilot.controller.guided import plan_guided, search_settings
+from joulepilot.controller.search import GuidedSearch
 from joulepilot.policies import load_policy, resolve
 from joulepilot.policies.bill import tuning_bill
+from joulepilot.policies.judge import Rules, Run
 from joulepilot.store.runs import workload_runs
 
 EAGER32, EAGER16, DEF32, DEF16 = ("eager", "fp32"), ("eager", "bf16"), ("default", "fp32"), ("default", "bf16")
@@ -36,15 +35,14 @@ def _search(db, policy) -> GuidedSearch:
     from joulepilot.policies.resolve import candidate_configs, policy_workload_id
 
     grid = candidate_configs(policy)
-    prior: dict[str, list[Observation]] = {}
+    prior: dict[str, list[Run]] = {}
     for run in reversed(workload_runs(db, policy_workload_id(policy), "cpu", torch_minor())):
-        prior.setdefault(run.config_id, []).append(Observation.from_run(asdict(run)))
+        prior.setdefault(run.config_id, []).append(Run.from_row(run))
 
     def never(config, fresh_process):
         raise AssertionError("the test only decides")
 
-    return GuidedSearch(grid, never, None, limits=search_limits(policy), settings=search_settings(policy),
-                        prior=prior)
+    return GuidedSearch(grid, never, None, rules=Rules.of(policy), settings=search_settings(policy), prior=prior)
 
 
 def _rapl_and_cheaper_estimate(db) -> None:
@@ -150,14 +148,14 @@ def test_the_search_engine_decides_within_one_source(tmp_path, db):
     _rapl_and_cheaper_estimate(db)
     policy = _policy(tmp_path)
     search = _search(db, policy)
-    summaries = search.summaries()
-    state, chosen, reason, _confidence, ties = search.decide(summaries)
-    assert state == "verified" and chosen.config_id == config(*EAGER32).id and chosen.energy_source == "rapl"
-    estimate = summaries[config(*EAGER16).id]
-    assert estimate.energy_source == "estimate" and estimate.objective.median < chosen.objective.median
+    out = search.judgement()
+    state, chosen, reason = out.state, out.chosen, out.reason
+    assert state == "verified" and chosen.config_id == config(*EAGER32).id and chosen.source == "rapl"
+    estimate = out.verdicts[config(*EAGER16).id]
+    assert estimate.source == "estimate" and estimate.objective.median < chosen.objective.median
     assert estimate.not_compared == "not compared: measured with estimate; the decision ranks rapl runs"
     assert "is not compared: the decision ranks rapl runs" in reason and ESTIMATES not in reason
-    assert [m.config_id for m in ties] == [chosen.config_id]
+    assert [m.config_id for m in out.ties] == [chosen.config_id]
     result = search.result("test")
     assert {m.config_id: m.status for m in result.measured}[estimate.config_id] == "uncompared"
 
@@ -171,8 +169,8 @@ def test_the_search_engine_decides_within_one_source(tmp_path, db):
 
 def test_the_search_engine_decides_among_estimates_and_says_so(tmp_path, db):
     seed_rounds(db, {EAGER32: _fig(1.0, 20.0, "estimate"), EAGER16: _fig(0.3, 10.0, "estimate")})
-    search = _search(db, _policy(tmp_path))
-    state, chosen, reason, _confidence, _ties = search.decide(search.summaries())
+    out = _search(db, _policy(tmp_path)).judgement()
+    state, chosen, reason = out.state, out.chosen, out.reason
     assert state == "verified" and chosen.config_id == config(*EAGER16).id
     assert ESTIMATES in reason and "not compared" not in reason
 
@@ -180,9 +178,8 @@ def test_the_search_engine_decides_among_estimates_and_says_so(tmp_path, db):
 def test_the_search_engine_counts_only_runs_of_the_source_ranked(tmp_path, db):
     seed_runs(db, {EAGER32: _fig(1.0, 20.0, "rapl")})
     seed_rounds(db, {EAGER32: _fig(0.2, 5.0, "estimate")}, rounds=2)
-    search = _search(db, _policy(tmp_path))
-    summaries = search.summaries()
-    state, chosen, reason, _confidence, _ties = search.decide(summaries)
+    out = _search(db, _policy(tmp_path)).judgement()
+    state, chosen, reason = out.state, out.chosen, out.reason
     assert chosen.config_id == config(*EAGER32).id and chosen.objective.median == 1.0
     assert chosen.objective.n == 1 and chosen.avg_power_w.median == 20.0
     assert state == "provisional" and "1 of the 3 runs" in reason

@@ -137,3 +137,32 @@ def test_an_envelope_that_fits_states_nothing(tmp_path, db):
                                  "avg_power_w": 0.2, "peak_power_w": 0.3, "energy_source": "estimate"}])
     assert build_report(other, "fits")["envelope"]["cannot_be_met"] is None
     other.close()
+
+
+def test_the_report_names_which_figure_says_the_envelope_cannot_be_met_beside_a_deployment_within_it(
+        tmp_path, db, monkeypatch):
+    """The decision judges benchmark runs by the upper bound of their median; a deployment whose own windows
+    average under the limit must not read as a contradiction: the statement names the upper bound and the
+    median it rests on, and says this deployment's average is within the limit."""
+    _infeasible_store(db)
+    policy = _policy(tmp_path, 0.5, max_rel_error=0.01)
+    monkeypatch.setenv("JOULEPILOT_POLICIES", str(tmp_path / "policies"))  # where the report reads the limits
+    decided = decide(db, policy, "cpu", lock=False)
+    assert decided.decision.state == "infeasible"
+    assert "(the upper bound of its 3 runs, whose median is" in decided.decision.confidence
+    host = upsert_host(db)
+    upsert_devices(db, host, [{"id": "cpu:0", "kind": "cpu", "name": "some cpu", "source": "estimate"}])
+    dep = register_deployment(db, "calm", policy=policy.name, workload_id=decided.decision.workload_id,
+                              config_id=decided.decision.config_id, host_id=host, device="cpu")
+    insert_samples(db, dep, [{"t_start": 1.0, "t_end": 2.0, "energy_j": 0.4, "inferences": 10, "avg_power_w": 0.4,
+                              "peak_power_w": 0.45, "energy_source": "estimate",
+                              "config_id": decided.decision.config_id}])
+    report = build_report(db, "calm")
+    statement = report["envelope"]["cannot_be_met"]
+    assert report["totals"]["avg_power_w"] == pytest.approx(0.4)
+    assert statement == (f"the envelope cannot be met: {decided.decision.confidence}; this deployment's own average "
+                         f"power, estimated 0.4 W (ESTIMATE, not measured) over its windows, is within the 0.5 W "
+                         f"limit: the decision judges the benchmark's runs by the upper bound of their median, "
+                         f"which is over it")
+    shown = "is within the 0.5 W limit: the decision judges the benchmark"
+    assert shown in render(report, "md") and shown in render(report, "html")

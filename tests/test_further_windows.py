@@ -14,7 +14,7 @@ from joulepilot.compiler.bench import further_span_s, further_window_rows
 from joulepilot.compiler.runner import run_worker_job
 from joulepilot.controller.daemon import Daemon
 from joulepilot.controller.daemon_config import load_daemon_config
-from joulepilot.controller.search_types import Observation
+from joulepilot.policies.judge import Run
 from joulepilot.store import (
     commit_run,
     commit_run_or_set_aside,
@@ -80,8 +80,8 @@ def test_further_windows_become_runs_whose_spans_tile_the_job():
         assert more["extra"]["worker_env"] == {"A": "1"}
     assert second["energy_j_per_inference"] == 0.11 and second["latency_ms_p50"] == 8.0
     assert second_samples == [(109.0, "cpu:0", 11.0)]
-    assert not Observation.from_run(second).fresh_process and Observation.from_run(row).fresh_process
-    assert Observation.from_run(second).wall_s == pytest.approx(3.0)
+    assert not Run.from_row(second).fresh_process and Run.from_row(row).fresh_process
+    assert Run.from_row(second).wall_s == pytest.approx(3.0)
     assert further_window_rows(_first_row(1.0, 2.0), []) == []
 
 

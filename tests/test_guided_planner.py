@@ -17,9 +17,10 @@ from click.testing import CliRunner
 from joulepilot.compiler import CompileConfig, workload_id
 from joulepilot.controller.guided import plan_guided
 from joulepilot.controller.planner import ordered_candidates, plan_policy
-from joulepilot.controller.search import Observation, run_search
+from joulepilot.controller.search import run_search
 from joulepilot.controller.tradeoff import fit
 from joulepilot.policies import decide
+from joulepilot.policies.judge import Run
 from joulepilot.policies.schema import PolicyError, validate
 from joulepilot.store import (
     import_runs,
@@ -37,7 +38,9 @@ from joulepilot.cli import main
 DATA = Path(__file__).parent / "data"
 KIND = "NVIDIA H200"
 TORCH = "2.11"
-MODES = ["eager", "default", "reduce-overhead", "max-autotune"]
+# Ten configurations with the two precisions: more than a small grid (`SearchSettings.small_grid`), which is
+# measured whole rather than searched.
+MODES = ["eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
 POWER_W = 300.0
 OVERHEAD_S = 30.0  # seconds a seeded run takes besides compiling
 
@@ -152,20 +155,20 @@ def test_after_the_baselines_the_pick_is_the_engines_best_acquisition(db: Any, m
     # The same search run in memory, measuring the baselines with the same figures, picks the same third.
     workload = {"id": workload_id("mlp", 8), "spec": "mlp", "batch_size": 8, "params": 5_000_000,
                 "flops_per_inference": 2e9, "graph_nodes": 12, "op_mix": json.dumps({"linear": 3, "relu": 2})}
-    from joulepilot.controller.guided import search_limits, search_settings
+    from joulepilot.controller.guided import search_settings
+    from joulepilot.policies.judge import Rules
 
     grid = ordered_candidates(policy)
     by_id = {c.id: c for c in grid}
 
-    def replay(config: Any, fresh: bool) -> Observation:
-        return Observation.from_run(run_row(by_id[config["id"]]))
+    def replay(config: Any, fresh: bool) -> Run:
+        return Run.from_row(run_row(by_id[config["id"]]))
 
     settings = search_settings(policy)
     in_memory = run_search(grid, replay, lambda rows: model.predict_many(workload, rows, KIND),
-                           limits=search_limits(policy),
-                           settings=type(settings)(**{**vars(settings), "max_measurements": 3}))
-    assert [s.kind for s in in_memory.steps] == ["baseline", "baseline", "guided"]
-    assert in_memory.steps[2].label == step.config.label
+                           rules=Rules.of(policy), settings=type(settings)(**{**vars(settings), "max_measurements": 3}))
+    assert [s.kind for s in in_memory.steps][:3] == ["baseline", "baseline", "guided"]
+    assert in_memory.steps[2].label == step.config.label and in_memory.steps[2].why == step.why
 
 
 def test_candidates_that_cannot_win_are_skipped_with_their_reason(db: Any, model: Any) -> None:
@@ -174,7 +177,7 @@ def test_candidates_that_cannot_win_are_skipped_with_their_reason(db: Any, model
     assert final.stop_reason.startswith("nothing left that could beat")
     measured = {m["config_id"] for m in final.measured}
     grid = {c.id for c in plan_policy(db, policy, reason="x", provenance_key="-", max_age_s=1).to_measure}
-    assert final.skipped, "a grid of 8 with a clear winner should leave some configuration unmeasured"
+    assert final.skipped, "a grid of 10 with a clear winner should leave some configuration unmeasured"
     assert {s.config_id for s in final.skipped} == grid - measured
     for skipped in final.skipped:
         assert skipped.reason and "search stopped" not in skipped.reason
@@ -245,9 +248,14 @@ def test_the_decision_keeps_the_search_summary_and_explain_prints_skipped(db: An
     lines = [line for line in text.output.splitlines() if line.startswith("skipped ")]
     as_json = CliRunner().invoke(main, [*args, "--json"])
     explained = json.loads(as_json.stdout)["search"]
-    assert explained["stop_reason"] and any(line.startswith("stopped    ") for line in text.output.splitlines())
+    # It stopped, or names what it would measure next: either is printed.
+    head = "stopped    " if explained["stop_reason"] else "next       "
+    assert (explained["stop_reason"] or explained["next"]) and any(line.startswith(head)
+                                                                   for line in text.output.splitlines())
     assert lines and lines == [f"skipped    {s['label']}: {s['reason']}" for s in explained["skipped"]]
-    assert {s["label"] for s in explained["skipped"]} == {s.label for s in final.skipped}
+    # The same configurations are unmeasured: skipped, or (explain's model knowing more) the one it would measure.
+    unmeasured = {s["label"] for s in explained["skipped"]} | {n["label"] for n in explained["next"] if not n["runs"]}
+    assert unmeasured == {s.label for s in final.skipped}
 
 
 def test_search_keys_are_validated_with_one_line_errors() -> None:
@@ -255,10 +263,12 @@ def test_search_keys_are_validated_with_one_line_errors() -> None:
         validate(policy_doc(strategy="guidd"), "svc.toml")
     assert str(info.value) == ("svc.toml: search.strategy: expected one of 'guided', 'exhaustive', found string "
                                "'guidd' (did you mean 'guided'?)")
-    for key, value in (("budget_s", 0), ("max_measurements", 1.5), ("batch_sizes", [8, 0])):
+    for key, value in (("budget_s", 0), ("max_measurements", 1.5), ("batch_sizes", [8, 0]), ("tolerance_pct", 51),
+                       ("tolerance_pct", "2")):
         with pytest.raises(PolicyError) as info:
             validate(policy_doc(**{key: value}), "svc.toml")
         assert str(info.value).startswith(f"svc.toml: search.{key}: expected ") and "\n" not in str(info.value)
-    search = validate(policy_doc(budget_s=600, max_measurements=12, batch_sizes=[8, 32, 8]), "p").search
-    assert (search.strategy, search.budget_s, search.max_measurements, search.batch_sizes) == \
-        ("guided", 600.0, 12, (8, 32))
+    search = validate(policy_doc(budget_s=600, max_measurements=12, batch_sizes=[8, 32, 8], tolerance_pct=5), "p").search
+    assert (search.strategy, search.budget_s, search.max_measurements, search.batch_sizes, search.tolerance_pct) == \
+        ("guided", 600.0, 12, (8, 32), 5.0)
+    assert validate(policy_doc(), "p").search.tolerance_pct == 2.0

@@ -15,7 +15,7 @@ from decision_factories import config, db_file, hook_in_new_process, seed_rounds
 from joulepilot.controller import fit
 from joulepilot.controller.device_probe import probe_device
 from joulepilot.controller.planner import fresh_ok_config_ids, stale_reason
-from joulepilot.controller.redecide import decide_policy
+from joulepilot.controller.redecide import decide_now
 from joulepilot.policies import load_policy, record_decision, resolve, torch_minor, write_lock
 from joulepilot.policies.lock import lock_path
 from joulepilot.runtime import attach, lookup_decision
@@ -134,7 +134,9 @@ def test_every_way_to_decide_leaves_out_what_broke_the_envelope(tmp_path, db):
     assert row["config_id"] == config("eager", "fp32").id
     assert row["details"]["decided_by"] == "policy explain --record"
 
-    decided = decide_policy(db, load_policy(policy_path), probe_device("cpu"), None, reason="test")
+    probe = probe_device("cpu")
+    decided, _plan = decide_now(db, load_policy(policy_path), probe.device_kind, None, decided_by="daemon",
+                                reason="test", provenance_key=probe.provenance_key)
     assert decided.decision.config_id == config("eager", "fp32").id
     assert latest_decision(db, "svc", "cpu", torch_minor())["details"]["decided_by"] == "daemon"
     # The hook applies the new decision without a word.

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from daemon_factories import write_daemon_config
 from decision_factories import seed_runs
 from joulepilot.controller.device_probe import probe_device
-from joulepilot.policies.load import load_policy_folders
 from joulepilot.policies import load_policy
+from joulepilot.policies.load import load_policy_folders
 from joulepilot.store import open_db
 from joulepilot.store.daemon_state import add_request
 

@@ -166,3 +166,31 @@ def test_cli_check_exit_codes_and_json(tmp_path):
     report = json.loads(result.output)
     assert [r["ok"] for r in report] == [True, False]
     assert report[1]["problems"][0]["key"] == "gaurd" and "guard" in report[1]["problems"][0]["hint"]
+
+
+def test_check_warns_of_a_budget_the_exhaustive_strategy_ignores_and_keeps_the_file_valid(tmp_path):
+    """`budget_s` and `max_measurements` bound the guided search only: under strategy = "exhaustive" they are
+    accepted (a file that served before keeps serving) and `policy check` says they do nothing."""
+    text = GOOD.replace('fusion = ["default"]\n', 'fusion = ["default"]\nstrategy = "exhaustive"\nbudget_s = 600\n'
+                                                   'max_measurements = 12\n')
+    path = write(tmp_path, text, "exhaustive.toml")
+    assert load_policy(path).search.budget_s == 600  # valid: loads as before
+    runner = CliRunner()
+    shown = runner.invoke(main, ["policy", "check", str(path)])
+    assert shown.exit_code == 0 and f"{path}: ok" in shown.output
+    lines = [line for line in shown.output.splitlines() if line.strip().startswith("warning: search.")]
+    assert lines == ['  warning: search.budget_s: budget_s = 600 is ignored: the exhaustive strategy measures every '
+                     'allowed configuration (remove it, or set strategy = "guided" for a search it bounds)',
+                     '  warning: search.max_measurements: max_measurements = 12 is ignored: the exhaustive strategy '
+                     'measures every allowed configuration (remove it, or set strategy = "guided" for a search it '
+                     'bounds)']
+    import json
+
+    (report,) = json.loads(runner.invoke(main, ["policy", "check", str(path), "--json"]).output)
+    ours = [w for w in report["warnings"] if w["key"].startswith("search.")]
+    assert report["ok"] and [w["key"] for w in ours] == ["search.budget_s", "search.max_measurements"]
+    assert all(w["severity"] == "warning" for w in ours)
+    # Under the guided strategy they bound the search: nothing to warn of.
+    guided = write(tmp_path, text.replace('"exhaustive"', '"guided"'), "guided.toml")
+    (report,) = json.loads(runner.invoke(main, ["policy", "check", str(guided), "--json"]).output)
+    assert not [w for w in report["warnings"] if w["key"].startswith("search.")]

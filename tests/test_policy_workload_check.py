@@ -11,8 +11,8 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from joulepilot.policies.load import load_policy_folders
 from joulepilot.policies import checked_policy
+from joulepilot.policies.load import load_policy_folders
 from joulepilot.store import open_db
 from joulepilot.store.decisions import list_decisions
 

@@ -16,13 +16,16 @@ from pathlib import Path
 
 import pytest
 from joulepilot.compiler import CompileConfig
-from joulepilot.controller.search import Observation, SearchSettings, run_search
+from joulepilot.controller.search import SearchSettings, run_search
 from joulepilot.controller.tradeoff import fit_samples, training_samples
+from joulepilot.policies.judge import Rules, Run
 from joulepilot.policies.noise import MAX_REPEATS, MIN_REPEATS
 from joulepilot.policies.schema import Limits
 from joulepilot.store import import_runs, read_export
 
 DATA = Path(__file__).parent / "data"
+# These grids are tiny: searched as a large grid would be, not measured whole (`SearchSettings.small_grid`).
+GUIDED = SearchSettings(small_grid=0)
 
 
 def row(mode: str, precision: str = "fp32", fusion: str = "default", batch: int = 8) -> dict:
@@ -44,13 +47,13 @@ class Bench:
         self.calls: list[tuple[str, bool]] = []
         self.seen: dict[str, int] = defaultdict(int)
 
-    def __call__(self, config: dict, fresh_process: bool) -> Observation:
+    def __call__(self, config: dict, fresh_process: bool) -> Run:
         label = config["label"]
         self.calls.append((label, fresh_process))
         runs = self.table[label]
         f = runs[self.seen[label] % len(runs)]
         self.seen[label] += 1
-        return Observation(ok=True, wall_s=f["wall_s"], energy_j_per_inference=f["energy_j_per_inference"],
+        return Run(ok=True, wall_s=f["wall_s"], energy_j_per_inference=f["energy_j_per_inference"],
                            avg_power_w=f["avg_power_w"], peak_power_w=f["peak_power_w"],
                            latency_ms_p95=f["latency_ms_p95"], compile_s=f["compile_s"],
                            max_rel_error=f["max_rel_error"], fresh_process=fresh_process, flagged=f["flagged"])
@@ -75,7 +78,8 @@ BASELINE_PREDICTIONS = {EAGER["label"]: prediction(2.0, 480, 0.2), STOCK["label"
 
 
 def guided_steps(result) -> list[str]:
-    return [s.label for s in result.steps if s.kind == "guided"]
+    """The configurations the search chose to measure (each measurement's first window)."""
+    return [s.label for s in result.steps if s.kind == "guided" and s.fresh_process]
 
 
 def test_baselines_come_first_then_the_best_predicted_value_per_second():
@@ -87,7 +91,7 @@ def test_baselines_come_first_then_the_best_predicted_value_per_second():
     per_second = {**BASELINE_PREDICTIONS, quick["label"]: prediction(0.62, 400, 12),
                   slow["label"]: prediction(0.60, 400, 300)}
     result = run_search([EAGER, STOCK, slow, quick], Bench(table), predictor(per_second),
-                        settings=SearchSettings(expected_inferences=10_000_000))
+                        rules=Rules(expected_inferences=10_000_000), settings=GUIDED)
     assert [s.kind for s in result.steps[:2]] == ["baseline", "baseline"]
     assert {s.label for s in result.steps[:2]} == {EAGER["label"], STOCK["label"]}
     assert guided_steps(result)[0] == quick["label"]
@@ -97,7 +101,7 @@ def test_baselines_come_first_then_the_best_predicted_value_per_second():
 
     better = {**BASELINE_PREDICTIONS, quick["label"]: prediction(0.6, 400, 12), slow["label"]: prediction(0.3, 400, 12)}
     result = run_search([EAGER, STOCK, quick, slow], Bench(table), predictor(better),
-                        settings=SearchSettings(expected_inferences=10_000_000))
+                        rules=Rules(expected_inferences=10_000_000), settings=GUIDED)
     assert guided_steps(result)[0] == slow["label"]  # same predicted cost, predicted twice as good
 
 
@@ -113,11 +117,11 @@ def test_a_cheap_candidate_is_not_measured_first_when_a_likely_better_one_is_pre
                    good["label"]: prediction(0.5, 400, 12)}
     bench = Bench(table)
     result = run_search([EAGER, STOCK, cheap, good], bench, predictor(predictions),
-                        settings=SearchSettings(expected_inferences=10_000_000))
+                        rules=Rules(expected_inferences=10_000_000), settings=GUIDED)
     assert guided_steps(result) == [good["label"]]
     assert cheap["label"] not in bench.seen
     (skipped,) = result.skipped
-    assert skipped.label == cheap["label"] and "expected gain beyond the noise" in skipped.reason
+    assert skipped.label == cheap["label"] and "chance to beat it by more than the 2% tolerance" in skipped.reason
     assert result.chosen_label == good["label"] and result.state == "verified"
 
 
@@ -127,21 +131,21 @@ def test_a_candidate_that_cannot_plausibly_win_is_skipped_with_its_reason():
     predictions = {**BASELINE_PREDICTIONS, good["label"]: prediction(0.5, 380),
                    hopeless["label"]: prediction(3.0, 600, sd_rel=0.03)}
     bench = Bench(table)
-    result = run_search([EAGER, STOCK, good, hopeless], bench, predictor(predictions))
+    result = run_search([EAGER, STOCK, good, hopeless], bench, predictor(predictions), settings=GUIDED)
     assert hopeless["label"] not in bench.seen
     (skipped,) = result.skipped
     assert skipped.label == hopeless["label"]
-    found = re.match(r"predicted ([\d.]+) J \+- ([\d.]+) J, measured best ([\d.]+) J \((.+?)\): expected gain "
-                     r"beyond the noise ([\d.]+)% of it \(less than 1%\)", skipped.reason)
+    found = re.match(r"predicted ([\d.]+) J \+- ([\d.]+) J, measured best ([\d.]+) J \((.+?)\): a ([\d.]+)% chance "
+                     r"to beat it by more than the 2% tolerance \(less than 10%\)", skipped.reason)
     assert found, skipped.reason
-    mean, std, best, best_label, gain_pct = found.groups()
+    mean, std, best, best_label, chance_pct = found.groups()
     assert float(mean) == pytest.approx(3.0, rel=0.02) and float(best) == pytest.approx(0.5, rel=0.02)
     assert best_label == good["label"]
     # Independently: the chance that a lognormal around 3.0 J with that spread lands under 0.5 J is nil.
     log_sd = float(std) / float(mean)
     z = (math.log(float(best)) - math.log(float(mean))) / log_sd
     assert 0.5 * math.erfc(-z / math.sqrt(2)) < 1e-6
-    assert float(gain_pct) < 1.0
+    assert float(chance_pct) == 0
     assert result.chosen_label == good["label"] and result.state == "verified"
     assert "nothing left" in result.stop_reason
 
@@ -151,7 +155,7 @@ def test_budget_stops_the_search_before_a_measurement_that_would_overrun_it():
     table = {**BASELINE_RUNS, **{c["label"]: [figures(1.0, 400)] for c in others}}
     predictions = {**BASELINE_PREDICTIONS, **{c["label"]: prediction(1.0, 400) for c in others}}
     result = run_search([EAGER, STOCK, *others], Bench(table), predictor(predictions),
-                        settings=SearchSettings(budget_s=50))
+                        settings=SearchSettings(budget_s=50, small_grid=0))
     assert [s.kind for s in result.steps] == ["baseline", "baseline"]
     assert result.spent_s == pytest.approx(42)
     assert "budget_s" in result.stop_reason
@@ -162,7 +166,7 @@ def test_budget_stops_the_search_before_a_measurement_that_would_overrun_it():
 def test_max_measurements_stops_the_search():
     others = [row("reduce-overhead", "bf16"), row("default", "bf16"), row("eager", "bf16")]
     table = {**BASELINE_RUNS, **{c["label"]: [figures(1.0, 400)] for c in others}}
-    result = run_search([EAGER, STOCK, *others], Bench(table), None, settings=SearchSettings(max_measurements=3))
+    result = run_search([EAGER, STOCK, *others], Bench(table), None, settings=SearchSettings(max_measurements=3, small_grid=0))
     assert result.measurements == 3 == len(result.steps)
     assert result.stop_reason == "max_measurements reached (3)"
     assert {s.reason for s in result.skipped} == {"not measured: the search stopped (max_measurements reached (3))"}
@@ -179,7 +183,7 @@ def test_infeasible_envelope_chooses_the_lowest_power_config_that_meets_the_othe
                    fp16["label"]: prediction(1.1, 270, 0.3), hot["label"]: prediction(1.5, 640)}
     bench = Bench(table)
     result = run_search([EAGER, STOCK, bf16, fp16, hot], bench, predictor(predictions),
-                        limits=Limits(max_avg_power_w=250, max_rel_error=0.02))
+                        rules=Rules(limits=Limits(max_avg_power_w=250, max_rel_error=0.02)), settings=GUIDED)
     assert result.state == "infeasible"
     assert result.chosen_label == bf16["label"]
     assert "lowest measured average power 282 W" in result.reason
@@ -200,7 +204,7 @@ def test_a_configuration_that_may_meet_the_envelope_is_repeated_before_the_infea
                                 figures(0.9, 240, err=0.01)]}
     bench = Bench(table)
     result = run_search([EAGER, STOCK, fallback, hopeful], bench, None,
-                        limits=Limits(max_avg_power_w=250, max_rel_error=0.02))
+                        rules=Rules(limits=Limits(max_avg_power_w=250, max_rel_error=0.02)), settings=GUIDED)
     assert result.chosen_label == hopeful["label"] and result.state == "verified"
     assert bench.seen[fallback["label"]] == 1
     assert bench.seen[hopeful["label"]] >= MIN_REPEATS
@@ -214,10 +218,10 @@ def test_envelope_is_checked_on_the_upper_bound_and_a_straddler_is_repeated_to_t
     predictions = {**BASELINE_PREDICTIONS, near["label"]: prediction(0.8, 449), safe["label"]: prediction(1.0, 350)}
     bench = Bench(table)
     result = run_search([EAGER, STOCK, near, safe], bench, predictor(predictions),
-                        limits=Limits(max_avg_power_w=450))
+                        rules=Rules(limits=Limits(max_avg_power_w=450)), settings=GUIDED)
     straddler = next(m for m in result.measured if m.label == near["label"])
     assert straddler.avg_power_w.median <= 450 < straddler.avg_power_w.high
-    assert any("average power (upper bound)" in v for v in straddler.violations)
+    assert any(v.startswith("max_avg_power_w: measured avg_power_w upper bound") for v in straddler.violations)
     assert bench.seen[near["label"]] == MAX_REPEATS  # a close call on the envelope: repeated up to the cap
     assert result.chosen_label == safe["label"] and result.state == "verified"
 
@@ -225,21 +229,22 @@ def test_envelope_is_checked_on_the_upper_bound_and_a_straddler_is_repeated_to_t
 def test_peak_limit_uses_the_highest_instant_power_seen():
     spiky = row("reduce-overhead", "bf16")
     table = {**BASELINE_RUNS, spiky["label"]: [figures(0.5, 300, peak=390), figures(0.5, 300, peak=520)]}
-    result = run_search([EAGER, STOCK, spiky], Bench(table), None, limits=Limits(max_peak_power_w=500))
+    result = run_search([EAGER, STOCK, spiky], Bench(table), None, rules=Rules(limits=Limits(max_peak_power_w=500)), settings=GUIDED)
     measured = next(m for m in result.measured if m.label == spiky["label"])
     assert measured.peak_power_w == 520
     assert any(v.startswith("max_peak_power_w") for v in measured.violations)
 
 
-def test_a_tie_within_the_noise_goes_to_lower_power_and_the_confidence_says_why():
+def test_a_tie_within_the_tolerance_goes_to_lower_power_and_the_confidence_says_why():
     busy, frugal = row("reduce-overhead", "bf16"), row("default", "bf16", "no-epilogue-fusion")
-    table = {**BASELINE_RUNS, busy["label"]: [figures(e, 400) for e in (1.00, 1.02, 0.98)],
-             frugal["label"]: [figures(e, 300) for e in (1.01, 0.99, 1.03)]}
+    table = {**BASELINE_RUNS, busy["label"]: [figures(e, 400) for e in (1.000, 1.004, 0.996)],
+             frugal["label"]: [figures(e, 300) for e in (1.002, 0.998, 1.006)]}
     bench = Bench(table)
-    result = run_search([EAGER, STOCK, busy, frugal], bench, None)
+    result = run_search([EAGER, STOCK, busy, frugal], bench, None, settings=GUIDED)
     assert result.chosen_label == frugal["label"]
     assert result.state == "verified"
-    assert "tie within the noise" in result.confidence and "lower average power (300 W vs 400 W)" in result.confidence
+    assert result.confidence.startswith(f"{frugal['label']} and {busy['label']} are within 2% of each other")
+    assert "chosen for lower average power (300 W vs 400 W)" in result.confidence
     for label in (busy["label"], frugal["label"]):  # both contend: three runs each, a fresh process among them
         calls = [fresh for name, fresh in bench.calls if name == label]
         assert len(calls) >= MIN_REPEATS and sum(calls) >= 2
@@ -247,26 +252,37 @@ def test_a_tie_within_the_noise_goes_to_lower_power_and_the_confidence_says_why(
 
 def test_a_tie_is_repeated_past_the_minimum_only_while_more_runs_may_change_the_decision():
     """Two configurations tie within the noise. When the one with the lower median also wins the tie-break
-    (lower power), more runs can only confirm it: each gets the minimum of runs, no close-call repeats.
-    When the tie-break picks the higher median, the tie is a close call and both are repeated further."""
+    (lower power) and, once each has the minimum of runs, it can be worse by at most the 2% tolerance, more
+    runs could not make the choice matter: no close-call repeats. When the other has the lower median, the
+    lower-power one could be worse by more than the tolerance, so the tie-break does not choose it: the lower
+    median is measured again (a close call) until it cannot be worse than the other by more than the tolerance."""
     frugal, busy = row("default", "bf16", "no-epilogue-fusion"), row("reduce-overhead", "bf16")
-    for frugal_energy, busy_energy, repeats in (((1.00, 1.02, 0.98), (1.01, 0.99, 1.03), MIN_REPEATS),
-                                                ((1.01, 0.99, 1.03), (1.00, 1.02, 0.98), MAX_REPEATS)):
+    for frugal_energy, busy_energy, close in (((1.00, 1.02, 0.98), (1.01, 0.99, 1.03), False),
+                                              ((1.01, 0.99, 1.03), (1.00, 1.02, 0.98), True)):
         table = {**BASELINE_RUNS, frugal["label"]: [figures(e, 300) for e in frugal_energy],
                  busy["label"]: [figures(e, 400) for e in busy_energy]}
         bench = Bench(table)
-        result = run_search([EAGER, STOCK, busy, frugal], bench, None)
-        assert result.chosen_label == frugal["label"] and result.state == "verified"
-        assert "tie within the noise" in result.confidence
-        assert bench.seen[frugal["label"]] == bench.seen[busy["label"]] == repeats
-        assert not any("close call" in s.why for s in result.steps) == (repeats == MIN_REPEATS)
+        result = run_search([EAGER, STOCK, busy, frugal], bench, None, settings=GUIDED)
+        assert result.state == "verified"
+        assert any("close call" in s.why for s in result.steps) == close
+        chosen, other = (busy, frugal) if close else (frugal, busy)
+        assert result.chosen_label == chosen["label"]
+        assert bench.seen[other["label"]] == MIN_REPEATS
+        assert bench.seen[chosen["label"]] == (MAX_REPEATS if close else MIN_REPEATS)
+        assert result.confidence.startswith(f"{chosen['label']} cannot be worse than {other['label']} by more than "
+                                            f"the 2% tolerance")
+        if close:
+            assert (f"{frugal['label']} has the lower average power (300 W vs 400 W), but could be worse by more "
+                    f"than the 2% tolerance") in result.confidence
+        else:
+            assert "chosen for lower average power (300 W vs 400 W)" in result.confidence
 
 
 def test_a_clear_win_states_how_much_better_it_is():
     fast, slow = row("reduce-overhead", "bf16"), row("default", "bf16")
     table = {**BASELINE_RUNS, fast["label"]: [figures(e, 420) for e in (0.79, 0.80, 0.78)],
              slow["label"]: [figures(e, 300) for e in (1.00, 1.01, 0.99)]}
-    result = run_search([EAGER, STOCK, fast, slow], Bench(table), None)
+    result = run_search([EAGER, STOCK, fast, slow], Bench(table), None, settings=GUIDED)
     assert result.chosen_label == fast["label"]
     assert result.confidence.startswith(f"{fast['label']} beats {slow['label']} by 21% +- ")
 
@@ -276,7 +292,7 @@ def test_a_flagged_run_counts_only_after_a_clean_repeat():
     table = {**BASELINE_RUNS, flagged["label"]: [figures(0.4, 400, flagged="energy window 3x slower"),
                                                  figures(0.5, 400)]}
     bench = Bench(table)
-    result = run_search([EAGER, STOCK, flagged], bench, None)
+    result = run_search([EAGER, STOCK, flagged], bench, None, settings=GUIDED)
     index = [name for name, _ in bench.calls].index(flagged["label"])
     assert bench.calls[index + 1] == (flagged["label"], True)  # repeated at once, in a fresh process
     assert result.chosen_label == flagged["label"] and result.state == "verified"
@@ -289,7 +305,7 @@ def test_several_batch_sizes_rank_by_energy_per_sample_and_limit_latency_per_cal
     table = {**BASELINE_RUNS, b8["label"]: [figures(0.40, 300, latency=3)],
              b16["label"]: [figures(0.70, 320, latency=6)], b32["label"]: [figures(1.20, 340, latency=12)]}
     result = run_search([EAGER, STOCK, b8, b16, b32], Bench(table), None,
-                        limits=Limits(max_p95_latency_ms=10), settings=SearchSettings(baseline_batch_size=8))
+                        rules=Rules(limits=Limits(max_p95_latency_ms=10)), settings=SearchSettings(baseline_batch_size=8, small_grid=0))
     assert result.objective_unit == "J/sample"
     assert result.chosen_label == b16["label"]  # 0.044 J/sample; b32 is 0.0375 but 12 ms per call
     big = next(m for m in result.measured if m.label == b32["label"])
@@ -310,21 +326,21 @@ def test_exhaustive_measures_every_configuration():
 def test_runs_already_stored_count_and_cost_nothing():
     good = row("reduce-overhead", "bf16")
     table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)]}
-    stored = {EAGER["id"]: [Observation(ok=True, wall_s=12, energy_j_per_inference=2.0, avg_power_w=480,
+    stored = {EAGER["id"]: [Run(ok=True, wall_s=12, energy_j_per_inference=2.0, avg_power_w=480,
                                         max_rel_error=0.0)]}
     bench = Bench(table)
-    result = run_search([EAGER, STOCK, good], bench, None, prior=stored)
+    result = run_search([EAGER, STOCK, good], bench, None, prior=stored, settings=GUIDED)
     assert EAGER["label"] not in bench.seen
     assert result.spent_s == pytest.approx(sum(s.wall_s for s in result.steps))
 
 
-def test_observation_from_a_stored_run():
+def test_a_run_from_a_stored_run():
     run = {"status": "ok", "started_at": 100.0, "finished_at": 130.5, "energy_j_per_inference": 1.5,
            "avg_power_w": 400.0, "compile_s": 12.0, "extra": '{"window_warning": "window 4x slower"}', "id": 7}
-    obs = Observation.from_run(run, fresh_process=False)
+    obs = Run.from_row(run, fresh_process=False)
     assert (obs.ok, obs.wall_s, obs.flagged, obs.run_id, obs.fresh_process) == (True, 30.5, "window 4x slower", 7,
                                                                                False)
-    failed = Observation.from_run({"status": "failed", "reason": "compile exceeded budget", "started_at": 1.0,
+    failed = Run.from_row({"status": "failed", "reason": "compile exceeded budget", "started_at": 1.0,
                                    "finished_at": 61.0})
     assert not failed.ok and failed.wall_s == 60.0 and failed.reason == "compile exceeded budget"
 
@@ -350,13 +366,13 @@ def test_with_the_real_tradeoff_model_fitted_on_other_workloads(db):
 
     def measure(config, fresh_process):  # the median run of the recorded ones, or a failure
         ok = sorted((r for r in runs[config["id"]] if r["status"] == "ok"), key=lambda r: r["energy_j_per_inference"])
-        return Observation.from_run(ok[len(ok) // 2] if ok else runs[config["id"]][0], fresh_process=fresh_process)
+        return Run.from_row(ok[len(ok) // 2] if ok else runs[config["id"]][0], fresh_process=fresh_process)
 
     def predict(rows):
         return model.predict_many(workload, rows, "NVIDIA H200")
 
     result = run_search(list(configs.values()), measure, predict,
-                        limits=Limits(max_rel_error=2e-2), settings=SearchSettings(expected_inferences=10_000_000))
+                        rules=Rules(limits=Limits(max_rel_error=2e-2), expected_inferences=10_000_000), settings=GUIDED)
     medians = {cid: statistics.median(r["energy_j_per_inference"] for r in rs if r["status"] == "ok")
                for cid, rs in runs.items() if any(r["status"] == "ok" for r in rs)}
     assert result.chosen_config_id == min(medians, key=medians.get)
@@ -365,16 +381,16 @@ def test_with_the_real_tradeoff_model_fitted_on_other_workloads(db):
     assert all(s.reason.startswith("predicted") for s in result.skipped)
 
 
-def test_nothing_measured_successfully_is_state_failed_and_not_repeated():
+def test_nothing_measured_successfully_is_state_fallback_and_not_repeated():
     calls = []
 
     def broken(config, fresh_process):
         calls.append(config["label"])
-        return Observation(ok=False, wall_s=60, reason="compile exceeded budget of 45 s", fresh_process=fresh_process)
+        return Run(ok=False, wall_s=60, reason="compile exceeded budget of 45 s", fresh_process=fresh_process)
 
     others = [row("max-autotune-no-cudagraphs", "bf16"), row("max-autotune", "bf16")]
-    result = run_search([EAGER, STOCK, *others], broken, None)
-    assert (result.state, result.chosen_config_id) == ("failed", None)
+    result = run_search([EAGER, STOCK, *others], broken, None, settings=GUIDED)
+    assert (result.state, result.chosen_config_id) == ("fallback", None)
     assert sorted(calls) == sorted(c["label"] for c in [EAGER, STOCK, *others])  # each once, none repeated
     assert {m.status for m in result.measured} == {"failed"}
 
@@ -382,7 +398,7 @@ def test_nothing_measured_successfully_is_state_failed_and_not_repeated():
 def test_the_result_is_plain_data_for_json():
     good = row("reduce-overhead", "bf16")
     table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380)]}
-    result = run_search([EAGER, STOCK, good], Bench(table), None, limits=Limits(max_avg_power_w=450))
+    result = run_search([EAGER, STOCK, good], Bench(table), None, rules=Rules(limits=Limits(max_avg_power_w=450)), settings=GUIDED)
     data = json.loads(json.dumps(result.to_dict()))
     assert data["chosen_label"] == good["label"]
     chosen = next(m for m in data["measured"] if m["label"] == good["label"])
@@ -403,7 +419,7 @@ def test_a_model_off_by_a_workload_wide_factor_is_corrected_by_the_baselines():
     low[same["label"]] = prediction(1.2 / 4, 400)
     low[other["label"]] = prediction(1.0 / 4, 400)
     table = {**BASELINE_RUNS, same["label"]: [figures(1.2, 400)], other["label"]: [figures(1.0, 400)]}
-    search = GuidedSearch([EAGER, STOCK, same, other], Bench(table), predictor(low))
+    search = GuidedSearch([EAGER, STOCK, same, other], Bench(table), predictor(low), settings=GUIDED)
     for _ in range(2):
         step, _ = search.advance()
         assert step.kind == "baseline"
@@ -428,7 +444,7 @@ def test_one_measured_configuration_of_a_precision_corrects_the_others_of_that_p
              fp16_ro["label"]: 0.65}
     low = {label: prediction(value / (8 if "bf16" in label else 4), 400) for label, value in truth.items()}
     configs = [EAGER, STOCK, bf16_default, bf16_ro, fp16_ro]
-    search = GuidedSearch(configs, Bench({k: [figures(v, 400)] for k, v in truth.items()}), predictor(low))
+    search = GuidedSearch(configs, Bench({k: [figures(v, 400)] for k, v in truth.items()}), predictor(low), settings=GUIDED)
     search._refresh_raw()
     for config in (EAGER, STOCK, bf16_default):
         search.arms[config["id"]].runs.append(search.measure(config, True))
@@ -446,20 +462,37 @@ def test_the_predicted_cost_of_a_measurement_counts_fresh_processes_only():
     from joulepilot.controller.search import GuidedSearch
 
     good = row("reduce-overhead", "bf16")
-    search = GuidedSearch([EAGER, STOCK, good], Bench({}), None)
+    search = GuidedSearch([EAGER, STOCK, good], Bench({}), None, settings=GUIDED)
     stock = search.arms[STOCK["id"]]
-    stock.runs.append(Observation(ok=True, wall_s=30, energy_j_per_inference=1.6, compile_s=12, fresh_process=True))
-    stock.runs.extend(Observation(ok=True, wall_s=5, energy_j_per_inference=1.6, fresh_process=False)
+    stock.runs.append(Run(ok=True, wall_s=30, energy_j_per_inference=1.6, compile_s=12, fresh_process=True))
+    stock.runs.extend(Run(ok=True, wall_s=5, energy_j_per_inference=1.6, fresh_process=False)
                       for _ in range(2))
     assert search.forecaster.overhead_s() == pytest.approx(30 - 12)
 
 
-def test_a_contender_is_confirmed_by_one_new_process_taking_both_missing_windows():
+def test_a_likely_winner_takes_the_windows_it_needs_in_its_first_process():
+    """Predicted to beat everything measured by far, the candidate's first process takes the three windows a
+    verified decision needs (a further window costs seconds, a second process a compile); with its rivals
+    worse by far more than the tolerance, one process verifies it."""
     good = row("reduce-overhead", "bf16")
     table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380, wall_s=30)]}
     bench = Bench(table)
     result = run_search([EAGER, STOCK, good], bench, predictor({**BASELINE_PREDICTIONS,
-                                                                good["label"]: prediction(0.5, 380)}))
+                                                                good["label"]: prediction(0.5, 380)}), settings=GUIDED)
+    assert bench.calls[-3:] == [(good["label"], True), (good["label"], False), (good["label"], False)]
+    first = next(s for s in result.steps if s.label == good["label"])
+    assert first.kind == "guided" and "3 windows in one process: it is likely to be chosen" in first.why
+    assert result.state == "verified" and result.chosen_label == good["label"]
+    assert not [s for s in result.steps if s.kind == "repeat"]
+
+
+def test_a_contender_is_confirmed_by_one_new_process_taking_both_missing_windows():
+    """Without a forecast the first measurement takes one window; the chosen configuration's two missing runs
+    are then one new process of two windows."""
+    good = row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380, wall_s=30)]}
+    bench = Bench(table)
+    result = run_search([EAGER, STOCK, good], bench, None, settings=GUIDED)
     assert bench.calls[-3:] == [(good["label"], True), (good["label"], True), (good["label"], False)]
     repeat, window = result.steps[-2:]
     assert (repeat.kind, window.kind) == ("repeat", "repeat") and "2 windows in one process" in repeat.why

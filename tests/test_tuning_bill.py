@@ -104,7 +104,8 @@ def test_every_decision_records_its_search_energy_and_payback(db, tmp_path):
                                    f"calls and energy windows (rapl), {energy_text(search.estimated_j)} estimated "
                                    f"for the rest of the jobs (estimate);")
     assert bill["text"].endswith(f"at {energy_text(saving)} saved per call against stock compile default fp32 "
-                                 f"(rapl) it pays back after {calls_text(search.energy_j / saving)} calls")
+                                 f"(rapl, a baseline of one run) it pays back after "
+                                 f"{calls_text(search.energy_j / saving)} calls")
 
 
 def test_baseline_is_eager_fp32_when_stock_compile_is_not_measured(db, tmp_path):
@@ -133,6 +134,33 @@ def test_a_decision_that_saves_nothing_never_pays_back(db, tmp_path):
     assert decision.bill["verdict"] == "never" and decision.bill["payback_inferences"] is None
     assert decision.bill["saving_j_per_inference"] == pytest.approx(-0.1)
     assert f"uses {energy_text(0.1)} more per call than stock compile default fp32" in decision.bill["text"]
+
+
+def test_a_saving_inside_the_noise_is_no_measurable_saving_not_a_payback(db, tmp_path):
+    """Stock compile fp32 and the chosen bf16 differ by 0.5% with runs 2% apart: the saving per call is inside
+    the noise of both medians, so no payback is computed on it (it would read billions of calls)."""
+    for j in (1.000, 1.010, 0.990):
+        store_run(db, "default", "fp32", j)
+    for j in (0.995, 1.005, 0.985):
+        store_run(db, "default", "bf16", j)
+    decision = _decide(db, write_policy(tmp_path))
+    assert decision.label == CompileConfig("default", precision="bf16", batch_size=8).label
+    bill = decision.bill
+    assert bill["verdict"] == "unknown" and bill["no_measurable_saving"] and bill["payback_inferences"] is None
+    assert "pays back" not in bill["text"]
+    assert bill["text"].endswith(f"; no measurable saving: {decision.label} and stock compile default fp32 use the "
+                                 f"same energy per call within the noise of their runs ({energy_text(0.995)} +- "
+                                 f"1% against {energy_text(1.0)} +- 1%)")
+
+
+def test_savings_against_a_baseline_of_one_run_say_so():
+    from joulepilot.controller.report_format import versus_baseline
+
+    baseline = {"measured": True, "like_for_like": True, "served_is_baseline": False, "saving_fraction": 0.214,
+                "runs": 1, "unit": "J/call"}
+    assert versus_baseline(baseline) == "21.4% less (against a baseline of one run)"
+    assert versus_baseline({**baseline, "runs": 3}) == "21.4% less"
+    assert versus_baseline({**baseline, "served_is_baseline": True}) == "this deployment is the baseline"
 
 
 def test_payback_is_unknown_without_a_measured_baseline(db, tmp_path):

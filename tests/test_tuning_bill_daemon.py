@@ -86,7 +86,7 @@ def test_each_pass_and_status_show_what_measuring_cost_per_policy(tmp_path, monk
         bill = decided["bill"]
         assert bill["search"]["energy_j"] > 0 and "run_ids" not in bill["search"]
         words = {"pays_back": f"after {calls_text(bill['payback_inferences'])} calls", "never": "never",
-                 "unknown": "unknown"}[bill["verdict"]]
+                 "unknown": "no measurable saving" if bill.get("no_measurable_saving") else "unknown"}[bill["verdict"]]
         row = next(line for line in text.splitlines() if line.startswith(f"{decided['policy']} ") and " cpu " in line)
         assert words in row
 

@@ -1,7 +1,9 @@
-"""One rule for a `verified` decision, in the resolver and the guided search alike
-(`policies.noise.confirmation`): the chosen configuration rests on at least `min_repeats` counted runs (3
-unless the policy's `[search] min_repeats` says otherwise), at least two of them in a fresh worker process.
-With fewer, the decision is `provisional`, and the chosen measured configuration is still the one applied.
+"""One rule for a `verified` decision, in the resolver and the guided search alike (`policies.judge`, through
+`policies.noise.confirmation`): the chosen configuration rests on at least `min_repeats` counted runs (3
+unless the policy's `[search] min_repeats` says otherwise), at least two of them in a fresh worker process
+unless every rival is worse by more than the tolerance even at the unfavourable end of the difference's
+interval. With fewer, the decision is `provisional`, and the chosen measured configuration is still the one
+applied.
 
 Real SQLite stores seeded with runs (`decision_factories.seed_runs`, one call per round); a further window of
 a worker process is a run with `extra.window_in_process` above 1, as `bench --windows` stores it. Nothing is
@@ -16,9 +18,10 @@ from pathlib import Path
 
 import pytest
 from decision_factories import config, seed_runs, write_policy
-from joulepilot.controller.guided import plan_guided, search_settings
+from joulepilot.controller.guided import plan_guided
 from joulepilot.policies import PolicyError, decide, load_policy, resolve, torch_minor
-from joulepilot.policies.noise import MIN_REPEATS, RunMark, confirmation
+from joulepilot.policies.judge import Rules, Run
+from joulepilot.policies.noise import MIN_REPEATS, confirmation
 from joulepilot.runtime.lookup import find_decision
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +29,7 @@ EAGER32, EAGER16 = ("eager", "fp32"), ("eager", "bf16")
 # eager bf16 is clearly the best within the 1000 W envelope; eager fp32 the runner-up.
 BEST = {"energy_j_per_inference": 0.50, "avg_power_w": 20.0}
 OTHER = {"energy_j_per_inference": 1.00, "avg_power_w": 20.0}
+CLOSE = {"energy_j_per_inference": 0.51, "avg_power_w": 20.0}  # 2% over the best: within the tolerance
 
 
 def _policy(tmp_path, min_repeats: int | None = None):
@@ -35,12 +39,12 @@ def _policy(tmp_path, min_repeats: int | None = None):
     return load_policy(path)
 
 
-def _rounds(db, windows: list[int | None]) -> None:
+def _rounds(db, windows: list[int | None], other: dict = OTHER) -> None:
     """One round per entry: a run of each configuration, the best one stored as the given window of its
     worker process (None: the first window, a fresh process)."""
     for window in windows:
         best = {**BEST, "extra": {"window_in_process": window}} if window else BEST
-        seed_runs(db, {EAGER16: best, EAGER32: OTHER})
+        seed_runs(db, {EAGER16: best, EAGER32: other})
 
 
 def _engine(db, policy):
@@ -65,12 +69,23 @@ def test_one_run_is_provisional_and_the_chosen_configuration_is_applied(tmp_path
     assert decision.measured["repeats"] == 1  # its figures are reported, as for any applied measurement
 
 
-def test_three_runs_in_one_process_stay_provisional(tmp_path, db):
-    _rounds(db, [None, 2, 3])  # one worker process that took three windows
+def test_three_runs_in_one_process_stay_provisional_while_a_rival_could_change_the_answer(tmp_path, db):
+    _rounds(db, [None, 2, 3], other=CLOSE)  # one worker process that took three windows; a rival 2% behind
     decision = resolve(_policy(tmp_path), db, "cpu")
     assert decision.state == "provisional" and decision.config_id == config(*EAGER16).id
     assert "it has 3 of the 3 runs a verified decision needs, but only 1 of them started its own worker " \
-           "process, and it needs 2" in decision.reason
+           "process, and it needs 2 while a rival could still change the answer" in decision.reason
+    assert plan_guided(db, _policy(tmp_path), "cpu").state == "provisional"
+
+
+def test_three_runs_in_one_process_are_verified_when_no_rival_could_change_the_answer(tmp_path, db):
+    """The runner-up is twice as costly: a second worker process could not change the answer, so the three
+    windows of one process verify it (`noise.Confirmation.separated`)."""
+    _rounds(db, [None, 2, 3])
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    assert decision.state == "verified" and decision.config_id == config(*EAGER16).id
+    assert "verified decision needs" not in decision.reason
+    assert plan_guided(db, _policy(tmp_path), "cpu").state == "verified"
 
 
 def test_three_runs_from_two_processes_are_verified(tmp_path, db):
@@ -83,7 +98,7 @@ def test_three_runs_from_two_processes_are_verified(tmp_path, db):
 def test_a_policys_min_repeats_is_the_number_of_runs_needed(tmp_path, db):
     _rounds(db, [None])
     one = _policy(tmp_path, min_repeats=1)
-    assert one.search.min_repeats == 1 and search_settings(one).min_repeats == 1
+    assert one.search.min_repeats == 1 and Rules.of(one).min_repeats == 1
     decision = resolve(one, db, "cpu")
     assert decision.state == "verified" and decision.config_id == config(*EAGER16).id
 
@@ -116,8 +131,9 @@ def test_the_guided_search_and_the_resolver_agree(tmp_path, db, windows, min_rep
     plan = _engine(db, policy)
     assert plan.state == decision.state
     assert _chosen(plan) == decision.config_id == config(*EAGER16).id
-    expected = confirmation([RunMark(ok=True, fresh_process=w is None) for w in windows],
-                            policy.search.min_repeats).confirmed
+    # eager fp32 costs twice as much: no rival could change the answer, so one process may verify it.
+    expected = confirmation([Run(ok=True, fresh_process=w is None) for w in windows],
+                            policy.search.min_repeats, separated=True).confirmed
     assert decision.state == ("verified" if expected else "provisional")
 
 
@@ -132,11 +148,11 @@ def test_a_recorded_provisional_decision_applies_the_chosen_configuration(tmp_pa
 
 
 def test_flagged_runs_count_only_after_a_clean_one():
-    flagged = RunMark(ok=True, flagged=True)
+    flagged = Run(ok=True, flagged="window warning")
     assert confirmation([flagged] * 3).runs == 0  # nothing counts while every run is flagged
-    status = confirmation([RunMark(ok=True), flagged, flagged, RunMark(ok=False)])
+    status = confirmation([Run(ok=True), flagged, flagged, Run(ok=False)])
     assert (status.runs, status.fresh, status.confirmed) == (3, 3, True)
-    assert confirmation([RunMark(ok=True)] * 2).shortfall() == \
+    assert confirmation([Run(ok=True)] * 2).shortfall() == \
         f"it has 2 of the {MIN_REPEATS} runs a verified decision needs"
 
 
