@@ -209,7 +209,8 @@ def test_a_window_shorter_than_a_tick_has_its_mean_as_its_peak(tmp_path, monkeyp
     # A power derived from CPU time needs two ticks: a window inside one tick has no sample, and its peak is
     # then what it surely reached, its mean, rather than none.
     monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "absent"))
-    with EnergyMeter("cpu", sample_hz=1.0) as meter:
+    # one tick a minute: the window's 0.3 CPU-seconds stay inside one tick however busy the machine is
+    with EnergyMeter("cpu", sample_hz=1 / 60) as meter:
         with meter.window("short") as w:
             t = time.process_time()
             while time.process_time() - t < 0.3:
