@@ -10,9 +10,12 @@ ranking and the stored decision agree on the same runs.
 
 How it searches (`strategy = "guided"`):
 
-1. Baselines first: eager fp32 and stock compile (default mode, default fusion) fp32, at the baseline
-   batch size, when the grid has them, once each: reports compare against them, and they calibrate the
-   model for this workload.
+1. The baseline first: eager fp32 (default fusion, no variant) at the baseline batch size, when the grid
+   has it, once: it compiles nothing (the cheapest run of the grid), reports and the tuning bill compare
+   against it, and it removes the model's offset for this workload before anything compiles. Stock compile
+   (default mode) fp32 is a candidate like any other, measured only when the search finds it worth it:
+   nothing of a decision rests on it, and reports say where it was not measured (the bill then counts its
+   payback against eager fp32, and says so).
 2. The model's predictions for this workload are corrected by what was measured so far, and grow surer
    as configurations that share a precision, mode, fusion preset or batch size are measured
    (`search_forecast`: a Gaussian process over the model's errors).
@@ -37,7 +40,7 @@ How it searches (`strategy = "guided"`):
    the tolerance), each time one new worker process taking the windows still needed (`Step.windows`:
    each window is stored as a run of its own, the later ones marked as windows of the same process).
 7. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
-   after `max_measurements` measurements, or when a configuration's job failed as often as it may without
+   after `max_measurements` measurements (each window counts as one), or when a configuration's job failed as often as it may without
    storing a run (`blocked`); a measurement predicted to overrun the budget is not started.
 
 A grid of `SMALL_GRID` (8) configurations or fewer is measured whole, each configuration once, cheapest
@@ -60,7 +63,7 @@ from joulepilot.policies.judge import (
     judge,
     repeats,
 )
-from joulepilot.policies.noise import median, mode_rank
+from joulepilot.policies.noise import median
 from joulepilot.store.jsonvalues import json_column
 
 from .features import config_row
@@ -90,11 +93,12 @@ FAR_OVER = 2.0
 
 
 def _is_baseline(config: Mapping[str, Any], batch_size: int) -> bool:
-    return (config.get("precision") == "fp32" and config.get("fusion") == "default"
+    """Eager fp32, default fusion, no variant, at `batch_size`: what the search measures first."""
+    return (config.get("mode") == "eager" and config.get("precision") == "fp32" and config.get("fusion") == "default"
             and not bool(config.get("dynamic")) and (config.get("padding") or "none") == "none"
             and not config.get("regional")
             and json_column(config.get("options"), {}) in ({}, None)
-            and int(config.get("batch_size") or 1) == batch_size and config.get("mode") in ("eager", "default"))
+            and int(config.get("batch_size") or 1) == batch_size)
 
 
 def _cost_rank(config: Mapping[str, Any]) -> tuple:
@@ -147,8 +151,7 @@ class GuidedSearch:
         self.unit = self.rules.unit
         self.forecaster = Forecaster(self.arms, self.rules)
         batch = self.settings.baseline_batch_size or int(rows[0].get("batch_size") or 1)
-        self.baselines = [a for a in sorted(self.arms.values(), key=lambda a: mode_rank(a.config["mode"]))
-                          if _is_baseline(a.config, batch) and self._measurable(a)]
+        self.baselines = [a for a in self.arms.values() if _is_baseline(a.config, batch) and self._measurable(a)]
         self.steps: list[SearchStep] = []
         # A search resumed from stored runs (controller.guided): what it had already spent of its budget.
         self.spent_s = float(spent_s)
@@ -240,7 +243,11 @@ class GuidedSearch:
                    f"P(within limits) {fc.p_feasible:.0%}, about {fc.cost_s:.0f} s to measure")
             if deferred[arm.id]:
                 why += f" (after the others: {deferred[arm.id]})"
-            return arm, why, self._windows(arm, fc, kept, best)
+            # Further windows only as the budget allows, each counted at a whole measurement's cost (an upper bound).
+            windows = self._windows(arm, fc, kept, best)
+            if math.isfinite(self._remaining_s()):
+                windows = max(1, min(windows, int(self._remaining_s() // max(fc.cost_s, 1.0))))
+            return arm, why, windows
         return None
 
     def _windows(self, arm: Arm, fc: Forecast, kept: Sequence[tuple[Arm, Forecast]], best: Verdict | None) -> int:
@@ -331,7 +338,7 @@ class GuidedSearch:
                 if DEFAULT_OVERHEAD_S > self._remaining_s():
                     self._budget_blocked = True
                     break
-                return Step(arm, True, "baseline", "baseline that reports compare against")
+                return Step(arm, True, "baseline", "the baseline that reports compare against (it compiles nothing)")
         out = self.judgement()
         picked = self._explore(out)
         if picked is not None:
@@ -362,6 +369,8 @@ class GuidedSearch:
         self._budget_blocked = False
         step = self._next()
         if step is not None:
+            if s.max_measurements is not None:  # each window is a measurement: take no more than are left
+                step = step._replace(windows=max(1, min(step.windows, s.max_measurements - self.measurements)))
             return step, ""
         if self._budget_blocked:
             return None, (f"budget_s: what is left to measure would not fit in the "
@@ -384,6 +393,8 @@ class GuidedSearch:
                                              "in the same process", observation.ok, observation.wall_s))
                 if not observation.ok:
                     break  # a process that failed takes no more windows
+                if observation.wall_s > self._remaining_s():
+                    break  # another window, at what this one took, would overrun budget_s
         return self.result(stop)
 
     def result(self, stop: str) -> SearchResult:

@@ -178,8 +178,9 @@ def test_h200_grids_cost_at_most_exhaustive_and_every_miss_is_the_judges_noise_r
 
 def test_h100_16_config_grids_meet_the_regret_target(replays):
     """The regret half of the large-grid target on the committed H100 sweep, over seeds 0-2 (24 scenarios):
-    regret <= 2% in at least 90% of scenarios, never above 5%. (Seed 0 alone: 7 of 8, the miss DistilBERT
-    power_p25 at 2.07%: eager/fp16 and the oracle, 2% apart in the recorded runs, tie within the tolerance.)"""
+    regret <= 2% in at least 90% of scenarios, never above 5%. (Seeds 0-11: 93 of 96, every miss DistilBERT
+    power_p25 at 2.07%, at seeds 1, 9 and 11: eager/fp16 and the oracle, 2% apart in the recorded runs, tie
+    within the tolerance by the intervals of the draws, and the tie-break takes the lower power.)"""
     scenarios = list(replays[H100]["scenarios"])
     for seed in (1, 2):
         scenarios += replay_cli.replay([H100], seed)["scenarios"]
@@ -190,10 +191,11 @@ def test_h100_16_config_grids_meet_the_regret_target(replays):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "cost_fraction 0.47 at seed 0 (0.47 over seeds 0-11, 0.45-0.49 per seed): the two baselines cost 0.11 of "
-    "exhaustive on these grids and each of the four precisions needs a compiled measurement, since what a "
-    "precision saves does not carry over between models (tf32 saves 8% on mobilenet_v3_large and 3.4x on "
-    "DistilBERT; bf16 saves 8% in eager and 39% compiled on mobilenet_v3_large)"))
+    "cost_fraction 0.39 at seed 0 (0.41 over seeds 0-11, 0.37-0.44 per seed): each of the four precisions needs a "
+    "compiled measurement of its own, since what a precision saves does not carry over between models (tf32 saves "
+    "8% on mobilenet_v3_large and 3.4x on DistilBERT; bf16 saves 8% in eager and 39% compiled on "
+    "mobilenet_v3_large), and within a precision the mode's effect is not known before two or three modes are "
+    "measured (reduce-overhead saves 22% over default in bf16 and nothing in tf32 on mobilenet_v3_large)"))
 def test_h100_16_config_grids_meet_the_cost_target(replays):
     scenarios = replays[H100]["scenarios"]
     fraction = sum(s["cost_s"] for s in scenarios) / sum(s["exhaustive_cost_s"] for s in scenarios)

@@ -48,7 +48,7 @@ def test_two_guided_searches_on_one_device_run_one_after_the_other(tmp_path, flo
     policies = tmp_path / "policies"
     for name, workload in (("first", "mlp"), ("second", "tests.workload_factories:linear")):
         path = write_policy(policies, name, workload=workload, modes=("eager", "default"), strategy="guided")
-        path.write_text(path.read_text() + "max_measurements = 2\n")  # the two baselines
+        path.write_text(path.read_text() + "max_measurements = 2\n")  # the baseline and one more
     cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=db, policies=policies,
                                                  min_seconds=0.2))
     result = Daemon(cfg).run(once=True)
