@@ -98,8 +98,11 @@ def test_a_pass_repeats_the_contenders_until_the_decision_is_verified(tmp_path, 
             assert len(its_runs) == 1, label
     assert len(runs["default/fp32/b8"]) == len(runs["default/bf16/b8"]) == 1
     # Repeated: the chosen one and any tie that could still differ from it by more than the 2% tolerance; a tie
-    # within the tolerance needs no more runs (the tie-break settles it).
-    assert {r["config_id"] for r in summary["repeats"]} <= set(decision.details["contenders"])
+    # within the tolerance needs no more runs (the tie-break settles it). A configuration repeated as a close call
+    # may be no contender once its own repeats are in (the estimate meter's noise decides which), so only the
+    # chosen one is sure to be both.
+    assert decision.config_id in {r["config_id"] for r in summary["repeats"]}
+    assert decision.config_id in decision.details["contenders"]
     assert decision.details["confirm"] == [] and not decision.details["confirm_reason"]
     # One job per configuration, then one per repeat; a job's further windows are runs of it.
     assert summary["enqueued"] == summary["runs_ok"] == len(runs) + len(summary["repeats"])
