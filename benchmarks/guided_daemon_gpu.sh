@@ -7,6 +7,10 @@
 # Usage (on the GPU machine, from the repo root; the carried wheels in .whl/ when the host lacks them):
 #   python benchmarks/gpu_sweep.py --models convnet --out $OUT/grid ...       # the grid (OUT/grid/runs.json)
 #   benchmarks/guided_daemon_gpu.sh NAME GRID.json SPEC BATCH SEQ_LEN|-
+# GRID `-` runs the pass beside the grid's own sweep (on another GPU, both at once): the search space is then
+# MODES, PRECISIONS and FUSIONS from the environment (comma lists, as the grid's sweep was given them), and the
+# score is taken afterwards: python benchmarks/guided_vs_grid.py OUT/NAME/runs.json GRID.json --explain
+# OUT/NAME/explain.json. CUDA_VISIBLE_DEVICES chooses the GPU.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1 grid=$2 spec=$3 batch=$4 seq=$5
@@ -27,14 +31,20 @@ spec, out, grid, search, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv
 records = [r for p in paths for r in json.load(open(p)) if r["workload"]["spec"] != spec]
 json.dump(records, open(out, "w"))
 print(f"{len(records)} runs of other workloads to learn from", file=sys.stderr)
-configs = [r["config"] for r in json.load(open(grid)) if r["workload"]["spec"] == spec]
-if not configs:
-    sys.exit(f"{grid} holds no run of {spec}")
-lists = {key: sorted({c[key] for c in configs}) for key in ("mode", "precision", "fusion")}
+if grid == "-":
+    import os
+    lists = {key: sorted(v for v in os.environ[env].split(",") if v)
+             for key, env in (("mode", "MODES"), ("precision", "PRECISIONS"), ("fusion", "FUSIONS"))}
+    configs = []
+else:
+    configs = [r["config"] for r in json.load(open(grid)) if r["workload"]["spec"] == spec]
+    if not configs:
+        sys.exit(f"{grid} holds no run of {spec}")
+    lists = {key: sorted({c[key] for c in configs}) for key in ("mode", "precision", "fusion")}
 with open(search, "w") as f:
     f.write(f'modes = {json.dumps(lists["mode"])}\nprecisions = {json.dumps(lists["precision"])}\n'
             f'fusion = {json.dumps(lists["fusion"])}\n')
-print(f"grid of {len({c['id'] for c in configs})} configurations: {lists}", file=sys.stderr)
+print(f"grid of {len({c['id'] for c in configs}) or 'the given'} configurations: {lists}", file=sys.stderr)
 PY
 [ $? -eq 0 ] || exit 1
 joulepilot runs import "$dir/others.json" --db "$dir/guided.db" || exit 1
@@ -73,7 +83,7 @@ echo "daemon rc $? in $(( $(date +%s) - start )) s" | tee -a "$dir/device.txt"
 joulepilot runs --db "$dir/guided.db" --workload "$spec" --limit 0 --json > "$dir/runs.json"
 joulepilot policy explain "$dir/policies/$name.toml" --db "$dir/guided.db" --json > "$dir/explain.json" 2>>"$dir/daemon.log"
 tail -5 "$dir/daemon.log"
-python3 benchmarks/guided_vs_grid.py "$dir/runs.json" "$grid" --explain "$dir/explain.json" | tee "$dir/score.txt"
+[ "$grid" != "-" ] && python3 benchmarks/guided_vs_grid.py "$dir/runs.json" "$grid" --explain "$dir/explain.json" | tee "$dir/score.txt"
 python3 - "$dir/guided.db" <<'PY'
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1]); conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"); conn.execute("PRAGMA journal_mode=DELETE"); conn.close()
