@@ -245,10 +245,12 @@ def candidate_configs(policy: Policy) -> list[Any]:
     """Every allowed configuration, in a stable order, without duplicates; each at every batch size of the
     grid (`policies.batches.grid_batch_sizes`: the policy's own, and `[search] batch_sizes`)."""
     from joulepilot.compiler import CompileConfig
+    from joulepilot.compiler.generation_workloads import generation_variants
 
     search = policy.search
     shapes = getattr(policy, "shapes", None)
     paddings = search.padding if shapes is not None and shapes.padding_changes_anything else ("none",)
+    generates = getattr(policy, "generates", False)
     seen, configs = set(), []
     for mode, precision, fusion, dynamic, padding, regional, batch in itertools.product(
             search.modes, search.precisions, search.fusion, search.dynamic, paddings, search.regional_settings(),
@@ -257,18 +259,22 @@ def candidate_configs(policy: Policy) -> list[Any]:
             fusion, dynamic, padding, regional = "default", False, "none", ""
         cfg = CompileConfig(mode=mode, fusion=fusion, precision=precision, dynamic=dynamic, padding=padding,
                             batch_size=batch, regional=regional)
-        if cfg.id not in seen:
-            seen.add(cfg.id)
-            configs.append(cfg)
+        for variant in generation_variants(cfg, search.caches, search.compile_prefill) if generates else [cfg]:
+            if variant.id not in seen:
+                seen.add(variant.id)
+                configs.append(variant)
     return configs
 
 
 def fallback_config(policy: Policy) -> Any:
     from joulepilot.compiler import CompileConfig
+    from joulepilot.compiler.generation_workloads import generation_variants
 
     fb = policy.fallback
-    return CompileConfig(mode=fb.mode, fusion="default" if fb.mode == "eager" else fb.fusion,
-                         precision=fb.precision, batch_size=policy.batch_size)
+    config = CompileConfig(mode=fb.mode, fusion="default" if fb.mode == "eager" else fb.fusion,
+                           precision=fb.precision, batch_size=policy.batch_size)
+    # a generation's fallback has the cache its mode is planned with (a compiled one, the static cache)
+    return generation_variants(config)[0] if getattr(policy, "generates", False) else config
 
 
 def policy_workload_id(policy: Policy) -> str:
