@@ -286,7 +286,7 @@ class ServedVsBenchmarked(Section):
     """The J per call this deployment served with the configuration in use, beside the median J per call of that
     configuration's benchmark runs on the same device kind, metered by the same source (never an estimate against
     a counter): the runs that count (`policies.resolve.counted_runs`) and their median's interval
-    (`policies.resolve.repeat_intervals`, the workload's other configurations of that source giving the typical
+    (`policies.judge.intervals`, the workload's other configurations of that source giving the typical
     spread). `verdict`: `within_noise` (the served figure lies inside that interval), `above` or `below` (outside
     it: `hint` says what commonly makes the difference), or `not_compared` (`why`)."""
 
@@ -816,7 +816,7 @@ def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Pa
 def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str, totals: Totals,
                            shares: Sequence[ConfigTotals], sharing: Sharing) -> ServedVsBenchmarked:
     """The served configuration's J per call against its benchmark runs (see `ServedVsBenchmarked`)."""
-    from joulepilot.policies.resolve import counted_runs, repeat_intervals
+    from joulepilot.policies.judge import counted_rows, intervals
     from joulepilot.policies.sources import group_by_source
 
     config_id = dep.get("config_id")
@@ -838,7 +838,7 @@ def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], ki
         out.text = f"served against benchmarked: not compared, {out.why}"
         return out
     out.energy_source = source_key(source)
-    per_config = {cid: counted_runs(runs)[0] for cid, runs in ok_runs_per_config(db, dep["workload_id"], kind).items()}
+    per_config = {cid: counted_rows(runs) for cid, runs in ok_runs_per_config(db, dep["workload_id"], kind).items()}
     by_source = group_by_source({cid: [r for r in runs if r.energy_j_per_inference is not None]
                                  for cid, runs in per_config.items()}, lambda run: run.energy_source)
     mine = by_source.get(out.energy_source, {}).get(config_id, [])
@@ -849,7 +849,7 @@ def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], ki
         out.text = f"served against benchmarked: not compared, {out.why}"
         return out
     values = {cid: [r.energy_j_per_inference for r in runs] for cid, runs in by_source[out.energy_source].items()}
-    interval = repeat_intervals(values)[config_id]
+    interval = intervals(values)[config_id]
     out.benchmarked_j_per_call, out.benchmark_low_j, out.benchmark_high_j = interval.median, interval.low, interval.high
     out.benchmark_interval, out.benchmark_runs = interval.method, len(mine)
     out.benchmark_run_ids = [r.id for r in mine]
