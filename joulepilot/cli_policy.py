@@ -311,14 +311,25 @@ CANDIDATE_COLUMNS = ["status", "label", "source", "score", "spread", "amortised_
                      "compile_s", "max_rel_error", "break_even", "why"]
 
 
+# A generation policy's table shows J per generated token, time per output token (p50, p95) and to the first
+# token, and whether the greedy tokens matched eager's in the configuration's own precision.
+GENERATION_COLUMNS = ["status", "label", "source", "score", "spread", "amortised_energy_j", "tpot_ms_p50",
+                      "tpot_ms_p95", "ttft_ms_p50", "avg_power_w", "compile_s", "max_rel_error", "tokens_match",
+                      "break_even", "why"]
+
+
 def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
     rows = []
     for c in decision.candidates:
         fig = c.figures if c.source == "measured" else {k: v[0] for k, v in c.predicted.items()}
+        match = fig.get("tokens_match") if c.source == "measured" else None
         rows.append({"status": c.status, "label": c.label, "score": c.score,
                      "source": _source_text(c.source, c.figures.get("energy_source")),
                      "spread": _spread_text(c),
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
+                     "tpot_ms_p50": fig.get("tpot_ms_p50"), "tpot_ms_p95": fig.get("tpot_ms_p95"),
+                     "ttft_ms_p50": fig.get("ttft_ms_p50"),
+                     "tokens_match": None if match is None else "yes" if match else "no",
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
                      "max_rel_error": fig.get("max_rel_error"),
                      "break_even": "never" if c.break_even_never else c.break_even_inferences,
@@ -328,8 +339,13 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
 
 
 def _echo_decision(decision: Any) -> None:
-    click.echo(f"policy     {decision.policy} ({decision.workload}, objective {decision.objective}, "
-               f"{decision.expected_inferences:,} expected inferences)")
+    generates = decision.generates
+    count, unit = (decision.expected_tokens, "tokens") if generates else (decision.expected_inferences, "inferences")
+    meaning = {"energy": "J per generated token", "latency": "TPOT p50, ms per output token",
+               "edp": "J per generated token x TPOT p50"}[decision.objective] if generates else ""
+    click.echo(f"policy     {decision.policy} ({decision.workload}, "
+               + (f"generation, objective {decision.objective} ({meaning}), " if generates else
+                  f"objective {decision.objective}, ") + f"{count:,} expected {unit})")
     click.echo(f"device     {decision.device_kind}, torch {decision.torch_version}")
     click.echo(f"decision   {decision.label}  [{decision.state}]")
     if len(decision.batch_sizes) > 1:  # the batch-size lever: which batch size was chosen, and how they compared
@@ -350,7 +366,7 @@ def _echo_decision(decision: Any) -> None:
         click.echo(f"excluded   {', '.join(labels) or ', '.join(decision.excluded_violated)}: broke the power "
                    f"envelope in a deployment")
     break_even = break_even_text(decision.break_even_inferences, decision.break_even_never,
-                                 decision.config.get("mode") != "eager")
+                                 decision.config.get("mode") != "eager", unit)
     if break_even is not None:
         click.echo(f"break-even vs eager fp32: {break_even}")
     applied = next((c for c in decision.candidates if c.config_id == decision.config_id and c.source == "measured"),
@@ -358,18 +374,25 @@ def _echo_decision(decision: Any) -> None:
     compile_text = compile_energy_text(applied.figures) if applied is not None and decision.config.get(
         "mode") != "eager" else None
     if compile_text:
-        click.echo(f"compile    {compile_text}, amortised over {decision.expected_inferences:,} inferences")
+        click.echo(f"compile    {compile_text}, amortised over {count:,} {unit}")
     if decision.bill:
         import textwrap
 
         click.echo(textwrap.fill(decision.bill["text"], table_width(), initial_indent=f"{'tuning':<11}",
                                  subsequent_indent=" " * 11))
     click.echo("")
-    echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
-               ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",
-                "rel err", "break-even", "why"],
-               drop_first=("max_rel_error", "compile_s", "avg_power_w", "amortised_energy_j", "latency_ms_p95",
-                           "break_even", "spread"), below=("label", "why"))
+    if generates:
+        echo_table(_candidate_rows(decision), GENERATION_COLUMNS,
+                   ["status", "config", "source", "median", "± (runs)", "J/token amortised", "TPOT ms", "TPOT p95 ms",
+                    "TTFT ms", "avg W", "compile s", "rel err", "tokens match", "break-even", "why"],
+                   drop_first=("max_rel_error", "compile_s", "avg_power_w", "ttft_ms_p50", "tpot_ms_p95",
+                               "amortised_energy_j", "break_even", "tokens_match", "spread"), below=("label", "why"))
+    else:
+        echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
+                   ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W",
+                    "compile s", "rel err", "break-even", "why"],
+                   drop_first=("max_rel_error", "compile_s", "avg_power_w", "amortised_energy_j", "latency_ms_p95",
+                               "break_even", "spread"), below=("label", "why"))
     _echo_estimate_line(c.figures.get("energy_source") for c in decision.candidates if c.source == "measured")
 
 
