@@ -63,6 +63,29 @@ def test_decode_steps_run_compiled_and_the_prefill_by_its_knob(dynamo_reset, com
     assert inspect.signature(model.forward) == inspect.signature(prepared.original_forward)
 
 
+def test_the_same_precision_reference_is_eager_in_the_configurations_precision_and_cache():
+    from joulepilot.compiler.generation import same_precision_reference
+
+    model, input_ids = _tiny()
+    mask = torch.ones_like(input_ids)
+    fp32 = fixed_length_generate(model, input_ids, NEW)[:, PROMPT:]
+    generation = Generation(PROMPT, NEW)
+    eager = CompileConfig("eager", precision="bf16", batch_size=BATCH)
+    assert same_precision_reference(model, input_ids, mask, eager, generation, fp32) == (
+        None, "eager bf16, dynamic cache (the configuration itself)")
+    assert next(model.parameters()).dtype == torch.float32  # an eager configuration's reference costs nothing
+    dynamic = CompileConfig("default", precision="fp32", batch_size=BATCH)
+    assert same_precision_reference(model, input_ids, mask, dynamic, generation, fp32)[0] is fp32
+    static = CompileConfig("reduce-overhead", precision="bf16", cache="static", batch_size=BATCH)
+    tokens, words = same_precision_reference(model, input_ids, mask, static, generation, fp32)
+    assert words == "eager bf16, static cache" and next(model.parameters()).dtype == torch.bfloat16
+    # what eager bf16 generates with the static cache, nothing compiled
+    assert model.generation_config.cache_implementation is None and not hasattr(model, "_compiled_call")
+    settings = model.generation_config
+    settings.cache_implementation = "static"
+    assert torch.equal(tokens, fixed_length_generate(model, input_ids, NEW)[:, PROMPT:])
+
+
 def test_eager_precision_is_the_models_dtype_and_the_static_cache_generates_the_same():
     model, input_ids = _tiny()
     reference = fixed_length_generate(model, input_ids, NEW)
@@ -146,3 +169,8 @@ def test_bench_generate_compiled_static_cache_generates_eagers_tokens(tmp_path):
     assert compiled["max_rel_error"] < 1e-4 and compiled["recompiles"] == 0 and compiled["graph_breaks"] == 0
     assert compiled["compile_s"] > runs["eager/fp32/b2"]["compile_s"]
     assert compiled["extra"]["torch_compile_kwargs"] == {"dynamic": False}
+    # its greedy tokens against eager's in its own precision and cache, which compiling alone could change
+    generation = compiled["extra"]["generation"]
+    assert generation["tokens_match_reference"] == "eager fp32, static cache"
+    assert compiled["tokens_match"] is True and generation["tokens_match_steps"] == NEW
+    assert generation["fp32_tokens_match_steps"] == NEW
