@@ -46,6 +46,11 @@ def _device_kind(device_name: str | None) -> str:
     return current_device_kind()
 
 
+def _fitted_workloads(model: Any) -> list[str]:
+    """The workloads either task's model learnt from."""
+    return sorted({*model.workloads, *(model.generation.workloads if model.generation else ())})
+
+
 @click.command("fit")
 @db_option
 @json_option
@@ -59,8 +64,7 @@ def fit_command(db: str | None, as_json: bool) -> None:
         try:
             scores = cross_validate(database)
         except TradeoffError as exc:
-            click.echo(f"fitted on {max(model.n_samples.values())} ok runs of {', '.join(model.workloads)}",
-                       err=True)
+            click.echo(f"fitted on {model.runs} ok runs of {', '.join(_fitted_workloads(model))}", err=True)
             raise click.ClickException(str(exc)) from exc
     if as_json:
         echo_json({"model": model.summary(), "cross_validation": scores})
@@ -68,7 +72,7 @@ def fit_command(db: str | None, as_json: bool) -> None:
     rows = [{"target": t, "mape_pct": 100 * m["mape"], "median_ape_pct": 100 * m["median_ape"],
              "r2_log": m["r2_log"], "rows": m["n"], "workloads": m["workloads"], "folds": m["folds"]}
             for t, m in scores.items()]
-    click.echo(f"fitted on {max(model.n_samples.values())} ok runs, {len(model.workloads)} workloads, "
+    click.echo(f"fitted on {model.runs} ok runs, {len(_fitted_workloads(model))} workloads, "
                f"devices: {', '.join(model.devices)}")
     click.echo("cross-validation, whole workloads held out (GroupKFold by workload spec):")
     echo_table(rows, ["target", "mape_pct", "median_ape_pct", "r2_log", "rows", "workloads", "folds"],
