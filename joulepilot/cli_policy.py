@@ -130,13 +130,22 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
     if as_json:
         echo_json(result)
         return
-    click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}  "
-               f"(* = on the Pareto frontier)")
-    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p),
+    generates = result.get("task") == "generate"
+    click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}"
+               + (" (a generation: time per output token against J per generated token)" if generates else "")
+               + "  (* = on the Pareto frontier)")
+    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p, result.get("axes", {}).get("y")),
                  "source_text": _source_text(p["source"], p.get("energy_source"))} for p in result["points"]]
-    echo_table(rows, ["front", "label", "source_text", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
-                      "avg_power_w"],
-               ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"], drop_first=("avg_power_w", "repeats"))
+    if generates:
+        echo_table(rows, ["front", "label", "source_text", "tpot_ms_p50", "energy_j_per_token", "pm", "ttft_ms_p50",
+                          "tpot_ms_p95", "repeats", "avg_power_w"],
+                   ["", "config", "source", "TPOT ms", "J/token", "± J", "TTFT ms", "TPOT p95 ms", "runs", "avg W"],
+                   drop_first=("avg_power_w", "repeats", "tpot_ms_p95", "ttft_ms_p50"))
+    else:
+        echo_table(rows, ["front", "label", "source_text", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
+                          "avg_power_w"],
+                   ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"],
+                   drop_first=("avg_power_w", "repeats"))
     _echo_estimate_line(p.get("energy_source") for p in result["points"])
     for note in result["notes"]:
         click.echo(note, err=True)
@@ -286,11 +295,11 @@ def _echo_estimate_line(energy_sources: Any) -> None:
         click.echo(textwrap.fill(ESTIMATE_ROWS, table_width()))
 
 
-def _plus_minus(point: dict[str, Any]) -> float | None:
-    """± of a frontier point's J/call: the median's interval (measured), one std (predicted)."""
+def _plus_minus(point: dict[str, Any], energy: str | None = None) -> float | None:
+    """± of a frontier point's J/call (J/token): the median's interval (measured), one std (predicted)."""
     if point.get("median") is not None:
         return max(point["ci_high"] - point["median"], point["median"] - point["ci_low"])
-    return point.get("energy_j_per_inference_std")
+    return point.get(f"{energy or 'energy_j_per_inference'}_std")
 
 
 def _spread_text(cand: Any) -> str | None:

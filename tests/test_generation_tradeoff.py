@@ -6,6 +6,7 @@ import math
 import time
 from pathlib import Path
 
+import pytest
 from joulepilot.compiler import CompileConfig, workload_id
 from joulepilot.compiler.generation_workloads import Generation
 from joulepilot.controller import cross_validate, fit
@@ -83,3 +84,28 @@ def test_a_generation_workload_is_predicted_in_its_own_units(db):
     assert "generate:energy_j_per_token" in scores and "energy_j_per_inference" not in scores
     assert scores["generate:energy_j_per_token"]["workloads"] == 2
 
+
+
+def test_the_frontier_of_a_generation_is_time_per_token_against_joules_per_token(db, tmp_path):
+    from click.testing import CliRunner
+    from joulepilot.controller import frontier
+
+    from joulepilot.cli import main
+
+    _generation_runs(db, "transformers:LlamaConfig", 800_000_000, 1.0)
+    _generation_runs(db, "transformers:Qwen2Config", 980_000_000, 1.2)
+    result = frontier(db, "transformers:LlamaConfig", device_name=KIND, batch_size=1)
+    assert result["task"] == "generate" and result["axes"] == {"x": "tpot_ms_p50", "y": "energy_j_per_token"}
+    measured = {p["label"]: p for p in result["points"] if p["source"] == "measured"}
+    static = measured["reduce-overhead/static-cache/bf16/b1"]
+    assert static["energy_j_per_token"] == pytest.approx(0.6) and static["tpot_ms_p50"] == 3.0
+    assert static["ttft_ms_p50"] == 20.0 and static["tpot_ms_p95"] == pytest.approx(3.3)
+    assert result["frontier"] == ["reduce-overhead/static-cache/bf16/b1"]  # faster and cheaper per token
+    path = tmp_path / "f.db"
+    db.conn.execute("VACUUM INTO ?", [str(path)])
+    out = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["frontier", "transformers:LlamaConfig", "--db", str(path),
+                                                         "--batch-size", "1", "--no-predict"])
+    assert out.exit_code == 0, out.output
+    assert "time per output token against J per generated token" in out.stdout
+    header = out.stdout.splitlines()[1]
+    assert "TPOT ms" in header and "J/token" in header and "TTFT ms" in header
