@@ -83,9 +83,48 @@ class PreparedGeneration:
         """A copy of the model's generation config for exactly `new_tokens` greedy tokens per sequence."""
         return fixed_length_config(self.model.generation_config, new_tokens)
 
+    def run_eagerly(self) -> None:
+        """From now on every forward pass runs the model's own forward, uncompiled, with the dynamic cache (the
+        eager baseline), in the precision the model has now: a cast to a lower precision is not undone, since
+        the weights it rounded are gone. What a deployment's envelope guard swaps a generation to."""
+        self.model.forward = self.original_forward
+        self.model.generation_config.cache_implementation = None
+        self.compiled = None
 
-def _has_generate(model: Any) -> bool:
+
+def has_generate(model: Any) -> bool:
+    """Whether `model` generates as a transformers causal LM does (`generate` and a `generation_config`)."""
     return callable(getattr(model, "generate", None)) and getattr(model, "generation_config", None) is not None
+
+
+_has_generate = has_generate
+
+
+def generated_tokens(model: Any, output: Any, args: tuple, kwargs: dict[str, Any]) -> int:
+    """The tokens a `model.generate(*args, **kwargs)` call that returned `output` generated, over the whole batch:
+    for each returned sequence, its positions after the prompt up to and including its first end-of-sequence
+    token (the padding after a sequence that stopped early was computed, but is no token of it); every new
+    position when no end-of-sequence token is set. 0 when the output is not a batch of sequences."""
+    import torch
+
+    sequences = getattr(output, "sequences", output)
+    prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
+        return 0
+    prompt_len = prompt.shape[-1] if isinstance(prompt, torch.Tensor) and prompt.dim() >= 1 else 0
+    new = sequences[:, prompt_len:]
+    if new.shape[1] == 0:
+        return 0
+    settings = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    eos = kwargs.get("eos_token_id", getattr(settings, "eos_token_id", None))
+    eos = [eos] if isinstance(eos, int) else list(eos or ())
+    if not eos:
+        return int(new.numel())
+    stops = torch.isin(new, torch.tensor(eos, device=new.device))
+    stopped = stops.any(dim=1)
+    first = stops.int().argmax(dim=1) + 1  # positions up to and including the first end-of-sequence token
+    lengths = torch.where(stopped, first, torch.full_like(first, new.shape[1]))
+    return int(lengths.sum())
 
 
 def _is_prefill(args: tuple, kwargs: dict[str, Any]) -> bool:
