@@ -160,8 +160,9 @@ def prepare_generation(model: Any, config: CompileConfig, device: str | None = N
     """Prepare a causal LM (a transformers model with `generate`) in place to generate under `config`: its
     precision as the model's dtype, its KV cache, and its forward compiled for decode steps (and the prompt,
     with `compile_prefill`), transformers' own automatic compile turned off; see the module docstring.
-    `max_cache_len`: positions a static cache is allocated for (prompt + new tokens of the longest request), so
-    that every call reuses one cache size and compiled graph. `compile_kwargs` replaces the configuration's own
+    `max_cache_len`: positions a static cache is allocated for (`Generation.cache_len` of the longest request:
+    its prompt and new tokens but the last, as transformers sizes it), so that every call reuses one cache size
+    and compiled graph. `compile_kwargs` replaces the configuration's own
     torch.compile arguments. GenerationError for a model without transformers' `generate`; ConfigError for a
     regional configuration."""
     import torch
@@ -301,7 +302,7 @@ def same_precision_reference(model: Any, input_ids: Any, mask: Any, config: Comp
     settings.disable_compile = True
     if config.cache == "static":
         settings.cache_implementation = "static"
-        settings.max_cache_len = generation.max_len
+        settings.max_cache_len = generation.cache_len
     scope = tf32_enabled(True) if config.precision == "tf32" else strict_fp32() if dtype is None else \
         contextlib.nullcontext()
     with torch.no_grad(), scope:
@@ -459,7 +460,7 @@ def run_generation(job: dict[str, Any], phases: Any) -> dict[str, Any]:
         idle = take_idle_baseline(meter, job, phases, extra)
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(device))
-        prepare_generation(model, config, device, max_cache_len=generation.max_len)
+        prepare_generation(model, config, device, max_cache_len=generation.cache_len)
         whole = fixed_length_config(model.generation_config, new)
         first = fixed_length_config(model.generation_config, 1)
         generate = untraced(lambda: model.generate(input_ids, attention_mask=mask, generation_config=whole))

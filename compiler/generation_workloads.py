@@ -78,6 +78,12 @@ class Generation:
         """Positions one sequence occupies at the end: its prompt and every new token."""
         return self.prompt_len + self.new_tokens
 
+    @property
+    def cache_len(self) -> int:
+        """Positions its KV cache holds: the prompt and every new token but the last, which no step reads back
+        (transformers sizes a static cache so: `max_length - 1`)."""
+        return self.max_len - 1
+
 
 DEFAULT_PROMPT_LEN = 128
 DEFAULT_NEW_TOKENS = 128

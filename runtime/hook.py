@@ -197,7 +197,7 @@ def _apply_generation(policy: Policy, config: CompileConfig, model: Any, device:
                       user_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """(the model, prepared in place to generate under `config` (see the module docstring); the PreparedGeneration)."""
     kwargs = merge_compile_kwargs(config, device, user_kwargs) if user_kwargs and config.compiles else None
-    prepared = prepare_generation(model, config, device, max_cache_len=policy.generation.max_len,
+    prepared = prepare_generation(model, config, device, max_cache_len=policy.generation.cache_len,
                                   compile_kwargs=kwargs)
     return model, prepared
 

@@ -10,7 +10,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 from joulepilot.compiler import CompileConfig, load_workload
-from joulepilot.compiler.generation import GenerationError, fixed_length_generate, prepare_generation
+from joulepilot.compiler.generation import (
+    GenerationError,
+    fixed_length_config,
+    fixed_length_generate,
+    prepare_generation,
+)
 from joulepilot.compiler.generation_workloads import Generation
 from joulepilot.store import list_runs, open_db
 
@@ -61,6 +66,46 @@ def test_decode_steps_run_compiled_and_the_prefill_by_its_knob(dynamo_reset, com
     import inspect
 
     assert inspect.signature(model.forward) == inspect.signature(prepared.original_forward)
+
+
+def test_the_decode_step_joulepilot_compiles_is_the_graph_transformers_own_compile_gets(dynamo_reset, monkeypatch):
+    """Prepared as a worker prepares it (the static cache for the workload's prompt and new tokens, decode steps
+    compiled, the prompt eager), a decode step hands the compiler the very FX graph, on inputs of the very shapes,
+    that transformers' own static-cache compile hands it: what differs on a GPU is not what is compiled."""
+    from transformers.generation.configuration_utils import CompileConfig as TransformersCompileConfig
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "0")  # what transformers sets when it compiles
+
+    def recorded(prepare):
+        model, input_ids = _tiny()
+        graphs = []
+
+        def backend(gm, inputs, **_):
+            graphs.append((gm.code, [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]))
+            return gm.forward
+
+        settings = prepare(model, backend)
+        for _ in range(2):
+            model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=settings)
+        torch._dynamo.reset()
+        return graphs
+
+    def ours(model, backend):
+        config = CompileConfig("reduce-overhead", cache="static", batch_size=BATCH)
+        prepare_generation(model, config, "cpu", max_cache_len=Generation(PROMPT, NEW).cache_len,
+                           compile_kwargs={"backend": backend, "dynamic": False})
+        return fixed_length_config(model.generation_config, NEW)
+
+    def transformers_recipe(model, backend):
+        settings = fixed_length_config(model.generation_config, NEW)
+        settings.cache_implementation = "static"
+        settings.compile_config = TransformersCompileConfig(backend=backend, mode=None)
+        settings.compile_config._compile_all_devices = True  # transformers compiles off CUDA only when told to
+        return settings
+
+    mine, theirs = recorded(ours), recorded(transformers_recipe)
+    assert len(mine) == len(theirs) == 1  # one graph each, no recompile over two calls
+    assert mine == theirs
 
 
 def test_the_same_precision_reference_is_eager_in_the_configurations_precision_and_cache():

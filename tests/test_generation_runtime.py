@@ -89,7 +89,7 @@ def test_the_hook_prepares_generate_with_the_decided_static_cache_compile(decide
     served = joulepilot.compile(model, policy=str(policy_path), db=str(db_path), backend="eager")
     assert served.decision.config["label"] == STATIC.label and served.decision.state == "verified"
     assert model.generation_config.cache_implementation == "static"
-    assert model.generation_config.max_cache_len == PROMPT + NEW and model.generation_config.disable_compile
+    assert model.generation_config.max_cache_len == PROMPT + NEW - 1 and model.generation_config.disable_compile
     assert model._joulepilot_generation.compiled is not None
     assert torch.equal(served.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NEW,
                                        min_new_tokens=NEW), reference)
