@@ -23,6 +23,21 @@ least informative last:
 - `compiled-dynamic-cache`: the forward compiled (default mode, dynamic shapes) with the dynamic cache: what
   `torch.compile(model)` gives a generation without a static cache.
 
+Why joulepilot's reduce-overhead static-cache row could be slower per step than transformers' own compile (the
+first H200 run: 2.98 ms per token against the 2.4 ms another script measured), and what was settled on the CPU
+(tests/test_generation_bench.py, transformers 5.24): a decode step hands the compiler the same FX graph on inputs
+of the same shapes, with the same guards (887 guard lines each, 19 of them tensor checks, for a 1-layer
+tiny-llama), one graph and no recompile over repeated calls in both; the dispatcher adds no measurable time per
+step (1.37 against 1.36 ms per step with an eager backend on a 2-core CPU, within its noise). The one difference
+found and removed: the static cache was one position longer than transformers'. What only a GPU can settle, in
+this order: (1) the reference row against reduce-overhead/static-cache in the same run, which removes the other
+script's conditions (clocks, warm-up, what its 2.4 ms was divided by); (2) `dynamic=False` (joulepilot) against
+`dynamic=None` (transformers) under reduce-overhead: a run of reduce-overhead with `--option` overrides cannot
+change `dynamic`, so compare the two rows' `extra.torch_compile_kwargs` and TPOT; (3) CUDA-graph re-recording
+between generate calls (each call builds a new StaticCache: `TORCH_LOGS=cudagraphs` in the worker shows whether
+a call records again); (4) the prefill over a static cache (29 ms against 19.6 ms over the dynamic one on the H200)
+is in TTFT and in J per token for both rows, not in TPOT.
+
 Every finished run is in the database (`--db`, default OUT/generation.db) and appended to OUT/runs.jsonl the
 moment it finishes, so a call that is cut off loses only the run in progress; the same command again skips
 what is measured (`bench`'s rule) and goes on. `--max-minutes` stops starting runs when fewer than
