@@ -32,8 +32,8 @@ step (1.37 against 1.36 ms per step with an eager backend on a 2-core CPU, withi
 found and removed: the static cache was one position longer than transformers'. What only a GPU can settle, in
 this order: (1) the reference row against reduce-overhead/static-cache in the same run, which removes the other
 script's conditions (clocks, warm-up, what its 2.4 ms was divided by); (2) `dynamic=False` (joulepilot) against
-`dynamic=None` (transformers) under reduce-overhead: a run of reduce-overhead with `--option` overrides cannot
-change `dynamic`, so compare the two rows' `extra.torch_compile_kwargs` and TPOT; (3) CUDA-graph re-recording
+`dynamic=None` (transformers), the one compile argument the two rows do not share: with the same graph, a TPOT
+gap between them is Inductor's or the CUDA graphs' doing under those arguments; (3) CUDA-graph re-recording
 between generate calls (each call builds a new StaticCache: `TORCH_LOGS=cudagraphs` in the worker shows whether
 a call records again); (4) the prefill over a static cache (29 ms against 19.6 ms over the dynamic one on the H200)
 is in TTFT and in J per token for both rows, not in TPOT.
