@@ -468,7 +468,8 @@ class MeteredModel:
         self._newest = sample
         if self.guard is not None and not final:
             # a window of a generate call under way is not idle, though no call ended in it
-            trip = self.guard.feed(avg_power_w, inferences=max(inferences, int(served)), at=t_end)
+            trip = self.guard.feed(avg_power_w, inferences=max(inferences, int(served)), at=t_end, energy_j=energy_j,
+                                   tokens=sample["tokens"])
             if trip is not None:
                 self._on_trip(trip)
 

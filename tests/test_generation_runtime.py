@@ -231,3 +231,17 @@ def test_windows_of_a_generate_call_under_way_are_not_idle_to_the_guard(tmp_path
     assert done.is_set() and dep.tokens == 6
     # no call ended in the first windows, yet the call ran through them: the 100 W over them trips the guard
     assert guard.tripped is not None and len(guard.tripped.window_powers_w) == 3
+
+
+def test_a_trip_of_a_generation_says_its_joules_per_token():
+    from joulepilot.runtime.guard import trip_message
+
+    guard = EnvelopeGuard(300.0, windows=2)
+    assert guard.feed(350.0, inferences=1, energy_j=1750.0, tokens=2000) is None
+    trip = guard.feed(360.0, inferences=1, energy_j=1800.0, tokens=1500)
+    assert trip is not None and (trip.energy_j, trip.tokens) == (3550.0, 3500)
+    message = trip_message("chat-prod", trip, "reduce-overhead/static-cache/bf16/b8", "nvml")
+    assert message.endswith("; 1.014 J per generated token in those windows (3500 tokens)")
+    forward = EnvelopeGuard(300.0, windows=2)
+    forward.feed(350.0, inferences=10)
+    assert "per generated token" not in trip_message("svc", forward.feed(350.0, inferences=10), None, "nvml")
