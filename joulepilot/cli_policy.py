@@ -420,8 +420,9 @@ def _graph_break_notes(policy: Any, db: str | None, decision: Any) -> list[dict[
     with reading_store(db) as database:
         runs = [r for wid in decision.workload_ids or [decision.workload_id]
                 for r in workload_runs(database, wid) if r.id in wanted]
-    command = doctor_command(decision.workload, decision.config.get("batch_size") or policy.batch_size,
-                             policy.seq_len, policy.image_size)
+    # the doctor analyses a forward pass: a generation's breaks are named without a command to run
+    command = None if policy.generates else doctor_command(
+        decision.workload, decision.config.get("batch_size") or policy.batch_size, policy.seq_len, policy.image_size)
     return graph_break_notes(runs, command)
 
 
