@@ -66,6 +66,7 @@ def decided(tmp_path: Path, dynamo_reset) -> tuple[Path, Path]:
                         "energy_j_per_inference": per_token * BATCH * NEW, "energy_j_per_token": per_token,
                         "tpot_ms_p50": 2.0, "tpot_ms_p95": 3.0, "ttft_ms_p50": 5.0, "tokens_match": 1,
                         "avg_power_w": 10.0, "compile_s": 1.0 if config.compiles else 0.0, "compile_energy_j": 1.0,
+                        "graph_breaks": 2 if config.compiles else 0,
                         "energy_source": "estimate", "torch_version": torch.__version__})
     policy = load_policy(policy_path)
     decision = resolve(policy, db, "cpu", torch_version=torch_minor())
@@ -245,3 +246,11 @@ def test_a_trip_of_a_generation_says_its_joules_per_token():
     forward = EnvelopeGuard(300.0, windows=2)
     forward.feed(350.0, inferences=10)
     assert "per generated token" not in trip_message("svc", forward.feed(350.0, inferences=10), None, "nvml")
+
+
+def test_explain_names_a_generations_graph_breaks_without_a_doctor_command_it_cannot_run(decided):
+    policy_path, db_path = decided
+    out = CliRunner().invoke(main, ["policy", "explain", str(policy_path), "--db", str(db_path), "--json"])
+    assert out.exit_code == 0, out.output
+    (note,) = json.loads(out.stdout)["graph_breaks"]
+    assert note["summary"] == "2 graph breaks" and note["labels"] == [STATIC.label]
