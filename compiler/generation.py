@@ -28,11 +28,15 @@ The model is prepared in place: afterwards `model.generate(...)` generates under
 
 **Measuring** (`run_generation`, the worker's job for a generation; the meters, idle baseline, phases and
 budgets of a forward run, `compiler/worker.py`): the eager fp32 reference generation with the dynamic cache
-(its greedy tokens and the logits of its first steps); the configuration applied; the first generate call,
-metered as the compile (compile seconds and energy), whose greedy tokens and logits are checked against the
-reference (`tokens_match`: every sequence's tokens equal eager's for all new tokens; `max_rel_error`: the
-largest relative error of the logits over the first steps whose inputs still equal the reference's, the first
-step's always); warm-up with whole generate calls past compilation and CUDA-graph recording; a latency pass
+(its greedy tokens and the logits of its first steps); for a compiled configuration in another precision or with
+the static cache, eager's generation in that precision with that cache (the same-precision reference); the
+configuration applied; the first generate call, metered as the compile (compile seconds and energy), whose
+greedy tokens and logits are checked: `max_rel_error` is the largest relative error of the logits against eager
+fp32's over the first steps whose inputs still equal that reference's (the first step's always), and
+`tokens_match` says whether every sequence's tokens equal the same-precision reference's for all new tokens,
+which isolates what compiling changed (an eager configuration is its own reference). Against eager fp32 a bf16
+model's greedy tokens part within a few steps on random weights, whatever compiles it, so that comparison
+(`fp32_tokens_match_steps`) says nothing about compiling; warm-up with whole generate calls past compilation and CUDA-graph recording; a latency pass
 whose streamer times each token with a device synchronisation (time to first token from the call's start,
 time per output token between tokens, and each whole call); then two metered windows of back-to-back calls,
 each at least `min_seconds` long: whole generations of the batch, and prefills alone. A prefill call is
@@ -43,6 +47,7 @@ a whole generation's joules less a prefill's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -78,9 +83,48 @@ class PreparedGeneration:
         """A copy of the model's generation config for exactly `new_tokens` greedy tokens per sequence."""
         return fixed_length_config(self.model.generation_config, new_tokens)
 
+    def run_eagerly(self) -> None:
+        """From now on every forward pass runs the model's own forward, uncompiled, with the dynamic cache (the
+        eager baseline), in the precision the model has now: a cast to a lower precision is not undone, since
+        the weights it rounded are gone. What a deployment's envelope guard swaps a generation to."""
+        self.model.forward = self.original_forward
+        self.model.generation_config.cache_implementation = None
+        self.compiled = None
 
-def _has_generate(model: Any) -> bool:
+
+def has_generate(model: Any) -> bool:
+    """Whether `model` generates as a transformers causal LM does (`generate` and a `generation_config`)."""
     return callable(getattr(model, "generate", None)) and getattr(model, "generation_config", None) is not None
+
+
+_has_generate = has_generate
+
+
+def generated_tokens(model: Any, output: Any, args: tuple, kwargs: dict[str, Any]) -> int:
+    """The tokens a `model.generate(*args, **kwargs)` call that returned `output` generated, over the whole batch:
+    for each returned sequence, its positions after the prompt up to and including its first end-of-sequence
+    token (the padding after a sequence that stopped early was computed, but is no token of it); every new
+    position when no end-of-sequence token is set. 0 when the output is not a batch of sequences."""
+    import torch
+
+    sequences = getattr(output, "sequences", output)
+    prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
+        return 0
+    prompt_len = prompt.shape[-1] if isinstance(prompt, torch.Tensor) and prompt.dim() >= 1 else 0
+    new = sequences[:, prompt_len:]
+    if new.shape[1] == 0:
+        return 0
+    settings = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    eos = kwargs.get("eos_token_id", getattr(settings, "eos_token_id", None))
+    eos = [eos] if isinstance(eos, int) else list(eos or ())
+    if not eos:
+        return int(new.numel())
+    stops = torch.isin(new, torch.tensor(eos, device=new.device))
+    stopped = stops.any(dim=1)
+    first = stops.int().argmax(dim=1) + 1  # positions up to and including the first end-of-sequence token
+    lengths = torch.where(stopped, first, torch.full_like(first, new.shape[1]))
+    return int(lengths.sum())
 
 
 def _is_prefill(args: tuple, kwargs: dict[str, Any]) -> bool:
@@ -116,8 +160,9 @@ def prepare_generation(model: Any, config: CompileConfig, device: str | None = N
     """Prepare a causal LM (a transformers model with `generate`) in place to generate under `config`: its
     precision as the model's dtype, its KV cache, and its forward compiled for decode steps (and the prompt,
     with `compile_prefill`), transformers' own automatic compile turned off; see the module docstring.
-    `max_cache_len`: positions a static cache is allocated for (prompt + new tokens of the longest request), so
-    that every call reuses one cache size and compiled graph. `compile_kwargs` replaces the configuration's own
+    `max_cache_len`: positions a static cache is allocated for (`Generation.cache_len` of the longest request:
+    its prompt and new tokens but the last, as transformers sizes it), so that every call reuses one cache size
+    and compiled graph. `compile_kwargs` replaces the configuration's own
     torch.compile arguments. GenerationError for a model without transformers' `generate`; ConfigError for a
     regional configuration."""
     import torch
@@ -232,6 +277,37 @@ def compare_greedy(tokens: Any, logits: list[Any], ref_tokens: Any, ref_logits: 
     values = [e.max_rel_error for e in errors if e.max_rel_error is not None]
     note = next((e.note for e in errors if e.note), None)
     return GreedyCheck(matching == tokens.shape[1], matching, checked, max(values) if values else None, note)
+
+
+def same_precision_reference(model: Any, input_ids: Any, mask: Any, config: CompileConfig, generation: Any,
+                             fp32_tokens: Any) -> tuple[Any, str]:
+    """(the greedy tokens of eager in the configuration's precision with its cache, or None for an eager
+    configuration, which is its own reference; what that reference is, in words). Called before the model is
+    prepared: it casts the model to a bf16 or fp16 configuration's dtype, as `prepare_generation` would. A
+    compiled fp32 configuration with the dynamic cache has the fp32 reference (`fp32_tokens`) for its own."""
+    import torch
+
+    from .precision import AUTOCAST_DTYPES, strict_fp32, tf32_enabled
+
+    cache = "static cache" if config.cache == "static" else "dynamic cache"
+    words = f"eager {config.precision}, {cache}"
+    if not config.compiles:
+        return None, f"{words} (the configuration itself)"
+    if config.precision == "fp32" and config.cache != "static":
+        return fp32_tokens, words
+    dtype = AUTOCAST_DTYPES.get(config.precision)
+    if dtype is not None:
+        model.to(dtype)
+    settings = fixed_length_config(model.generation_config, generation.new_tokens)
+    settings.disable_compile = True
+    if config.cache == "static":
+        settings.cache_implementation = "static"
+        settings.max_cache_len = generation.cache_len
+    scope = tf32_enabled(True) if config.precision == "tf32" else strict_fp32() if dtype is None else \
+        contextlib.nullcontext()
+    with torch.no_grad(), scope:
+        tokens, _ = _greedy(model, input_ids, mask, settings, 0)
+    return tokens, words
 
 
 # --- the latency pass -------------------------------------------------------------------------------------
@@ -368,6 +444,8 @@ def run_generation(job: dict[str, Any], phases: Any) -> dict[str, Any]:
         ref_tokens, ref_logits = _greedy(model, input_ids, mask, fixed_length_config(model.generation_config, new),
                                          steps)
     sync()
+    own_tokens, own_reference = same_precision_reference(model, input_ids, mask, config, generation, ref_tokens)
+    sync()
     if job.get("describe"):  # before the configuration changes the model's dtype and forward
         phases.enter("describe")
         try:
@@ -382,7 +460,7 @@ def run_generation(job: dict[str, Any], phases: Any) -> dict[str, Any]:
         idle = take_idle_baseline(meter, job, phases, extra)
         if str(device).startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(torch.device(device))
-        prepare_generation(model, config, device, max_cache_len=generation.max_len)
+        prepare_generation(model, config, device, max_cache_len=generation.cache_len)
         whole = fixed_length_config(model.generation_config, new)
         first = fixed_length_config(model.generation_config, 1)
         generate = untraced(lambda: model.generate(input_ids, attention_mask=mask, generation_config=whole))
@@ -396,7 +474,8 @@ def run_generation(job: dict[str, Any], phases: Any) -> dict[str, Any]:
         result["compile_s"] = compile_s
         result.update(compile_metered.columns)
         check = compare_greedy(tokens, logits, ref_tokens, ref_logits)
-        result["tokens_match"] = int(check.tokens_match)
+        own = compare_greedy(tokens, [], own_tokens, []) if own_tokens is not None else None
+        result["tokens_match"] = int(own.tokens_match) if own is not None else 1
         result["max_rel_error"] = check.max_rel_error
         if check.note:
             extra["numeric_check"] = check.note
@@ -442,7 +521,9 @@ def run_generation(job: dict[str, Any], phases: Any) -> dict[str, Any]:
                                           idle=idle)
     result.update(figures)
     details.update(cache=config.cache, prefill="compiled" if config.compile_prefill else "eager",
-                   tokens_match_steps=check.matching_steps, logits_checked_steps=check.checked_steps)
+                   tokens_match_steps=own.matching_steps if own is not None else new,
+                   tokens_match_reference=own_reference, fp32_tokens_match_steps=check.matching_steps,
+                   logits_checked_steps=check.checked_steps)
     extra["generation"] = details
     result["peak_memory_bytes"] = max(peak_before_window, peak_window)
     _check_window_pace(window.duration_s * 1000.0 / calls, result["latency_ms_p50"], extra, "token_pass")

@@ -78,6 +78,12 @@ class Generation:
         """Positions one sequence occupies at the end: its prompt and every new token."""
         return self.prompt_len + self.new_tokens
 
+    @property
+    def cache_len(self) -> int:
+        """Positions its KV cache holds: the prompt and every new token but the last, which no step reads back
+        (transformers sizes a static cache so: `max_length - 1`)."""
+        return self.max_len - 1
+
 
 DEFAULT_PROMPT_LEN = 128
 DEFAULT_NEW_TOKENS = 128
@@ -295,18 +301,32 @@ def plan_generation_configs(modes: Iterable[str], fusions: Iterable[str] = ("def
     standard recipe: fixed shapes, so a decode step compiles once and replays as a CUDA graph); given, each
     configuration is measured with each cache. `compile_prefill` applies to compiled modes only."""
     from .bench import plan_configs
-    from .options import CACHES, check_choice
 
-    chosen_caches = [check_choice("cache", c, CACHES) for c in caches]
-    prefills = list(dict.fromkeys(bool(p) for p in compile_prefill)) or [False]
     planned: list[Any] = []
     for base in plan_configs(modes, fusions, precisions, batch_size=batch_size, dynamic=dynamic, options=options):
-        for cache in chosen_caches or ([DEFAULT_CACHE] if not base.compiles else ["static"]):
-            for prefill in prefills if base.compiles else [False]:
-                config = base.replace(cache=cache, compile_prefill=prefill)
-                if config not in planned:
-                    planned.append(config)
+        for config in generation_variants(base, caches, compile_prefill):
+            if config not in planned:
+                planned.append(config)
     return planned
+
+
+def generation_variants(base: Any, caches: Iterable[str] | None = (),
+                        compile_prefill: Iterable[bool] = (False,)) -> list[Any]:
+    """The generation configurations of one configuration (a CompileConfig): with each of `caches`, or, when
+    none are given, eager with the dynamic cache and a compiled mode with the static one; each compiled one
+    with each `compile_prefill` setting. The one rule of `bench --task generate` and of a generation policy's
+    grid (`policies.resolve.candidate_configs`)."""
+    from .options import CACHES, check_choice
+
+    chosen = [check_choice("cache", c, CACHES) for c in caches or ()]
+    prefills = list(dict.fromkeys(bool(p) for p in compile_prefill)) or [False]
+    out: list[Any] = []
+    for cache in chosen or ([DEFAULT_CACHE] if not base.compiles else ["static"]):
+        for prefill in prefills if base.compiles else [False]:
+            config = base.replace(cache=cache, compile_prefill=prefill)
+            if config not in out:
+                out.append(config)
+    return out
 
 
 # --- building (in the worker) -----------------------------------------------------------------------------

@@ -828,7 +828,7 @@ class Daemon:
         purpose = self._job_purpose(job)
         self._notify("job_started", job_id=job.id, device=device,
                      label=f"{policy.name} {cfg.label} on {device}" + (f" ({purpose})" if purpose else ""))
-        shape = policy.shape_args()
+        workload = policy.workload_args()
         columns = run_columns(self.db)
         bench_cfg = self.cfg.bench
         zygotes = self._zygotes
@@ -841,16 +841,15 @@ class Daemon:
                 self._quiet_baselines[device] = quiet
             if zygotes is not None:
                 # the zygote's CPU work does not disturb the GPU's idle power, taken first on the job's thread
-                start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
-                                                           shape.get("image_size"), policy.shapes), env)
+                start_zygote_early(zygotes, worker_job_key(policy.workload, cfg, device, **workload), env)
 
         def measure(stop_check: Any, on_start: Any) -> Any:  # on the job's thread: no store here
             context = self._pass_context(device)
+            # the policy's workload whole: input shapes or its shape set, model options, a generation
             return measure_config(
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
-                budget_s=bench_cfg.budget_s, seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),
-                shapes=policy.shapes, describe=describes, cancel=stop_check, on_start=on_start, worker_env=env,
-                zygotes=zygotes, windows=windows,
+                budget_s=bench_cfg.budget_s, describe=describes, cancel=stop_check, on_start=on_start,
+                worker_env=env, zygotes=zygotes, windows=windows, **workload,
             )
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
@@ -975,9 +974,8 @@ class Daemon:
 
         if not device.startswith("cuda") or self._zygotes is None:
             return False
-        shape = policy.shape_args()
-        return start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device, shape.get("seq_len"),
-                                                                shape.get("image_size"), policy.shapes), env)
+        return start_zygote_early(self._zygotes, worker_job_key(policy.workload, cfg, device,
+                                                                **policy.workload_args()), env)
 
     def _start_next_zygote(self, device: str, started: JobRow, by_name: dict[str, Any], probe: DeviceProbe,
                            env: dict[str, str]) -> None:
@@ -1145,6 +1143,8 @@ class Daemon:
 
         from .redecide import warm_start_candidates
 
+        if policy.generates:
+            return  # a generation's warm start is not timed yet (as in bench)
         shape = policy.shape_args()
         tracker = self._tracker(device)
         bench_cfg = self.cfg.bench

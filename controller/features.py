@@ -74,6 +74,17 @@ def work_scale(workload: Mapping[str, Any]) -> float:
     return float(max(1.0, 2.0 * params * (workload.get("batch_size") or 1)))
 
 
+def generation_numbers(workload: Mapping[str, Any]) -> dict[str, float]:
+    """A generation workload's size: parameters, batch, prompt and new tokens, and the KV cache's positions (every
+    sequence's prompt and new tokens: what attention reads at the last step)."""
+    batch = max(1, int(workload.get("batch_size") or 1))
+    prompt = max(1, int(workload.get("prompt_len") or 1))
+    new = max(1, int(workload.get("new_tokens") or 1))
+    return {"log_params": math.log10(max(1.0, float(workload.get("params") or 1))),
+            "log2_batch_size": math.log2(batch), "log2_prompt_len": math.log2(prompt),
+            "log2_new_tokens": math.log2(new), "log2_cache_positions": math.log2(batch * (prompt + new))}
+
+
 def workload_numbers(workload: Mapping[str, Any]) -> dict[str, float]:
     return {
         "log_params": math.log10(max(1.0, float(workload.get("params") or 1))),
@@ -83,40 +94,61 @@ def workload_numbers(workload: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+GENERATION_NUMBERS = ("log_params", "log2_batch_size", "log2_prompt_len", "log2_new_tokens", "log2_cache_positions",
+                      "static_cache", "compiled_prefill", "dynamic")
+
+
 @dataclass
 class FeatureSpace:
-    """Column layout learned from training rows; `vector` turns one (workload, config, device) into numbers."""
+    """Column layout learned from training rows; `vector` turns one (workload, config, device) into numbers.
+    A generation's space (`task` 'generate') has its own numeric columns (`GENERATION_NUMBERS`: parameters,
+    batch, prompt and new tokens, the KV cache's size and kind, a compiled prefill) in place of a forward pass's
+    (FLOPs of one call, graph size, op mix, padding, regional compilation)."""
 
     modes: list[str] = field(default_factory=list)
     fusions: list[str] = field(default_factory=list)
     precisions: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     op_families: list[str] = field(default_factory=list)
+    task: str = "forward"
 
     @classmethod
-    def learn(cls, rows: Iterable[tuple[Mapping[str, Any], Mapping[str, Any], str]]) -> FeatureSpace:
+    def learn(cls, rows: Iterable[tuple[Mapping[str, Any], Mapping[str, Any], str]],
+              task: str = "forward") -> FeatureSpace:
         modes, fusions, precisions, devices, ops = set(), set(), set(), set(), set()
         for workload, config, device in rows:
             modes.add(config["mode"])
             fusions.add(config["fusion"])
             precisions.add(config["precision"])
             devices.add(device)
-            ops.update(op_mix_fractions(workload))
-        return cls(sorted(modes), sorted(fusions), sorted(precisions), sorted(devices), sorted(ops))
+            if task == "forward":
+                ops.update(op_mix_fractions(workload))
+        return cls(sorted(modes), sorted(fusions), sorted(precisions), sorted(devices), sorted(ops), task)
+
+    def _categorical(self, cfg: Mapping[str, Any], device: str) -> list[float]:
+        return ([float(cfg["mode"] == m) for m in self.modes] + [float(cfg["fusion"] == f) for f in self.fusions]
+                + [float(cfg["precision"] == p) for p in self.precisions] + [float(device == d) for d in self.devices])
 
     @property
     def names(self) -> list[str]:
+        categorical = ([f"mode={m}" for m in self.modes] + [f"fusion={f}" for f in self.fusions]
+                       + [f"precision={p}" for p in self.precisions] + [f"device={d}" for d in self.devices])
+        if self.task == "generate":
+            return list(GENERATION_NUMBERS) + categorical
         return (
             ["log_params", "log_flops", "log_graph_nodes", "log2_batch_size", "dynamic", "padded", "regional"]
             + [f"op:{o}" for o in self.op_families]
-            + [f"mode={m}" for m in self.modes]
-            + [f"fusion={f}" for f in self.fusions]
-            + [f"precision={p}" for p in self.precisions]
-            + [f"device={d}" for d in self.devices]
+            + categorical
         )
 
     def vector(self, workload: Mapping[str, Any], config: Any, device: str) -> list[float]:
         cfg = config_row(config)
+        if self.task == "generate":
+            nums = generation_numbers(workload)
+            flags = {"static_cache": float((cfg.get("cache") or "dynamic") == "static"),
+                     "compiled_prefill": float(bool(cfg.get("compile_prefill"))),
+                     "dynamic": float(bool(cfg.get("dynamic")))}
+            return [nums.get(name, flags.get(name, 0.0)) for name in GENERATION_NUMBERS] + self._categorical(cfg, device)
         nums = workload_numbers(workload)
         mix = op_mix_fractions(workload)
         return (
@@ -124,8 +156,5 @@ class FeatureSpace:
              float(bool(cfg.get("dynamic"))), float((cfg.get("padding") or "none") != "none"),
              float(bool(cfg.get("regional")))]
             + [mix.get(o, 0.0) for o in self.op_families]
-            + [float(cfg["mode"] == m) for m in self.modes]
-            + [float(cfg["fusion"] == f) for f in self.fusions]
-            + [float(cfg["precision"] == p) for p in self.precisions]
-            + [float(device == d) for d in self.devices]
+            + self._categorical(cfg, device)
         )

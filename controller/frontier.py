@@ -40,10 +40,20 @@ def pareto_front(points: Sequence[Mapping[str, Any]], x: str = "latency_ms_p95",
     return front
 
 
-def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[Any]:
+# The axes of a frontier: a forward pass's p95 latency per call and J per call; a generation's time per output
+# token (p50, the latency its policies minimise) and J per generated token.
+FORWARD_AXES = {"x": "latency_ms_p95", "y": "energy_j_per_inference"}
+GENERATION_AXES = {"x": "tpot_ms_p50", "y": "energy_j_per_token"}
+AXIS_WORDS = {"latency_ms_p95": "p95 latency per forward call (ms)", "energy_j_per_inference": "energy per forward call (J)",
+              "tpot_ms_p50": "time per output token, p50 (ms)", "energy_j_per_token": "energy per generated token (J)"}
+
+
+def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None, generates: bool = False) -> list[Any]:
     """Allowed configurations: the policy's search space, else every combination of the modes,
-    precisions, fusion presets, dynamic and padding settings measured on this device (eager: only plain)."""
+    precisions, fusion presets, dynamic and padding settings measured on this device (eager: only plain); for
+    a generation, each with the KV caches and prefill settings searched (or measured)."""
     from joulepilot.compiler import CompileConfig
+    from joulepilot.compiler.generation_workloads import generation_variants
 
     if search is not None:
         modes, precisions, fusions, dynamics = search.modes, search.precisions, search.fusion, search.dynamic
@@ -56,6 +66,10 @@ def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[A
         dynamics = sorted({bool(r.dynamic) for r in runs})
         paddings = sorted({r.padding or "none" for r in runs})
         regionals = sorted({r.regional or "" for r in runs})
+    caches = getattr(search, "caches", None) if search is not None else \
+        sorted({r.cache or "dynamic" for r in runs if r.mode != "eager"}) or None
+    prefills = getattr(search, "compile_prefill", (False,)) if search is not None else \
+        sorted({bool(r.compile_prefill) for r in runs}) or [False]
     seen, out = set(), []
     for mode, precision, fusion, dynamic, padding, regional in itertools.product(modes, precisions, fusions,
                                                                                  dynamics, paddings, regionals):
@@ -63,9 +77,10 @@ def _grid(runs: Sequence[RunRow], batch_size: int, search: Any = None) -> list[A
         cfg = CompileConfig(mode=mode, fusion="default" if eager else fusion, precision=precision,
                             dynamic=dynamic and not eager, padding="none" if eager else padding,
                             batch_size=batch_size, regional="" if eager else regional)
-        if cfg.id not in seen:
-            seen.add(cfg.id)
-            out.append(cfg)
+        for variant in generation_variants(cfg, caches, prefills) if generates else [cfg]:
+            if variant.id not in seen:
+                seen.add(variant.id)
+                out.append(variant)
     return out
 
 
@@ -74,7 +89,8 @@ def _median_of(runs: Sequence[RunRow], figure: str) -> float | None:
     return median(values) if values else None
 
 
-def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tuple[list[dict[str, Any]], list[str]]:
+def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow],
+                     axes: Mapping[str, str] = FORWARD_AXES) -> tuple[list[dict[str, Any]], list[str]]:
     """(one point per measured configuration, notes on what was not compared). Runs of different energy
     sources are never compared (`policies.sources`): the frontier ranks the points of the most trustworthy
     source measured (then the one more configurations were measured with); each configuration's point rests on
@@ -89,7 +105,8 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tu
     own = own_sources(grouped, order)
     counted_by_source = {source: {cid: counted_rows(rs) for cid, rs in group.items()}
                          for source, group in grouped.items()}
-    found = {source: intervals({cid: [r.energy_j_per_inference for r in rs if r.energy_j_per_inference is not None]
+    energy = axes["y"]
+    found = {source: intervals({cid: [getattr(r, energy) for r in rs if getattr(r, energy) is not None]
                                 for cid, rs in counted.items()})
              for source, counted in counted_by_source.items()}
     points, notes, uncompared = [], [], {}
@@ -101,7 +118,7 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tu
             "precision": newest.precision, "source": "measured", "run_id": mine[0].id if mine else newest.id,
             "run_ids": [r.id for r in mine], "repeats": len(mine),
             "latency_ms_p95": _median_of(mine, "latency_ms_p95"),
-            "energy_j_per_inference": ci.median if ci else None,
+            energy: ci.median if ci else None,
             "median": ci.median if ci else None, "ci_low": ci.low if ci else None,
             "ci_high": ci.high if ci else None,
             "spread_pct": 100.0 * ci.half_width_rel if ci else None,
@@ -109,6 +126,8 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tu
             "energy_source": None if source == UNKNOWN_SOURCE else source,
             "compared": source == ranked, "not_compared": None,
         }
+        if axes is GENERATION_AXES:
+            point.update({name: _median_of(mine, name) for name in ("tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50")})
         if source != ranked:
             point["not_compared"] = not_compared_text(source, str(ranked), "the frontier")
             uncompared.setdefault(source, []).append(point["label"])
@@ -124,12 +143,13 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow]) -> tu
 def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | None = None,
              batch_size: int | None = None, model: TradeoffModel | None = None, search: Any = None,
              predict: bool = True) -> dict[str, Any]:
-    """Measured and predicted (latency p95, J/inference) points of `workload` (a spec) on one device kind.
+    """Measured and predicted (latency p95, J/inference) points of `workload` (a spec) on one device kind; for a
+    generation (TPOT p50, J per generated token), with TTFT and TPOT p95 beside them (`axes` names the two).
 
     Defaults: the device kind and batch size with the most ok runs of the workload. Measured points are
     the medians over every counted ok run per configuration (`median`, `ci_low`, `ci_high`: J/inference
-    and its interval; `repeats`: how many runs); predicted points are allowed configurations never measured
-    (with the model's uncertainty). `frontier` lists the Pareto-optimal labels over all points,
+    (J/token) and its interval; `repeats`: how many runs); predicted points are allowed configurations never
+    measured (with the model's uncertainty). `frontier` lists the Pareto-optimal labels over all points,
     `measured_frontier` over measured points only.
     """
     runs = ok_runs(db, workload=workload)  # newest first
@@ -149,10 +169,13 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
     workload_id = Counter(r.workload_id for r in at_batch).most_common(1)[0][0]
 
     mine = [r for r in at_batch if r.workload_id == workload_id]
+    generates = any(r.task == "generate" for r in mine)
+    axes = GENERATION_AXES if generates else FORWARD_AXES
     latest = latest_per_config(mine)
-    points, notes = _measured_points(mine, latest)
+    points, notes = _measured_points(mine, latest, axes)
     if predict:
-        unmeasured = [c for c in _grid(on_device, batch_size, search) if c.id not in latest]
+        same_task = [r for r in on_device if (r.task == "generate") == generates]
+        unmeasured = [c for c in _grid(same_task, batch_size, search, generates) if c.id not in latest]
         if unmeasured:
             if model is None:
                 try:
@@ -171,16 +194,18 @@ def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | Non
                     points.append(point)
 
     # Only points of one energy source (and predictions) are ranked against each other.
+    x, y = axes["x"], axes["y"]
     ranked_idx = [i for i, p in enumerate(points) if p["source"] == "predicted" or p["compared"]]
-    front = [ranked_idx[i] for i in pareto_front([points[i] for i in ranked_idx])]
+    front = [ranked_idx[i] for i in pareto_front([points[i] for i in ranked_idx], x, y)]
     measured_idx = [i for i, p in enumerate(points) if p["source"] == "measured" and p["compared"]]
-    measured_front = [measured_idx[i] for i in pareto_front([points[i] for i in measured_idx])]
+    measured_front = [measured_idx[i] for i in pareto_front([points[i] for i in measured_idx], x, y)]
     for i, p in enumerate(points):
         p["pareto"] = i in front
         p["measured_pareto"] = i in measured_front
-    points.sort(key=lambda p: (p["latency_ms_p95"] is None, p["latency_ms_p95"] or 0.0))
+    points.sort(key=lambda p: (p.get(x) is None, p.get(x) or 0.0))
     return {
         "workload": workload, "workload_id": workload_id, "batch_size": batch_size, "device_kind": device_name,
+        "task": "generate" if generates else "forward", "axes": dict(axes),
         "points": points,
         "frontier": [p["label"] for p in points if p["pareto"]],
         "measured_frontier": [p["label"] for p in points if p["measured_pareto"]],
@@ -199,8 +224,9 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
 
     from .report_plots import mark_estimate, place_labels
 
-    points = [p for p in result["points"] if p.get("latency_ms_p95") is not None
-              and p.get("energy_j_per_inference") is not None]
+    axes = result.get("axes") or FORWARD_AXES
+    x, y = axes["x"], axes["y"]
+    points = [p for p in result["points"] if p.get(x) is not None and p.get(y) is not None]
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     measured = [p for p in points if p["source"] == "measured"]
     predicted = [p for p in points if p["source"] == "predicted"]
@@ -209,7 +235,7 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
         by_source.setdefault(p.get("energy_source") or "no source", []).append(p)
     colours = iter(["tab:blue", "tab:purple", "tab:brown", "tab:cyan"])
     for source, group in sorted(by_source.items(), key=lambda item: "estimate" in item[0]):
-        xs, ys = [p["latency_ms_p95"] for p in group], [p["energy_j_per_inference"] for p in group]
+        xs, ys = [p[x] for p in group], [p[y] for p in group]
         apart = ", not compared" if not any(p.get("compared", True) for p in group) else ""
         if "estimate" in source:
             ax.scatter(xs, ys, s=42, facecolors="none", edgecolors="0.35", linewidths=1.4, zorder=3,
@@ -218,17 +244,17 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
         else:
             ax.scatter(xs, ys, s=42, color=next(colours, "tab:blue"), zorder=3, label=f"measured ({source}){apart}")
     if predicted:
-        ax.errorbar([p["latency_ms_p95"] for p in predicted], [p["energy_j_per_inference"] for p in predicted],
-                    xerr=[p.get("latency_ms_p95_std", 0) for p in predicted],
-                    yerr=[p.get("energy_j_per_inference_std", 0) for p in predicted],
+        ax.errorbar([p[x] for p in predicted], [p[y] for p in predicted],
+                    xerr=[p.get(f"{x}_std", 0) for p in predicted],
+                    yerr=[p.get(f"{y}_std", 0) for p in predicted],
                     fmt="^", mfc="none", color="tab:orange", ms=8, capsize=2, label="predicted (±1 std)",
                     zorder=2)
-    front = sorted((p for p in points if p.get("pareto")), key=lambda p: p["latency_ms_p95"])
+    front = sorted((p for p in points if p.get("pareto")), key=lambda p: p[x])
     if front:
-        ax.step([p["latency_ms_p95"] for p in front], [p["energy_j_per_inference"] for p in front],
+        ax.step([p[x] for p in front], [p[y] for p in front],
                 where="post", color="tab:green", lw=1.5, label="Pareto frontier", zorder=1)
-    ax.set_xlabel("p95 latency per forward call (ms)")
-    ax.set_ylabel("energy per forward call (J)")
+    ax.set_xlabel(AXIS_WORDS[x])
+    ax.set_ylabel(AXIS_WORDS[y])
     mark_estimate(ax, f"{result['workload']} (batch {result['batch_size']}) on {result['device_kind']}",
                   any("estimate" in source for source in by_source))
     ax.grid(alpha=0.3)
@@ -237,7 +263,7 @@ def frontier_figure(result: Mapping[str, Any]) -> Any:
     fig.tight_layout()
     # Every frontier point is labelled; the others where a label fits without covering anything (the table and
     # --json name every point).
-    place_labels(fig, ax, [(p["latency_ms_p95"], p["energy_j_per_inference"], p["label"], bool(p.get("pareto")))
+    place_labels(fig, ax, [(p[x], p[y], p["label"], bool(p.get("pareto")))
                            for p in front + [p for p in points if not p.get("pareto")]])
     return fig
 

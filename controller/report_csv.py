@@ -15,11 +15,13 @@ from typing import Any
 from .report_model import DeploymentReport, Summary, iso
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-SAMPLE_METRICS = (("energy_j", "J"), ("inferences", "calls"), ("j_per_inference", "J/call"),
+SAMPLE_METRICS = (("energy_j", "J"), ("inferences", "calls"), ("j_per_inference", "J/call"), ("tokens", "tokens"),
+                  ("j_per_token", "J/token"),
                   ("avg_power_w", "W"), ("peak_power_w", "W"), ("other_processes", "count"),
                   ("share", "fraction"))
 SUMMARY_COLUMNS = ("name", "policy", "device_kind", "config", "decision_state", "start", "end", "samples",
-                   "energy_j", "energy_kwh", "inferences", "j_per_inference", "avg_power_w", "peak_power_w",
+                   "energy_j", "energy_kwh", "inferences", "j_per_inference", "tokens", "j_per_token", "avg_power_w",
+                   "peak_power_w",
                    "max_avg_power_w", "violations", "saving_vs_eager_fp32", "saving_vs_compile_default_fp32",
                    "co2_g", "energy_source", "shared_windows", "serves_baseline", "payback", "paid_back_after_s",
                    "per_sample", "not_like_for_like")
@@ -52,6 +54,8 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
         ("totals", "inferences", t.inferences, "calls", None),
         ("totals", "j_per_inference", t.j_per_inference, "J/call", src),
         ("totals", "busy_j_per_inference", t.busy_j_per_inference, "J/call", src),
+        ("totals", "tokens", t.tokens, "tokens", None),
+        ("totals", "j_per_token", t.j_per_token, "J/token", src),
         ("totals", "avg_power_w", t.avg_power_w, "W", src),
         ("totals", "peak_power_w", t.peak_power_w, "W", src),
         ("totals", "metered_s", t.metered_s, "s", None),
@@ -72,14 +76,17 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
     ]
     for key, b in report.baselines.items():
         # Compared per sample when the deployment serves another batch size than the baseline's (the note says so).
-        fraction_unit = "fraction per sample" if b.per_sample else "fraction"
-        saved_unit = f"J (over calls x {b.served_batch_size} samples)" if b.per_sample else "J"
+        fraction_unit = "fraction per sample" if b.per_sample else "fraction per token" if b.per_token else "fraction"
+        saved_unit = f"J (over calls x {b.served_batch_size} samples)" if b.per_sample else \
+            "J (over the tokens generated)" if b.per_token else "J"
         rows += [
             (f"baseline.{key}", "j_per_inference", b.j_per_inference, "J/call", b.energy_source),
             (f"baseline.{key}", "batch_size", b.batch_size, "samples/call", None),
             (f"baseline.{key}", "served_batch_size", b.served_batch_size, "samples/call", None),
             (f"baseline.{key}", "j_per_sample", b.j_per_sample, "J/sample", b.energy_source),
             (f"baseline.{key}", "deployment_j_per_sample", b.deployment_j_per_sample, "J/sample", src),
+            (f"baseline.{key}", "j_per_token", b.j_per_token, "J/token", b.energy_source),
+            (f"baseline.{key}", "deployment_j_per_token", b.deployment_j_per_token, "J/token", src),
             (f"baseline.{key}", "served_is_baseline", b.served_is_baseline, "", None),
             (f"baseline.{key}", "saving_fraction", b.saving_fraction, fraction_unit, src),
             (f"baseline.{key}", "saving_j", b.saving_j, saved_unit, src),
@@ -106,10 +113,10 @@ def headline_figures(report: DeploymentReport) -> list[tuple[str, str, Any, str,
         rows += [
             ("served_vs_benchmarked", "verdict", sb.verdict, "", None),
             ("served_vs_benchmarked", "config", sb.config_label or sb.config_id, "", None),
-            ("served_vs_benchmarked", "served_j_per_call", sb.served_j_per_call, "J/call", sb.energy_source),
-            ("served_vs_benchmarked", "benchmarked_j_per_call", sb.benchmarked_j_per_call, "J/call", sb.energy_source),
-            ("served_vs_benchmarked", "benchmark_low_j", sb.benchmark_low_j, "J/call", sb.energy_source),
-            ("served_vs_benchmarked", "benchmark_high_j", sb.benchmark_high_j, "J/call", sb.energy_source),
+            ("served_vs_benchmarked", "served_j_per_call", sb.served_j_per_call, sb.unit, sb.energy_source),
+            ("served_vs_benchmarked", "benchmarked_j_per_call", sb.benchmarked_j_per_call, sb.unit, sb.energy_source),
+            ("served_vs_benchmarked", "benchmark_low_j", sb.benchmark_low_j, sb.unit, sb.energy_source),
+            ("served_vs_benchmarked", "benchmark_high_j", sb.benchmark_high_j, sb.unit, sb.energy_source),
             ("served_vs_benchmarked", "benchmark_runs", sb.benchmark_runs, "runs", None),
             ("served_vs_benchmarked", "ratio", sb.ratio, "served / benchmarked", sb.energy_source),
             ("served_vs_benchmarked", "text", sb.text, "", None),

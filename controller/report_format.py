@@ -202,6 +202,11 @@ def per_sample(baseline: Mapping[str, Any]) -> bool:
     return baseline.get("unit") == "J/sample"
 
 
+def per_token(baseline: Mapping[str, Any]) -> bool:
+    """Whether a report's baseline is compared per generated token (a generation deployment)."""
+    return baseline.get("unit") == "J/token"
+
+
 def versus_baseline(baseline: Mapping[str, Any]) -> str:
     """The headline against one baseline of a report ('21.4% less', '60.0% more per sample'), saying so when the
     baseline rests on one run ('21.4% less (against a baseline of one run)')."""
@@ -212,7 +217,7 @@ def versus_baseline(baseline: Mapping[str, Any]) -> str:
     text = versus(baseline["saving_fraction"], is_baseline=baseline["served_is_baseline"])
     if not _finite(baseline["saving_fraction"]) or baseline["served_is_baseline"]:
         return text
-    text = f"{text} per sample" if per_sample(baseline) else text
+    text = f"{text} per sample" if per_sample(baseline) else f"{text} per token" if per_token(baseline) else text
     return f"{text} (against a baseline of one run)" if baseline.get("runs") == 1 else text
 
 
@@ -222,12 +227,16 @@ def summary_versus(row: Mapping[str, Any], key: str) -> str:
     if key in (row.get("not_like_for_like") or ()) and key not in row["serves_baseline"]:
         return "not like for like"
     text = versus(saving, is_baseline=key in row["serves_baseline"], itself="is the baseline")
+    if key in (row.get("per_token") or ()) and _finite(saving):
+        return f"{text} per token"
     return f"{text} per sample" if key in (row.get("per_sample") or ()) and _finite(saving) else text
 
 
 def baseline_energy(baseline: Mapping[str, Any]) -> str:
     """A baseline's benchmarked energy in the unit it is compared in: '35.3 mJ' per call, or
     '1.1 mJ/sample (35.3 mJ/call at batch 32)' when compared per sample."""
+    if per_token(baseline):
+        return f"{energy(baseline['j_per_token'])}/token"
     if not per_sample(baseline):
         return energy(baseline["j_per_inference"])
     return (f"{energy(baseline['j_per_sample'])}/sample ({energy(baseline['j_per_inference'])}/call at batch "
@@ -235,7 +244,10 @@ def baseline_energy(baseline: Mapping[str, Any]) -> str:
 
 
 def deployment_energy(baseline: Mapping[str, Any]) -> str:
-    """The deployment's side of a per-sample comparison: '1.6 mJ/sample at batch 8'; '' when per call."""
+    """The deployment's side of a per-sample comparison: '1.6 mJ/sample at batch 8' (per token: '0.6 J/token
+    served'); '' when per call."""
+    if per_token(baseline):
+        return f"{energy(baseline['deployment_j_per_token'])}/token served"
     if not per_sample(baseline):
         return ""
     return f"{energy(baseline['deployment_j_per_sample'])}/sample at batch {baseline['served_batch_size']}"
@@ -256,7 +268,9 @@ def served_versus(comparison: Mapping[str, Any] | None) -> str:
     noise (43.3 mJ against 42.9 mJ)', or 'not compared'."""
     if comparison is None or comparison["verdict"] == "not_compared":
         return "not compared"
-    figures = f"({energy(comparison['served_j_per_call'])} against {energy(comparison['benchmarked_j_per_call'])})"
+    per = "/token" if comparison.get("unit") == "J/token" else ""
+    figures = (f"({energy(comparison['served_j_per_call'])}{per} against "
+               f"{energy(comparison['benchmarked_j_per_call'])}{per})")
     if comparison["verdict"] == "within_noise":
         return f"within the noise {figures}"
     ratio = comparison["ratio"]

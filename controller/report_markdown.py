@@ -45,8 +45,11 @@ def report_md(r: DeploymentReport) -> str:
         "| figure | value |",
         "|---|---|",
         f"| total energy | {f.energy_with_kwh(t.energy_j)} |",
-        f"| inferences (forward calls) | {f.number(t.inferences)} |",
-        f"| energy per inference | {f.energy(t.j_per_inference)} |",
+        *([f"| generate calls | {f.number(t.inferences)} |",
+           f"| generated tokens | {f.number(t.tokens)} |",
+           f"| energy per generated token | {f.energy(t.j_per_token)} |"] if t.generates else
+          [f"| inferences (forward calls) | {f.number(t.inferences)} |",
+           f"| energy per inference | {f.energy(t.j_per_inference)} |"]),
         f"| average power | {f.fmt(t.avg_power_w, 'W')} ({_limit(e.max_avg_power_w)}) |",
         f"| peak power | {f.fmt(t.peak_power_w, 'W')} ({_limit(e.max_peak_power_w)}) |",
     ]
@@ -65,7 +68,8 @@ def report_md(r: DeploymentReport) -> str:
     if len(c.history) > 1:
         lines += ["Configurations served in this period:", ""]
         lines += [f"- {md(h.label or h.config_id)}: {h.samples} windows, {f.energy(h.energy_j)}, "
-                  f"{f.number(h.inferences)} inferences" for h in c.history]
+                  f"{f.number(h.inferences)} inferences"
+                  + (f", {f.number(h.tokens)} tokens" if h.tokens is not None else "") for h in c.history]
         lines.append("")
     if r.payback:
         lines += _payback_md(r)
@@ -79,7 +83,7 @@ def report_md(r: DeploymentReport) -> str:
               "|---|---|---|---|---|---|"]
     for b in r.baselines.values():
         if b.measured:
-            versus = f.versus_baseline(b) + (f" ({f.deployment_energy(b)})" if b.per_sample else "")
+            versus = f.versus_baseline(b) + (f" ({f.deployment_energy(b)})" if b.per_sample or b.per_token else "")
             lines.append(f"| {md(b.label)} | {md(f.baseline_energy(b))} | {md(b.energy_source)} | "
                          f"{md(versus)} | {f.energy_saved(b)} | {md(b.note) if b.note else ''} |")
         else:
@@ -108,13 +112,15 @@ def report_md(r: DeploymentReport) -> str:
     lines += ["", "## Windows", ""]
     if p.listing_text:
         lines += [f"{md(p.listing_text)}; every figure above counts all of them.", ""]
-    lines += ["| end (UTC) | s | J | inferences | J/inference | avg W | peak W | source | shared |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    tokens = t.generates
+    lines += ["| end (UTC) | s | J | inferences | J/inference | " + ("tokens | J/token | " if tokens else "")
+              + "avg W | peak W | source | shared |", "|---" * (11 if tokens else 9) + "|"]
     for w in r.samples:
         shared = f"{w.other_processes} other(s)" if w.other_processes else "no"
         lines.append(f"| {iso(w.t_end)} | {f.number(w.duration_s, 3)} | {f.number(w.energy_j)} | "
-                     f"{w.inferences} | {f.number(w.j_per_inference)} | {f.number(w.avg_power_w)} | "
-                     f"{f.number(w.peak_power_w)} | {md(w.energy_source)} | {shared} |")
+                     f"{w.inferences} | {f.number(w.j_per_inference)} | "
+                     + (f"{f.number(w.tokens)} | {f.number(w.j_per_token)} | " if tokens else "")
+                     + f"{f.number(w.avg_power_w)} | {f.number(w.peak_power_w)} | {md(w.energy_source)} | {shared} |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,16 +143,17 @@ def summary_md(summary: Summary) -> str:
     lines = ["# Energy of every deployment", ""]
     if summary.since:
         lines += [f"Since {summary.since}.", ""]
-    lines += ["| deployment | policy | device | config | energy | inferences | J/inference | avg W "
+    lines += ["| deployment | policy | device | config | energy | inferences | J/inference | J/token | avg W "
               "| peak W | limit W | violations | vs eager fp32 | vs compile fp32 | tuning paid back | source |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary.deployments:
         lines.append(
             f"| {md(r.name)} | {md(r.policy)} | {md(r.device_kind)} | {md(r.config)} | "
             f"{f.energy_with_kwh(r.energy_j)} | {f.number(r.inferences)} | {f.energy(r.j_per_inference)} | "
+            f"{f.energy(r.j_per_token) if r.tokens is not None else f.DASH} | "
             f"{f.number(r.avg_power_w)} | {f.number(r.peak_power_w)} | {f.number(r.max_avg_power_w)} | "
             f"{r.violations} | {f.summary_versus(r, 'eager_fp32')} | {f.summary_versus(r, 'compile_default_fp32')} | "
             f"{md(r.payback)} | {md(f.summary_source(r))} |")
     if not summary.deployments:
-        lines.append("| (no deployments recorded) |" + " |" * 14)
+        lines.append("| (no deployments recorded) |" + " |" * 15)
     return "\n".join(lines) + "\n"

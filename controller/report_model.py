@@ -154,6 +154,8 @@ class Window(Section):
     config_id: str | None
     other_processes: int
     share: float | None
+    tokens: int | None = None  # a generation's generated tokens (None: forward calls)
+    j_per_token: float | None = None
 
 
 @dataclass
@@ -173,10 +175,17 @@ class Totals(Section):
     # for a while): `is_estimate` is then set too, but the rest was measured.
     estimated_energy_j: float = 0.0
     estimated_windows: int = 0
+    # A generation's: the tokens its generate calls generated, and the energy of its windows per token.
+    tokens: int | None = None
+    j_per_token: float | None = None
 
     @property
     def partly_estimate(self) -> bool:
         return self.is_estimate and self.energy_source != "estimate"
+
+    @property
+    def generates(self) -> bool:
+        return self.tokens is not None
 
 
 @dataclass
@@ -220,6 +229,7 @@ class ConfigShare(Section):
     samples: int
     energy_j: float
     inferences: int
+    tokens: int | None = None
 
 
 @dataclass
@@ -254,7 +264,10 @@ class Baseline(Section):
     served at another batch size (`served_batch_size`: a decision made with the batch-size lever) the two
     are compared per sample: `unit` is 'J/sample', `j_per_sample` and `deployment_j_per_sample` are each
     side's J per call / its batch size, `saving_fraction` is per sample, and `saving_j` counts the samples
-    served (calls x `served_batch_size`). Otherwise `unit` is 'J/call' and the per-sample figures are None."""
+    served (calls x `served_batch_size`). A generation deployment compares J per generated token (`unit`
+    'J/token': the baseline's median `energy_j_per_token` as `j_per_token`, the deployment's as
+    `deployment_j_per_token`, `saving_j` over the tokens served), whatever the lengths of its requests.
+    Otherwise `unit` is 'J/call' and the per-sample figures are None."""
 
     label: str
     measured: bool = False
@@ -275,17 +288,23 @@ class Baseline(Section):
     no_saving_reason: str | None = None
     # Runs of the baseline metered by other sources than `energy_source`, by source: not in its median.
     left_out_runs: dict[str, int] = field(default_factory=dict)
+    j_per_token: float | None = None
+    deployment_j_per_token: float | None = None
 
     @property
     def per_sample(self) -> bool:
         return self.unit == "J/sample"
+
+    @property
+    def per_token(self) -> bool:
+        return self.unit == "J/token"
 
 
 @dataclass
 class ServedVsBenchmarked(Section):
     """The J per call this deployment served with the configuration in use, beside the median J per call of that
     configuration's benchmark runs on the same device kind, metered by the same source (never an estimate against
-    a counter): the runs that count (`policies.judge.counted_rows`) and their median's interval
+    a counter): the runs that count (`policies.resolve.counted_runs`) and their median's interval
     (`policies.judge.intervals`, the workload's other configurations of that source giving the typical
     spread). `verdict`: `within_noise` (the served figure lies inside that interval), `above` or `below` (outside
     it: `hint` says what commonly makes the difference), or `not_compared` (`why`)."""
@@ -298,6 +317,7 @@ class ServedVsBenchmarked(Section):
     config_label: str | None = None
     energy_source: str | None = None
     served_j_per_call: float | None = None
+    unit: str = "J/call"  # 'J/token' for a generation: the J figures are then per generated token
     served_calls: int = 0
     served_windows: int = 0
     benchmarked_j_per_call: float | None = None  # the median of `benchmark_runs` runs
@@ -421,6 +441,9 @@ class SummaryRow(Section):
     # The part that is an estimate (as in `Totals`): a `estimate+rapl` row was partly measured.
     estimated_energy_j: float = 0.0
     estimated_windows: int = 0
+    tokens: int | None = None  # a generation's (as in `Totals`)
+    j_per_token: float | None = None
+    per_token: list[str] = field(default_factory=list)  # baselines compared per generated token
 
 
 @dataclass
@@ -544,8 +567,11 @@ def _limits(dep: Mapping[str, Any], decision: DecisionRow | None,
 
 def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind: str,
               deployment_j: float | None, inferences: int, source: str, served: set[str],
-              served_batch: int | None = None) -> Baseline:
+              served_batch: int | None = None, totals: Totals | None = None) -> Baseline:
     out = Baseline(label=BASELINE_LABELS[key], served_batch_size=served_batch)
+    if totals is not None and totals.generates:  # a generation: compared per generated token
+        out.unit = "J/token"
+        deployment_j, inferences = totals.j_per_token, totals.tokens or 0
     if not workload_id:
         out.note = out.no_saving_reason = "no baseline measured: the deployment's workload is unknown"
         return out
@@ -556,6 +582,8 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
     chosen, runs, out.left_out_runs = _baseline_source(all_runs, source)
     out.measured = True
     out.j_per_inference = statistics.median(r["energy_j_per_inference"] for r in runs)
+    per_token = [r["energy_j_per_token"] for r in runs if r.get("energy_j_per_token") is not None]
+    out.j_per_token = statistics.median(per_token) if per_token else None
     out.runs = len(runs)
     out.run_ids = [r["id"] for r in runs]
     out.energy_source = None if chosen == UNKNOWN_SOURCE else chosen
@@ -582,6 +610,14 @@ def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind
         out.no_saving_reason = "this deployment served no calls in this period"
     elif not out.j_per_inference:
         out.no_saving_reason = "the baseline's benchmark recorded no energy per call"
+    elif out.per_token:
+        if not out.j_per_token:
+            out.no_saving_reason = "the baseline's benchmark recorded no energy per token"
+        else:
+            out.deployment_j_per_token = deployment_j
+            out.saving_fraction = 1.0 - deployment_j / out.j_per_token
+            out.saving_j = (out.j_per_token - deployment_j) * inferences
+            notes.append("compared per generated token")
     else:
         if served_batch and out.batch_size and served_batch != out.batch_size:
             # A call of each side holds a different number of samples (the batch-size lever): per sample.
@@ -624,6 +660,7 @@ def _windows(samples: Sequence[Mapping[str, Any]], energy_before_j: float = 0.0)
             j_per_inference=s["energy_j"] / s["inferences"] if s["inferences"] else None,
             avg_power_w=s["avg_power_w"], peak_power_w=s["peak_power_w"], energy_source=s["energy_source"],
             config_id=s.get("config_id"), other_processes=s.get("other_processes") or 0, share=s.get("share"),
+            tokens=s.get("tokens"), j_per_token=s["energy_j"] / s["tokens"] if s.get("tokens") else None,
         ))
     return rows
 
@@ -639,6 +676,7 @@ def _totals(sums: SampleTotals) -> Totals:
         energy_source="+".join(sums.sources) if sums.sources else None, is_estimate="estimate" in sums.sources,
         attributed_energy_j=sums.attributed_energy_j if sums.shared_windows else None,
         estimated_energy_j=sums.estimated_energy_j, estimated_windows=sums.estimated_windows,
+        tokens=sums.tokens, j_per_token=sums.j_per_token,
     )
 
 
@@ -648,7 +686,7 @@ def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: 
     labels = store_reports.config_labels(db, served)
     config = config_row(db, dep.get("config_id")) or {}
     history = [ConfigShare(config_id=c.config_id, label=labels.get(c.config_id), samples=c.windows,
-                           energy_j=c.energy_j, inferences=c.inferences) for c in shares]
+                           energy_j=c.energy_j, inferences=c.inferences, tokens=c.tokens) for c in shares]
     if decision is None:
         reason = f"no decision recorded for this policy on {kind}" if dep.get("policy") else "deployed without a policy"
     else:
@@ -824,9 +862,13 @@ def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], ki
     out = ServedVsBenchmarked("not_compared", "", config_id=config_id, config_label=label)
     share = next((c for c in shares if c.config_id == config_id), None)
     source = totals.energy_source
+    # a generation: J per generated token, whatever the lengths of the requests served
+    figure, per = ("energy_j_per_token", "token") if totals.generates else ("energy_j_per_inference", "call")
+    out.unit = f"J/{per}"
     if share is not None:
         out.served_calls, out.served_windows = share.inferences, share.windows
-        out.served_j_per_call = share.energy_j / share.inferences if share.inferences else None
+        count = share.tokens if totals.generates else share.inferences
+        out.served_j_per_call = share.energy_j / count if count else None
     if config_id is None or not dep.get("workload_id"):
         out.why = "the configuration served or its workload is not recorded"
     elif out.served_j_per_call is None:
@@ -839,7 +881,7 @@ def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], ki
         return out
     out.energy_source = source_key(source)
     per_config = {cid: counted_rows(runs) for cid, runs in ok_runs_per_config(db, dep["workload_id"], kind).items()}
-    by_source = group_by_source({cid: [r for r in runs if r.energy_j_per_inference is not None]
+    by_source = group_by_source({cid: [r for r in runs if getattr(r, figure) is not None]
                                  for cid, runs in per_config.items()}, lambda run: run.energy_source)
     mine = by_source.get(out.energy_source, {}).get(config_id, [])
     if not mine:
@@ -848,7 +890,7 @@ def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], ki
                    + (f" (only by {', '.join(others)}: not like for like)" if others else ""))
         out.text = f"served against benchmarked: not compared, {out.why}"
         return out
-    values = {cid: [r.energy_j_per_inference for r in runs] for cid, runs in by_source[out.energy_source].items()}
+    values = {cid: [getattr(r, figure) for r in runs] for cid, runs in by_source[out.energy_source].items()}
     interval = intervals(values)[config_id]
     out.benchmarked_j_per_call, out.benchmark_low_j, out.benchmark_high_j = interval.median, interval.low, interval.high
     out.benchmark_interval, out.benchmark_runs = interval.method, len(mine)
@@ -857,7 +899,7 @@ def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], ki
     served = out.served_j_per_call
     assert served is not None
     out.ratio = served / interval.median if interval.median else None
-    said = (f"served {energy(served)}/call with {label or config_id} against {energy(interval.median)} benchmarked "
+    said = (f"served {energy(served)}/{per} with {label or config_id} against {energy(interval.median)} benchmarked "
             f"(median of {len(mine)} run{'s' if len(mine) != 1 else ''}, {energy(interval.low)} to "
             f"{energy(interval.high)}; {out.energy_source})")
     if interval.low <= served <= interval.high:
@@ -920,7 +962,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
     served = {c.config_id for c in shares} or ({dep["config_id"]} if dep.get("config_id") else set())
     baseline_workload = _baseline_workload_id(dep, decision)
     baselines = {key: _baseline(db, key, baseline_workload, kind, totals.j_per_inference, totals.inferences,
-                                totals.energy_source or "", served, served_batch) for key in BASELINE_LABELS}
+                                totals.energy_source or "", served, served_batch, totals) for key in BASELINE_LABELS}
     sharing = _sharing(sums, totals)
     return DeploymentReport(
         kind=REPORT_KIND, version=1, generated_at=iso(time.time()),
@@ -972,6 +1014,7 @@ def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *
             paid_back_after_s=r.payback.paid_back_after_s if r.payback else None,
             per_sample=[k for k, b in r.baselines.items() if b.per_sample],
             not_like_for_like=[k for k, b in r.baselines.items() if b.like_for_like is False],
-            estimated_energy_j=t.estimated_energy_j, estimated_windows=t.estimated_windows))
+            estimated_energy_j=t.estimated_energy_j, estimated_windows=t.estimated_windows, tokens=t.tokens,
+            j_per_token=t.j_per_token, per_token=[k for k, b in r.baselines.items() if b.per_token]))
     return Summary(kind=SUMMARY_KIND, version=1, generated_at=iso(time.time()), since=iso(parse_since(since)),
                    deployments=rows)

@@ -143,7 +143,7 @@ class GuidedSearch:
         self.settings = settings or SearchSettings()
         per_sample = len({int(a.config.get("batch_size") or 1) for a in self.arms.values()}) > 1
         self.rules = check_rules(rules or Rules())
-        if self.rules.per_sample != per_sample:
+        if self.rules.per_sample != per_sample and not self.rules.generates:  # J per token needs no batch
             self.rules = Rules(**{**self.rules.__dict__, "per_sample": per_sample})
         self.exclude = exclude
         self.blocked = dict(blocked or {})
@@ -288,7 +288,7 @@ class GuidedSearch:
             cost_j = fc.cost_s * fc.power_w
             if saving_j < cost_j:
                 return (f"expected saving {fmt(saving_j / 1000, 'kJ')} over {rules.expected_inferences:,} "
-                        f"inferences is less than measuring it costs (about {fc.cost_s:.0f} s, "
+                        f"{rules.count_unit} is less than measuring it costs (about {fc.cost_s:.0f} s, "
                         f"{fmt(cost_j / 1000, 'kJ')})")
         return ""
 

@@ -296,9 +296,9 @@ class Forecaster:
 
     def forecast(self, arm: Arm) -> Forecast:
         s = self.rules
-        energy = self.calibrated(arm, "energy_j_per_inference")
+        energy = self.calibrated(arm, s.energy_figure)
         power = self.calibrated(arm, "avg_power_w")
-        latency = self.calibrated(arm, "latency_ms_p95")
+        latency = self.calibrated(arm, s.latency_figure)
         compile_log = self.calibrated(arm, "compile_s") if arm.compiles else None
         compile_s = max(0.0, math.exp(compile_log[0]) - COMPILE_PAD_S) if compile_log else 0.0
         power_w = math.exp(power[0]) if power else None
@@ -340,8 +340,9 @@ class Forecaster:
         if limit == "max_peak_power_w":
             return (power[0] + math.log(self.peak_ratio()), math.hypot(power[1], PEAK_RATIO_SPREAD_LOG)) \
                 if power else None
-        if limit == "max_p95_latency_ms":
-            return latency
         if limit == "max_compile_s":
             return compile_log if arm.compiles else None
-        return self.rel_error_guess(arm)
+        if limit == "max_rel_error":
+            return self.rel_error_guess(arm)
+        figure = LIMITS[limit][0]  # a latency: per call, or a generation's per token or to the first one
+        return latency if figure == self.rules.latency_figure else self.calibrated(arm, figure)

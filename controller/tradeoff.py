@@ -16,6 +16,12 @@ Compile energy (`compile_energy_j`, GPU part + CPU part) is a target of its own,
 that metered both parts (see `TARGET_SOURCES`). Where RAPL cannot be read the CPU part is the labelled
 estimate; `summary()["compile_energy_cpu_sources"]` counts how many of those runs rest on one.
 
+Generation runs (`task = "generate"`) are learnt by a model of their own (`TradeoffModel.generation`), on a
+generation's features (`controller.features.GENERATION_NUMBERS`: parameters, batch, prompt and new tokens, the
+KV cache's size and kind, a compiled prefill) and targets (`GENERATION_TARGETS`: J per generated token, TPOT,
+TTFT, power, compile): a forward pass's J per call and a generation's J per token are different quantities, so no
+forest ever sees both. `predict_many` answers with the model of the workload's task.
+
 Nothing is pickled: `fit(db)` takes well under a second on thousands of runs.
 """
 
@@ -35,6 +41,13 @@ from joulepilot.store.runs import ok_runs
 from .features import FeatureSpace, config_row
 
 TARGETS = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "compile_s", "compile_energy_j")
+GENERATION_TARGETS = ("energy_j_per_token", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", "avg_power_w", "compile_s",
+                      "compile_energy_j")
+GENERATE = "generate"
+
+
+def targets_of(task: str) -> tuple[str, ...]:
+    return GENERATION_TARGETS if task == GENERATE else TARGETS
 N_TREES = 64
 # APE denominators are at least this much, so eager's near-zero compile time and energy do not dominate MAPE.
 APE_FLOOR = {"compile_s": 1.0, "compile_energy_j": 100.0}
@@ -54,9 +67,19 @@ class TradeoffError(RuntimeError):
 
 
 def _offset(target: str, workload: Mapping[str, Any]) -> float:
-    """log of the quantity a target is divided by before learning."""
+    """log of the quantity a target is divided by before learning: a forward call's FLOPs or graph size; for a
+    generation, its parameters (a decode step reads every weight once per token), and for the first token the
+    prompt's tokens too."""
     from .features import work_scale
 
+    if workload.get("task") == GENERATE:
+        params = max(1.0, float(workload.get("params") or 1))
+        if target in ("energy_j_per_token", "tpot_ms_p50", "tpot_ms_p95"):
+            return math.log(params)
+        if target == "ttft_ms_p50":
+            tokens = max(1, int(workload.get("batch_size") or 1)) * max(1, int(workload.get("prompt_len") or 1))
+            return math.log(params * tokens)
+        return 0.0
     if target in ("energy_j_per_inference", "latency_ms_p95"):
         return math.log(work_scale(workload))
     if target in ("compile_s", "compile_energy_j"):
@@ -96,6 +119,7 @@ class Sample:
     targets: dict[str, float]
     group: str  # workload spec: cross-validation holds these out whole
     compile_cpu_source: str | None = None  # of the CPU part of compile_energy_j: 'rapl' or 'estimate'
+    task: str = "forward"  # GENERATE: learnt by the generation model, on its own features and targets
 
 
 def training_samples(db: sqlite_utils.Database) -> list[Sample]:
@@ -106,15 +130,17 @@ def training_samples(db: sqlite_utils.Database) -> list[Sample]:
         workload = workloads.get(run.workload_id)
         if workload is None:
             continue
-        values = {t: getattr(run, TARGET_SOURCES.get(t, t)) for t in TARGETS}
+        task = GENERATE if workload.get("task") == GENERATE else "forward"
+        values = {t: getattr(run, TARGET_SOURCES.get(t, t)) for t in targets_of(task)}
         samples.append(Sample(
             workload=workload,
             config={k: getattr(run, k) for k in ("mode", "fusion", "precision", "dynamic", "batch_size", "options",
-                                                  "padding", "regional")},
+                                                  "padding", "regional", "cache", "compile_prefill")},
             device=run.device_kind,
             targets={t: v for t, v in values.items() if _usable(t, v)},
             group=str(workload["spec"]),
             compile_cpu_source=run.compile_energy_cpu_source,
+            task=task,
         ))
     return samples
 
@@ -131,11 +157,18 @@ class TradeoffModel:
     fitted_at: float = field(default_factory=time.time)
     # how many of the runs compile_energy_j was learnt from had a measured ('rapl') or estimated CPU part
     compile_cpu_sources: dict[str, int] = field(default_factory=dict)
+    # the model of generation runs (None: the store has none); this one learnt the forward passes
+    generation: TradeoffModel | None = None
 
     def predict_many(self, workload: Mapping[str, Any], configs: Sequence[Any],
                      device_name: str) -> list[dict[str, tuple[float, float]]]:
-        if not configs:
-            return []
+        """{target: (mean, std)} per configuration, from the model of the workload's task (nothing for a task
+        with no run to learn from)."""
+        if workload.get("task") == GENERATE and self.space.task != GENERATE:
+            return self.generation.predict_many(workload, configs, device_name) if self.generation else \
+                [{} for _ in configs]
+        if not configs or not self.forests:
+            return [{} for _ in configs]
         # The trees' own input type, converted once: each tree's predict then skips sklearn's input checks,
         # which cost far more than the prediction itself (64 trees per target, per call).
         x = np.ascontiguousarray([self.space.vector(workload, c, device_name) for c in configs], dtype=np.float32)
@@ -154,13 +187,22 @@ class TradeoffModel:
         """{target: (mean, std)} for one workload row, configuration and device kind."""
         return self.predict_many(workload_row, [config], device_name)[0]
 
+    @property
+    def runs(self) -> int:
+        """The most runs any target (of either task) was learnt from."""
+        counts = [*self.n_samples.values(), *(self.generation.n_samples.values() if self.generation else ())]
+        return max(counts, default=0)
+
     def summary(self) -> dict[str, Any]:
-        return {"targets": list(self.forests), "samples": self.n_samples, "workloads": self.workloads,
-                "devices": self.devices, "features": self.space.names, "fitted_at": self.fitted_at,
-                "uncertainty": "std of the random forest's per-tree predictions",
-                "not_learnt": {t: NOT_LEARNT.get(t, "no ok run measured it") for t in TARGETS
-                               if t not in self.forests},
-                "compile_energy_cpu_sources": dict(self.compile_cpu_sources)}
+        out = {"targets": list(self.forests), "samples": self.n_samples, "workloads": self.workloads,
+               "devices": self.devices, "features": self.space.names, "fitted_at": self.fitted_at,
+               "uncertainty": "std of the random forest's per-tree predictions",
+               "not_learnt": {t: NOT_LEARNT.get(t, "no ok run measured it") for t in targets_of(self.space.task)
+                              if t not in self.forests},
+               "compile_energy_cpu_sources": dict(self.compile_cpu_sources)}
+        if self.space.task != GENERATE:
+            out["generation"] = self.generation.summary() if self.generation else None
+        return out
 
 
 def _forest(seed: int = 0):
@@ -171,11 +213,19 @@ def _forest(seed: int = 0):
 
 
 def fit_samples(samples: Sequence[Sample]) -> TradeoffModel:
+    """The forward passes' model, holding the generations' as `generation` (see the module docstring)."""
     if not samples:
         raise TradeoffError("no successful runs in the store to fit on; run `joulepilot bench WORKLOAD` first")
-    space = FeatureSpace.learn((s.workload, s.config, s.device) for s in samples)
+    generations = [s for s in samples if s.task == GENERATE]
+    model = _fit_task([s for s in samples if s.task != GENERATE], "forward")
+    model.generation = _fit_task(generations, GENERATE) if generations else None
+    return model
+
+
+def _fit_task(samples: Sequence[Sample], task: str) -> TradeoffModel:
+    space = FeatureSpace.learn(((s.workload, s.config, s.device) for s in samples), task)
     forests, counts = {}, {}
-    for target in TARGETS:
+    for target in targets_of(task):
         rows = [s for s in samples if target in s.targets]
         if not rows:
             continue
@@ -210,8 +260,28 @@ def _metrics(target: str, truth: Sequence[float], pred: Sequence[float]) -> dict
 
 
 def cross_validate_samples(samples: Sequence[Sample], n_splits: int = 5) -> dict[str, dict[str, Any]]:
+    """Per target (a generation's as 'generate:<target>'), each task's model held out by whole workloads."""
+    tasks = {task: [s for s in samples if (s.task == GENERATE) == (task == GENERATE)] for task in ("forward", GENERATE)}
+    out: dict[str, dict[str, Any]] = {}
+    failures: list[TradeoffError] = []
+    for task, mine in tasks.items():
+        if not mine:
+            continue
+        try:
+            scores = _cross_validate_task(mine, task, n_splits)
+        except TradeoffError as exc:
+            failures.append(exc)
+            continue
+        out.update({(f"{GENERATE}:{t}" if task == GENERATE else t): m for t, m in scores.items()})
+    if not out:
+        raise failures[0] if failures else TradeoffError("no successful runs in the store to cross-validate")
+    return out
+
+
+def _cross_validate_task(samples: Sequence[Sample], task: str, n_splits: int) -> dict[str, dict[str, Any]]:
     from sklearn.model_selection import GroupKFold
 
+    targets = targets_of(task)
     groups = [s.group for s in samples]
     distinct = sorted(set(groups))
     if len(distinct) < 2:
@@ -220,10 +290,10 @@ def cross_validate_samples(samples: Sequence[Sample], n_splits: int = 5) -> dict
             f"cross-validation holds out whole workloads and needs at least 2 benchmarked workloads; "
             f"the store has {len(distinct)} ({found}); bench another one, e.g. `joulepilot bench convnet`")
     folds = GroupKFold(n_splits=min(n_splits, len(distinct)))
-    truth: dict[str, list[float]] = {t: [] for t in TARGETS}
-    pred: dict[str, list[float]] = {t: [] for t in TARGETS}
+    truth: dict[str, list[float]] = {t: [] for t in targets}
+    pred: dict[str, list[float]] = {t: [] for t in targets}
     for train_idx, test_idx in folds.split(samples, groups=groups):
-        model = fit_samples([samples[i] for i in train_idx])
+        model = _fit_task([samples[i] for i in train_idx], task)
         for i in test_idx:
             s = samples[i]
             predicted = model.predict(s.workload, s.config, s.device)
@@ -235,7 +305,7 @@ def cross_validate_samples(samples: Sequence[Sample], n_splits: int = 5) -> dict
         target: _metrics(target, truth[target], pred[target]) | {
             "folds": folds.get_n_splits(), "workloads": len(distinct),
             "holdout": "whole workloads (GroupKFold by workload spec)"}
-        for target in TARGETS if truth[target]
+        for target in targets if truth[target]
     }
 
 

@@ -73,7 +73,7 @@ def _generation_figures(run: dict[str, Any]) -> str:
     parts = [f"TTFT {ttft:.3g} ms" if ttft is not None else "", f"TPOT {tpot:.3g} ms" if tpot is not None else "",
              f"{run['energy_j_per_token']:.4g} J/token ({run['energy_source']})"]
     if run.get("tokens_match") == 0:
-        parts.append("greedy tokens differ from eager fp32's")
+        parts.append(f"greedy tokens differ from eager {run.get('precision') or 'fp32'}'s")
     return ", ".join(p for p in parts if p)
 
 

@@ -46,6 +46,11 @@ def _device_kind(device_name: str | None) -> str:
     return current_device_kind()
 
 
+def _fitted_workloads(model: Any) -> list[str]:
+    """The workloads either task's model learnt from."""
+    return sorted({*model.workloads, *(model.generation.workloads if model.generation else ())})
+
+
 @click.command("fit")
 @db_option
 @json_option
@@ -59,8 +64,7 @@ def fit_command(db: str | None, as_json: bool) -> None:
         try:
             scores = cross_validate(database)
         except TradeoffError as exc:
-            click.echo(f"fitted on {max(model.n_samples.values())} ok runs of {', '.join(model.workloads)}",
-                       err=True)
+            click.echo(f"fitted on {model.runs} ok runs of {', '.join(_fitted_workloads(model))}", err=True)
             raise click.ClickException(str(exc)) from exc
     if as_json:
         echo_json({"model": model.summary(), "cross_validation": scores})
@@ -68,7 +72,7 @@ def fit_command(db: str | None, as_json: bool) -> None:
     rows = [{"target": t, "mape_pct": 100 * m["mape"], "median_ape_pct": 100 * m["median_ape"],
              "r2_log": m["r2_log"], "rows": m["n"], "workloads": m["workloads"], "folds": m["folds"]}
             for t, m in scores.items()]
-    click.echo(f"fitted on {max(model.n_samples.values())} ok runs, {len(model.workloads)} workloads, "
+    click.echo(f"fitted on {model.runs} ok runs, {len(_fitted_workloads(model))} workloads, "
                f"devices: {', '.join(model.devices)}")
     click.echo("cross-validation, whole workloads held out (GroupKFold by workload spec):")
     echo_table(rows, ["target", "mape_pct", "median_ape_pct", "r2_log", "rows", "workloads", "folds"],
@@ -126,13 +130,22 @@ def frontier_command(workload: str, db: str | None, device_name: str | None, bat
     if as_json:
         echo_json(result)
         return
-    click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}  "
-               f"(* = on the Pareto frontier)")
-    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p),
+    generates = result.get("task") == "generate"
+    click.echo(f"{result['workload']} batch {result['batch_size']} on {result['device_kind']}"
+               + (" (a generation: time per output token against J per generated token)" if generates else "")
+               + "  (* = on the Pareto frontier)")
+    rows = [p | {"front": "*" if p["pareto"] else "", "pm": _plus_minus(p, result.get("axes", {}).get("y")),
                  "source_text": _source_text(p["source"], p.get("energy_source"))} for p in result["points"]]
-    echo_table(rows, ["front", "label", "source_text", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
-                      "avg_power_w"],
-               ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"], drop_first=("avg_power_w", "repeats"))
+    if generates:
+        echo_table(rows, ["front", "label", "source_text", "tpot_ms_p50", "energy_j_per_token", "pm", "ttft_ms_p50",
+                          "tpot_ms_p95", "repeats", "avg_power_w"],
+                   ["", "config", "source", "TPOT ms", "J/token", "± J", "TTFT ms", "TPOT p95 ms", "runs", "avg W"],
+                   drop_first=("avg_power_w", "repeats", "tpot_ms_p95", "ttft_ms_p50"))
+    else:
+        echo_table(rows, ["front", "label", "source_text", "latency_ms_p95", "energy_j_per_inference", "pm", "repeats",
+                          "avg_power_w"],
+                   ["", "config", "source", "p95 ms", "J/call", "± J", "runs", "avg W"],
+                   drop_first=("avg_power_w", "repeats"))
     _echo_estimate_line(p.get("energy_source") for p in result["points"])
     for note in result["notes"]:
         click.echo(note, err=True)
@@ -282,11 +295,11 @@ def _echo_estimate_line(energy_sources: Any) -> None:
         click.echo(textwrap.fill(ESTIMATE_ROWS, table_width()))
 
 
-def _plus_minus(point: dict[str, Any]) -> float | None:
-    """± of a frontier point's J/call: the median's interval (measured), one std (predicted)."""
+def _plus_minus(point: dict[str, Any], energy: str | None = None) -> float | None:
+    """± of a frontier point's J/call (J/token): the median's interval (measured), one std (predicted)."""
     if point.get("median") is not None:
         return max(point["ci_high"] - point["median"], point["median"] - point["ci_low"])
-    return point.get("energy_j_per_inference_std")
+    return point.get(f"{energy or 'energy_j_per_inference'}_std")
 
 
 def _spread_text(cand: Any) -> str | None:
@@ -311,14 +324,25 @@ CANDIDATE_COLUMNS = ["status", "label", "source", "score", "spread", "amortised_
                      "compile_s", "max_rel_error", "break_even", "why"]
 
 
+# A generation policy's table shows J per generated token, time per output token (p50, p95) and to the first
+# token, and whether the greedy tokens matched eager's in the configuration's own precision.
+GENERATION_COLUMNS = ["status", "label", "source", "score", "spread", "amortised_energy_j", "tpot_ms_p50",
+                      "tpot_ms_p95", "ttft_ms_p50", "avg_power_w", "compile_s", "max_rel_error", "tokens_match",
+                      "break_even", "why"]
+
+
 def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
     rows = []
     for c in decision.candidates:
         fig = c.figures if c.source == "measured" else {k: v[0] for k, v in c.predicted.items()}
+        match = fig.get("tokens_match") if c.source == "measured" else None
         rows.append({"status": c.status, "label": c.label, "score": c.score,
                      "source": _source_text(c.source, c.figures.get("energy_source")),
                      "spread": _spread_text(c),
                      "amortised_energy_j": c.amortised_energy_j, "latency_ms_p95": fig.get("latency_ms_p95"),
+                     "tpot_ms_p50": fig.get("tpot_ms_p50"), "tpot_ms_p95": fig.get("tpot_ms_p95"),
+                     "ttft_ms_p50": fig.get("ttft_ms_p50"),
+                     "tokens_match": None if match is None else "yes" if match else "no",
                      "avg_power_w": fig.get("avg_power_w"), "compile_s": fig.get("compile_s"),
                      "max_rel_error": fig.get("max_rel_error"),
                      "break_even": "never" if c.break_even_never else c.break_even_inferences,
@@ -328,8 +352,13 @@ def _candidate_rows(decision: Any) -> list[dict[str, Any]]:
 
 
 def _echo_decision(decision: Any) -> None:
-    click.echo(f"policy     {decision.policy} ({decision.workload}, objective {decision.objective}, "
-               f"{decision.expected_inferences:,} expected inferences)")
+    generates = decision.generates
+    count, unit = (decision.expected_tokens, "tokens") if generates else (decision.expected_inferences, "inferences")
+    meaning = {"energy": "J per generated token", "latency": "TPOT p50, ms per output token",
+               "edp": "J per generated token x TPOT p50"}[decision.objective] if generates else ""
+    click.echo(f"policy     {decision.policy} ({decision.workload}, "
+               + (f"generation, objective {decision.objective} ({meaning}), " if generates else
+                  f"objective {decision.objective}, ") + f"{count:,} expected {unit})")
     click.echo(f"device     {decision.device_kind}, torch {decision.torch_version}")
     click.echo(f"decision   {decision.label}  [{decision.state}]")
     if len(decision.batch_sizes) > 1:  # the batch-size lever: which batch size was chosen, and how they compared
@@ -350,7 +379,7 @@ def _echo_decision(decision: Any) -> None:
         click.echo(f"excluded   {', '.join(labels) or ', '.join(decision.excluded_violated)}: broke the power "
                    f"envelope in a deployment")
     break_even = break_even_text(decision.break_even_inferences, decision.break_even_never,
-                                 decision.config.get("mode") != "eager")
+                                 decision.config.get("mode") != "eager", unit)
     if break_even is not None:
         click.echo(f"break-even vs eager fp32: {break_even}")
     applied = next((c for c in decision.candidates if c.config_id == decision.config_id and c.source == "measured"),
@@ -358,18 +387,25 @@ def _echo_decision(decision: Any) -> None:
     compile_text = compile_energy_text(applied.figures) if applied is not None and decision.config.get(
         "mode") != "eager" else None
     if compile_text:
-        click.echo(f"compile    {compile_text}, amortised over {decision.expected_inferences:,} inferences")
+        click.echo(f"compile    {compile_text}, amortised over {count:,} {unit}")
     if decision.bill:
         import textwrap
 
         click.echo(textwrap.fill(decision.bill["text"], table_width(), initial_indent=f"{'tuning':<11}",
                                  subsequent_indent=" " * 11))
     click.echo("")
-    echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
-               ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W", "compile s",
-                "rel err", "break-even", "why"],
-               drop_first=("max_rel_error", "compile_s", "avg_power_w", "amortised_energy_j", "latency_ms_p95",
-                           "break_even", "spread"), below=("label", "why"))
+    if generates:
+        echo_table(_candidate_rows(decision), GENERATION_COLUMNS,
+                   ["status", "config", "source", "median", "± (runs)", "J/token amortised", "TPOT ms", "TPOT p95 ms",
+                    "TTFT ms", "avg W", "compile s", "rel err", "tokens match", "break-even", "why"],
+                   drop_first=("max_rel_error", "compile_s", "avg_power_w", "ttft_ms_p50", "tpot_ms_p95",
+                               "amortised_energy_j", "break_even", "tokens_match", "spread"), below=("label", "why"))
+    else:
+        echo_table(_candidate_rows(decision), CANDIDATE_COLUMNS,
+                   ["status", "config", "source", "median", "± (runs)", "J/call amortised", "p95 ms", "avg W",
+                    "compile s", "rel err", "break-even", "why"],
+                   drop_first=("max_rel_error", "compile_s", "avg_power_w", "amortised_energy_j", "latency_ms_p95",
+                               "break_even", "spread"), below=("label", "why"))
     _echo_estimate_line(c.figures.get("energy_source") for c in decision.candidates if c.source == "measured")
 
 
@@ -384,8 +420,9 @@ def _graph_break_notes(policy: Any, db: str | None, decision: Any) -> list[dict[
     with reading_store(db) as database:
         runs = [r for wid in decision.workload_ids or [decision.workload_id]
                 for r in workload_runs(database, wid) if r.id in wanted]
-    command = doctor_command(decision.workload, decision.config.get("batch_size") or policy.batch_size,
-                             policy.seq_len, policy.image_size)
+    # the doctor analyses a forward pass: a generation's breaks are named without a command to run
+    command = None if policy.generates else doctor_command(
+        decision.workload, decision.config.get("batch_size") or policy.batch_size, policy.seq_len, policy.image_size)
     return graph_break_notes(runs, command)
 
 

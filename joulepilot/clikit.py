@@ -34,7 +34,24 @@ DB_META_KEY = "joulepilot.db"
 # alike: compiler.shape_set.MAX_SHAPE_SIZE, not imported here to keep the CLI's start light); a worker would
 # fail on it with a tensor constructor's overflow or allocation error instead of naming the option.
 MAX_SIZE = 1 << 20
-SIZE = click.IntRange(min=1, max=MAX_SIZE)
+
+
+class Size(click.IntRange):
+    """The type of every size option (a batch size, sequence length, image side, prompt or new tokens): a whole
+    number from 1 to MAX_SIZE. A value outside that is one line naming the option and what it takes, exit 1, as
+    every other value a command refuses (`--new-tokens 0` is a value to correct, not a misuse of the command)."""
+
+    name = "integer"
+
+    def __init__(self) -> None:
+        super().__init__(min=1, max=MAX_SIZE)
+
+    def fail(self, message: str, param: click.Parameter | None = None, ctx: click.Context | None = None) -> Any:
+        name = _label(param) if param is not None else "the value"
+        raise click.ClickException(f"{name}: {message.rstrip('.')}; give a whole number from 1 to {MAX_SIZE:,}")
+
+
+SIZE = Size()
 
 
 DB_ENV = "JOULEPILOT_DB"

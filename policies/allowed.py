@@ -170,6 +170,10 @@ def _grid_problem(policy: Policy, config: Any, plain_id: str) -> str | None:
         settings += [("fusion preset", config.fusion, search.fusion, "fusion"),
                      ("regional setting", config.regional, search.regional_settings(), "regional"),
                      ("dynamic setting", config.dynamic, search.dynamic, "dynamic")]
+    grid = [c for c in candidate_configs(policy) if c.compiles == config.compiles]  # eager has its own cache
+    settings += [("KV cache", config.cache, tuple(dict.fromkeys(c.cache for c in grid)), "caches"),
+                 ("compiled prefill", config.compile_prefill, tuple(dict.fromkeys(c.compile_prefill for c in grid)),
+                  "compile_prefill")]
     detail = next((f"its {what} {shorten(repr(value), QUOTE_CHARS)} is not in [search] {key} "
                    f"({', '.join(map(repr, allowed))})"
                    for what, value, allowed, key in settings if value not in allowed),

@@ -40,7 +40,7 @@ def batch_workload_id(policy: Policy, batch_size: int | None = None) -> str:
     from joulepilot.compiler import workload_id
 
     batch = int(batch_size or policy.batch_size)
-    return workload_id(policy.workload, batch, policy.seq_len, policy.image_size, getattr(policy, "shapes", None))
+    return workload_id(policy.workload, batch, **policy.workload_args())
 
 
 def config_workload_id(policy: Policy, config: Any) -> str:

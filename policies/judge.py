@@ -9,14 +9,24 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   (`noise.counted`).
 * **The objective** of one run (`run_objective`): `energy` is J per call plus the compile energy amortised
   over `expected_inferences` calls (divided by the batch size when the grid spans several: J per sample);
-  `latency` is p95 latency per call; `edp` their product. A run whose compile energy was not metered gets
+  `latency` is p95 latency per call; `edp` their product. For a generation policy (`task = "generate"`)
+  `energy` is J per generated token (prefill and decode of the whole batch) plus the compile energy amortised
+  over `expected_tokens` tokens, at any batch size (a token is a token); `latency` is the median time per
+  output token (TPOT p50); `edp` their product. A run whose compile energy was not metered gets
   it estimated as its compile seconds x its average power, and the configuration's verdict says so
   (`compile_estimated`): counting an unmetered compile as free would favour every compiled configuration
   over eager, which compiles nothing.
 * **Energy sources** (`policies.sources`): configurations are compared on runs of one source only.
 * **Limits** (`check_limits`): average power on the upper end of its median's interval, peak power on the
   highest instant power seen, the others on the median of the counted runs, each less `[limits] margin_pct`
-  (not the accuracy limit). A figure a limit needs that no run measured fails the limit.
+  (not the accuracy limit). A figure a limit needs that no run measured fails the limit. A generation's
+  `max_tpot_ms` holds the p95 time per output token (every step of every call of the latency pass: a tail
+  over hundreds of samples), `max_ttft_ms` the median time to first token (the latency pass makes a few calls,
+  each one first token, so a p95 of them would be their maximum), and `max_rel_error` the logits' error
+  against eager fp32 over the first steps. Whether the greedy tokens match eager in the configuration's own
+  precision (`tokens_match`, and the leading steps that do) limits nothing: the greedy path of a model turns
+  at near-ties of its logits, which any change in the order of floating-point sums (a fused kernel) can flip,
+  so it is shown beside the decision, and the error limit is what a policy holds a configuration to.
 * **Ranking** (`judge`): the lowest median objective within every limit is the *best*; every configuration
   whose interval overlaps it *ties* with it, and the tie-break (`noise.break_tie`: lower average power,
   cheaper compile, simpler mode, each only where it differs by more than its own noise) chooses among
@@ -92,6 +102,8 @@ LIMITS = {
     "max_p95_latency_ms": ("latency_ms_p95", "ms", "p95 latency"),
     "max_compile_s": ("compile_s", "s", "compile time"),
     "max_rel_error": ("max_rel_error", "", "relative error"),
+    "max_tpot_ms": ("tpot_ms_p95", "ms", "p95 time per output token"),
+    "max_ttft_ms": ("ttft_ms_p50", "ms", "median time to first token"),
 }
 POWER_LIMITS = ("max_avg_power_w", "max_peak_power_w")
 
@@ -106,13 +118,17 @@ def fmt(value: float, unit: str = "") -> str:
     return f"{value:.4g}{(' ' + unit) if unit else ''}"
 
 
-def objective_unit(objective: str, per_sample: bool) -> str:
-    """The unit of an objective value: 'J' per call, 'J/sample', 'ms', 'J x ms' or 'J/sample x ms'."""
-    energy = "J/sample" if per_sample else "J"
+def objective_unit(objective: str, per_sample: bool, generates: bool = False) -> str:
+    """The unit of an objective value: 'J' per call, 'J/sample', 'J/token', 'ms', 'J x ms', 'J/sample x ms' or
+    'J/token x ms'."""
+    energy = "J/token" if generates else "J/sample" if per_sample else "J"
     return {"energy": energy, "latency": "ms", "edp": f"{energy} x ms"}[objective]
 
 
-def objective_text(objective: str, per_sample: bool = False) -> str:
+def objective_text(objective: str, per_sample: bool = False, generates: bool = False) -> str:
+    if generates:
+        return {"energy": "amortised J/token", "latency": "TPOT p50 (ms per output token)",
+                "edp": "energy-delay product (J/token x TPOT ms)"}[objective]
     energy = "J/sample" if per_sample else "J/inference"
     return {"energy": f"amortised {energy}", "latency": "p95 latency (ms)",
             "edp": f"energy-delay product ({'J/sample' if per_sample else 'J'} x ms)"}[objective]
@@ -138,6 +154,14 @@ class Run:
     compile_energy_j: float | None = None
     max_rel_error: float | None = None
     energy_source: str | None = None
+    # a generation's (None for a forward pass): J per generated token, first token and time per output token,
+    # and whether the greedy tokens match eager in the configuration's precision (the leading steps that do)
+    energy_j_per_token: float | None = None
+    ttft_ms_p50: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p95: float | None = None
+    tokens_match: bool | None = None
+    tokens_match_steps: int | None = None
     fresh_process: bool = True  # it started its worker process (not a further window of one)
     flagged: str | None = None  # bench's "repeat this run" window warning
     run_id: int | None = None
@@ -156,11 +180,17 @@ class Run:
         extra = extra if isinstance(extra, dict) else {}
         started, finished = _number(get("started_at")), _number(get("finished_at"))
         warning = extra.get("window_warning")
+        generated = extra.get("generation") if isinstance(extra.get("generation"), dict) else {}
+        match, steps = get("tokens_match"), generated.get("tokens_match_steps")
         return cls(ok=get("status") == "ok", energy_j_per_inference=_number(get("energy_j_per_inference")),
                    avg_power_w=_number(get("avg_power_w")), peak_power_w=_number(get("peak_power_w")),
                    latency_ms_p95=_number(get("latency_ms_p95")), compile_s=_number(get("compile_s")),
                    compile_energy_j=_number(get("compile_energy_j")), max_rel_error=_number(get("max_rel_error")),
                    energy_source=get("energy_source"),
+                   energy_j_per_token=_number(get("energy_j_per_token")), ttft_ms_p50=_number(get("ttft_ms_p50")),
+                   tpot_ms_p50=_number(get("tpot_ms_p50")), tpot_ms_p95=_number(get("tpot_ms_p95")),
+                   tokens_match=None if match is None else bool(match),
+                   tokens_match_steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
                    fresh_process=fresh_process_of(extra) if fresh_process is None else fresh_process,
                    flagged=str(warning) if warning else None, run_id=get("id"),
                    wall_s=max(0.0, finished - started) if started is not None and finished is not None else 0.0,
@@ -175,7 +205,8 @@ class Run:
 @dataclass(frozen=True)
 class Rules:
     """What a policy asks of the judge: its `[objective]`, `[limits]` and the `[search]` settings that
-    decide how sure a decision must be."""
+    decide how sure a decision must be. `expected_inferences` is what compile energy is amortised over: calls
+    for a forward pass, generated tokens (`expected_tokens`) for a generation (`generates`)."""
 
     objective: str = "energy"
     expected_inferences: int = 1_000_000
@@ -185,14 +216,17 @@ class Rules:
     tolerance_pct: float = DEFAULT_TOLERANCE_PCT
     confidence: float = DEFAULT_CONFIDENCE
     per_sample: bool = False  # the grid spans several batch sizes: energy per sample
+    generates: bool = False  # a generation policy: energy per generated token, latency per output token
 
     @classmethod
     def of(cls, policy: Any) -> Rules:
         from .batches import per_sample
 
-        return cls(objective=policy.objective.minimize, expected_inferences=policy.objective.expected_inferences,
-                   limits=policy.limits, min_repeats=policy.search.min_repeats,
-                   tolerance_pct=policy.search.tolerance_pct, per_sample=per_sample(policy))
+        generates = bool(getattr(policy, "generates", False))
+        count = policy.objective.expected_tokens if generates else policy.objective.expected_inferences
+        return cls(objective=policy.objective.minimize, expected_inferences=int(count), limits=policy.limits,
+                   min_repeats=policy.search.min_repeats, tolerance_pct=policy.search.tolerance_pct,
+                   per_sample=per_sample(policy) and not generates, generates=generates)
 
     @property
     def tolerance(self) -> float:
@@ -200,7 +234,22 @@ class Rules:
 
     @property
     def unit(self) -> str:
-        return objective_unit(self.objective, self.per_sample)
+        return objective_unit(self.objective, self.per_sample, self.generates)
+
+    @property
+    def energy_figure(self) -> str:
+        """The run figure the energy objective rests on: J per call, or J per generated token."""
+        return "energy_j_per_token" if self.generates else "energy_j_per_inference"
+
+    @property
+    def latency_figure(self) -> str:
+        """The run figure the latency objective rests on: p95 latency per call, or TPOT p50."""
+        return "tpot_ms_p50" if self.generates else "latency_ms_p95"
+
+    @property
+    def count_unit(self) -> str:
+        """What compile energy is amortised over: 'inferences' or 'tokens'."""
+        return "tokens" if self.generates else "inferences"
 
     def limit_text(self, limit: str, value: float) -> str:
         """'250 W', or '237.5 W (250 W less the 5% margin)'."""
@@ -218,11 +267,13 @@ def compile_energy(run: Run) -> tuple[float, bool]:
     return (run.compile_s or 0.0) * (run.avg_power_w or 0.0), bool(run.compile_s)
 
 
-def amortised_j(run: Run, expected_inferences: int) -> float | None:
-    """J per call with the compile energy amortised over `expected_inferences` calls (None without energy)."""
-    if run.energy_j_per_inference is None:
+def amortised_j(run: Run, rules: Rules) -> float | None:
+    """The run's J per call (per generated token, for a generation) with the compile energy amortised over
+    `rules.expected_inferences` calls (tokens); None without energy."""
+    energy = getattr(run, rules.energy_figure)
+    if energy is None:
         return None
-    return run.energy_j_per_inference + compile_energy(run)[0] / expected_inferences
+    return energy + compile_energy(run)[0] / rules.expected_inferences
 
 
 def score(objective: str, energy: float | None, latency_ms: float | None) -> float | None:
@@ -238,10 +289,10 @@ def run_objective(run: Run, config: Mapping[str, Any], rules: Rules) -> float | 
     """The objective of one ok run of `config` (see the module docstring); None when it lacks a figure."""
     if not run.ok:
         return None
-    energy = amortised_j(run, rules.expected_inferences)
+    energy = amortised_j(run, rules)
     if energy is not None and rules.per_sample:
         energy /= max(1, int(config.get("batch_size") or 1))
-    return score(rules.objective, energy, run.latency_ms_p95)
+    return score(rules.objective, energy, getattr(run, rules.latency_figure))
 
 
 @dataclass
@@ -259,7 +310,14 @@ class Verdict:
     peak_power_w: float | None = None  # the highest instant power seen
     latency_ms_p95: float | None = None  # medians, from here on
     max_rel_error: float | None = None
-    amortised_j: float | None = None  # J per call, compile amortised
+    tpot_ms_p50: float | None = None  # a generation's
+    tpot_ms_p95: float | None = None
+    ttft_ms_p50: float | None = None
+    # a generation's greedy tokens against eager in the configuration's precision, over its counted runs: whether
+    # every run matched for every new token, and the fewest leading steps that matched (None: not measured)
+    tokens_match: bool | None = None
+    tokens_match_steps: int | None = None
+    amortised_j: float | None = None  # J per call (per token, for a generation), compile amortised
     compile_estimated: bool = False  # some counted run's compile energy was estimated (see `compile_energy`)
     violations: list[str] = field(default_factory=list)  # the limits it breaks or cannot be verified on
     power_straddles: bool = False  # median average power within the envelope, its upper bound over it
@@ -399,13 +457,18 @@ def _summarise(configs: Mapping[str, Mapping[str, Any]], runs_by_config: Mapping
         values = [(run_objective(r, config, rules), r) for r in runs]
         objectives[config_id] = [v for v, _ in values if v is not None]
         powers[config_id] = [r.avg_power_w for r in runs if r.avg_power_w is not None]
-        energies = [amortised_j(r, rules.expected_inferences) for r in runs]
+        energies = [amortised_j(r, rules) for r in runs]
         energies = [e for e in energies if e is not None]
         verdict.amortised_j = median(energies) if energies else None
-        verdict.compile_estimated = any(compile_energy(r)[1] for r in runs if r.energy_j_per_inference is not None)
+        verdict.compile_estimated = any(compile_energy(r)[1] for r in runs
+                                        if getattr(r, rules.energy_figure) is not None)
         peaks = [r.peak_power_w for r in runs if r.peak_power_w is not None]
         verdict.peak_power_w = max(peaks) if peaks else None
-        for name in ("latency_ms_p95", "max_rel_error"):
+        matches = [r.tokens_match for r in runs if r.tokens_match is not None]
+        verdict.tokens_match = all(matches) if matches else None
+        steps = [r.tokens_match_steps for r in runs if r.tokens_match_steps is not None]
+        verdict.tokens_match_steps = min(steps) if steps else None
+        for name in ("latency_ms_p95", "max_rel_error", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50"):
             figures = [getattr(r, name) for r in runs if getattr(r, name) is not None]
             setattr(verdict, name, median(figures) if figures else None)
         compiles = [r.compile_s for r in runs if r.compile_s is not None]
@@ -627,7 +690,7 @@ def standing_text(s: Standing, chosen: Verdict, tolerance_pct: float) -> str:
 
 def _explain(out: Judgement) -> None:
     rules = out.rules
-    text = objective_text(rules.objective, rules.per_sample)
+    text = objective_text(rules.objective, rules.per_sample, rules.generates)
     chosen, ranked = out.chosen, out.ranked_source
     n_all = len(out.verdicts)
     uncompared: dict[str, list[str]] = {}
@@ -654,6 +717,8 @@ def _explain(out: Judgement) -> None:
                          f"{rules.tolerance_pct:g}% tolerance: a tie that more runs would not make matter")
         if chosen.compile_estimated and rules.objective != "latency":
             parts.append("its compile energy was not metered: estimated as compile seconds x average power")
+        if chosen.tokens_match is False:
+            parts.append(tokens_note(chosen))
         if estimate_note(ranked):
             parts.append(str(estimate_note(ranked)))
         parts.append(f"{len(out.feasible)} of {n_all} candidates measured within limits")
@@ -680,6 +745,16 @@ def _explain(out: Judgement) -> None:
         if uncompared:
             parts.append(uncompared_summary(uncompared, str(ranked)))
     out.reason = "; ".join(parts)
+
+
+def tokens_note(verdict: Verdict) -> str:
+    """What a generation's greedy tokens say beside its error figure, for a configuration whose tokens do not all
+    match eager's in its own precision (reported; it limits nothing, see the module docstring)."""
+    precision = str(verdict.config.get("precision") or "fp32")
+    steps = verdict.tokens_match_steps
+    where = f"for the first {steps} step{'s' if steps != 1 else ''} only" if steps is not None else "not for every step"
+    return (f"its greedy tokens match eager {precision}'s {where} (reported, not a limit: the accuracy limit is "
+            f"max_rel_error on the logits)")
 
 
 def _confidence(out: Judgement) -> str:

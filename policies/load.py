@@ -106,7 +106,7 @@ def checked_policy(path: str | os.PathLike) -> tuple[Policy, Problem | None]:
     PolicyError for any error; a library that is not installed here comes back as a warning (the policy may be
     decided here for a host that has it)."""
     policy = _load_policy(path)
-    problem = workload_problem(policy.workload, str(path))
+    problem = workload_problem(policy.workload, str(path), policy)
     if problem is not None and problem.severity == "error":
         raise PolicyError([problem])
     return policy, problem
@@ -124,9 +124,14 @@ def _load_policy(path: str | os.PathLike) -> Policy:
                                hash=policy_hash(raw))
 
 
-def workload_problem(spec: str, file: str) -> Problem | None:
+def workload_problem(spec: str, file: str, policy: Policy | None = None) -> Problem | None:
     """The problem with a policy's `workload`, or None when it resolves here. Executes no user code.
-    A library that is not installed here is a problem of severity `warning`."""
+    A library that is not installed here is a problem of severity `warning`. With `policy`, also what its task
+    and [model_options] ask of the workload, as `bench` checks them (`check_workload_request`): a generation
+    needs a causal language model whose positions hold prompt_len + new_tokens, a forward pass a workload that is
+    not a generation spec, and every model option an attribute of the model's config."""
+    from joulepilot.compiler import ConfigError
+    from joulepilot.compiler.generation_workloads import check_workload_request
     from joulepilot.compiler.workloads import LibraryMissing, WorkloadError, check_spec
 
     try:
@@ -135,7 +140,32 @@ def workload_problem(spec: str, file: str) -> Problem | None:
         return Problem(file, "workload", "a workload that exists here (mlp, convnet, transformer, "
                        "torchvision:<name>, timm:<name>, transformers:<ConfigClass> or module:factory)",
                        exc.message, exc.hint, "warning" if isinstance(exc, LibraryMissing) else "error")
+    if policy is None:
+        return None
+    task = 'task = "generate"' if policy.generates else "a forward pass"
+    try:
+        check_workload_request(spec, generation=policy.generation, model_options=policy.model_options_dict)
+    except WorkloadError as exc:
+        options = "--model-option" in exc.message
+        return Problem(file, "model_options" if options else "workload",
+                       "attributes the model's config has" if options else f"a workload that can do {task}",
+                       _policy_words(exc.message), _policy_words(exc.hint),
+                       "warning" if isinstance(exc, LibraryMissing) else "error")
+    except ConfigError as exc:
+        return Problem(file, "workload", f"a workload that can do {task}", _policy_words(str(exc)))
     return None
+
+
+# The workload checks are bench's, worded for its options; a policy names the same things as keys.
+_POLICY_WORDS = (("add --task generate", 'add task = "generate"'), ("--task generate", 'task = "generate"'),
+                 ("--prompt-len", "prompt_len"), ("--new-tokens", "new_tokens"),
+                 ("--model-option ", "[model_options] "), ("--model-option", "[model_options]"))
+
+
+def _policy_words(text: str) -> str:
+    for option, key in _POLICY_WORDS:
+        text = text.replace(option, key)
+    return text
 
 
 def policy_dirs() -> list[Path]:

@@ -76,6 +76,7 @@ from .judge import (
     predicted_violations,
     repeats,
     score,
+    tokens_note,
 )
 from .noise import Confirmation, median
 from .schema import Policy
@@ -84,7 +85,8 @@ from .sources import UNCOMPARED, joined_sources, left_out_text, source_key
 FIGURES = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "latency_ms_p50", "latency_ms_p95",
            "throughput_per_s", "avg_power_w", "peak_power_w", "compile_s", "compile_energy_j", "max_rel_error",
            "energy_source", "window_s", "torch_version", "device", "compile_energy_gpu_j", "compile_energy_gpu_source",
-           "compile_energy_cpu_j", "compile_energy_cpu_source")
+           "compile_energy_cpu_j", "compile_energy_cpu_source", "energy_j_per_token", "ttft_ms_p50", "tpot_ms_p50",
+           "tpot_ms_p95", "tokens_per_s", "tokens_match")
 # Figures taken from the newest counted run rather than a median (the energy source names every counted
 # run's meter instead: the median J/inference rests on all of them).
 NEWEST_FIGURES = ("torch_version", "device", "compile_energy_gpu_source", "compile_energy_cpu_source")
@@ -166,6 +168,7 @@ class Decision:
     break_even_inferences: float | None = None
     break_even_never: bool = False  # the applied configuration saves nothing per call against eager
     eager_energy_j_per_inference: float | None = None
+    eager_energy_j_per_token: float | None = None  # a generation's
     decided_at: float = field(default_factory=time.time)
     id: int | None = None
     repeat: list[str] = field(default_factory=list)  # config ids whose flagged runs should be measured again
@@ -192,6 +195,9 @@ class Decision:
     # The energy source of the runs the candidates were ranked on (`policies.sources`): candidates measured
     # only otherwise are listed as `uncompared`. None when nothing is measured (or stored before it was kept).
     ranked_source: str | None = None
+    # A generation policy's (`task = "generate"`): its task, and the tokens compile energy is amortised over.
+    task: str = "forward"
+    expected_tokens: int | None = None
 
     @property
     def config_id(self) -> str:
@@ -200,6 +206,10 @@ class Decision:
     @property
     def label(self) -> str:
         return self.config.get("label", self.config_id)
+
+    @property
+    def generates(self) -> bool:
+        return self.task == "generate"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,26 +239,30 @@ def _with_break_even(data: Mapping[str, Any]) -> dict[str, Any]:
 BREAK_EVEN_NEVER = "never: it saves no energy per call against eager fp32"
 
 
-def break_even_text(break_even_inferences: float | None, never: bool, compiles: bool = True) -> str | None:
-    """How many calls pay a configuration's compile energy back against eager fp32, in words: '12,345
-    inferences', `BREAK_EVEN_NEVER`, 'none needed (eager compiles nothing)', or None when not known."""
+def break_even_text(break_even_inferences: float | None, never: bool, compiles: bool = True,
+                    unit: str = "inferences") -> str | None:
+    """How many calls (`unit` 'tokens': generated tokens, for a generation) pay a configuration's compile energy
+    back against eager fp32, in words: '12,345 inferences', `BREAK_EVEN_NEVER`, 'none needed (eager compiles
+    nothing)', or None when not known."""
     if not compiles:
         return "none needed (eager compiles nothing)"
     if never:
-        return BREAK_EVEN_NEVER
+        return BREAK_EVEN_NEVER if unit == "inferences" else BREAK_EVEN_NEVER.replace("per call", "per token")
     if break_even_inferences is None or not math.isfinite(break_even_inferences):
         return None
-    return f"{break_even_inferences:,.0f} inferences"
+    return f"{break_even_inferences:,.0f} {unit}"
 
 
 def candidate_configs(policy: Policy) -> list[Any]:
     """Every allowed configuration, in a stable order, without duplicates; each at every batch size of the
     grid (`policies.batches.grid_batch_sizes`: the policy's own, and `[search] batch_sizes`)."""
     from joulepilot.compiler import CompileConfig
+    from joulepilot.compiler.generation_workloads import generation_variants
 
     search = policy.search
     shapes = getattr(policy, "shapes", None)
     paddings = search.padding if shapes is not None and shapes.padding_changes_anything else ("none",)
+    generates = getattr(policy, "generates", False)
     seen, configs = set(), []
     for mode, precision, fusion, dynamic, padding, regional, batch in itertools.product(
             search.modes, search.precisions, search.fusion, search.dynamic, paddings, search.regional_settings(),
@@ -257,18 +271,22 @@ def candidate_configs(policy: Policy) -> list[Any]:
             fusion, dynamic, padding, regional = "default", False, "none", ""
         cfg = CompileConfig(mode=mode, fusion=fusion, precision=precision, dynamic=dynamic, padding=padding,
                             batch_size=batch, regional=regional)
-        if cfg.id not in seen:
-            seen.add(cfg.id)
-            configs.append(cfg)
+        for variant in generation_variants(cfg, search.caches, search.compile_prefill) if generates else [cfg]:
+            if variant.id not in seen:
+                seen.add(variant.id)
+                configs.append(variant)
     return configs
 
 
 def fallback_config(policy: Policy) -> Any:
     from joulepilot.compiler import CompileConfig
+    from joulepilot.compiler.generation_workloads import generation_variants
 
     fb = policy.fallback
-    return CompileConfig(mode=fb.mode, fusion="default" if fb.mode == "eager" else fb.fusion,
-                         precision=fb.precision, batch_size=policy.batch_size)
+    config = CompileConfig(mode=fb.mode, fusion="default" if fb.mode == "eager" else fb.fusion,
+                           precision=fb.precision, batch_size=policy.batch_size)
+    # a generation's fallback has the cache its mode is planned with (a compiled one, the static cache)
+    return generation_variants(config)[0] if getattr(policy, "generates", False) else config
 
 
 def policy_workload_id(policy: Policy) -> str:
@@ -332,6 +350,8 @@ def _figures(runs: list[RunRow]) -> dict[str, Any]:
             out[key] = values[0] if values else None
         elif key == "peak_power_w":
             out[key] = max(values) if values else None
+        elif key == "tokens_match":  # a generation's greedy tokens matched in every counted run
+            out[key] = int(all(values)) if values else None
         else:
             out[key] = median(values) if values else None
     return out
@@ -360,7 +380,8 @@ def _key_figures(cand: Candidate | None) -> dict[str, Any]:
         return {}
     keep = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "peak_power_w", "compile_s",
             "compile_energy_j", "compile_energy_gpu_j", "compile_energy_gpu_source", "compile_energy_cpu_j",
-            "compile_energy_cpu_source", "max_rel_error", "energy_source", "torch_version")
+            "compile_energy_cpu_source", "max_rel_error", "energy_source", "torch_version", "energy_j_per_token",
+            "ttft_ms_p50", "tpot_ms_p50", "tpot_ms_p95", "tokens_per_s", "tokens_match")
     return ({k: cand.figures.get(k) for k in keep} | {"run_id": cand.run_id, "median": cand.median,
             "ci_low": cand.ci_low, "ci_high": cand.ci_high, "repeats": cand.repeats})
 
@@ -369,8 +390,10 @@ STATUS_OF_VERDICT = {"chosen": "chosen", "tied": "kept", "kept": "kept", "flagge
                      "rejected": "rejected", UNCOMPARED: UNCOMPARED}
 
 
-def _measured_candidate(verdict: Verdict, rows: Mapping[int, RunRow], eager_j: float | None) -> Candidate:
-    """A candidate from the judge's verdict on its runs: the figures of the runs it counted, its limits."""
+def _measured_candidate(verdict: Verdict, rows: Mapping[int, RunRow], eager_j: float | None,
+                        energy_figure: str = "energy_j_per_inference") -> Candidate:
+    """A candidate from the judge's verdict on its runs: the figures of the runs it counted, its limits;
+    `energy_figure`: what its break-even against eager (`eager_j`) compares (J per call, or per token)."""
     counted = [rows[r.run_id] for r in verdict.counted if r.run_id in rows]
     cand = Candidate(config=verdict.config, label=verdict.label, source="measured",
                      status=STATUS_OF_VERDICT.get(verdict.status, "rejected"), reasons=list(verdict.violations),
@@ -388,7 +411,9 @@ def _measured_candidate(verdict: Verdict, rows: Mapping[int, RunRow], eager_j: f
     hit = next((r for r in counted if r.extra.get("recompile_limit_hit")), None)
     if hit is not None:
         cand.notes.append(f"run {hit.id}: {hit.extra.get('recompile_warning') or 'hit the recompile limit'}")
-    _set_break_even(cand, cand.figures.get("compile_energy_j"), cand.figures.get("energy_j_per_inference"), eager_j,
+    if verdict.tokens_match is False:
+        cand.notes.append(tokens_note(verdict))
+    _set_break_even(cand, cand.figures.get("compile_energy_j"), cand.figures.get(energy_figure), eager_j,
                     verdict.mode == "eager")
     return cand
 
@@ -423,12 +448,16 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     rows = {r.id: r for runs in scan.all_by_config.values() for r in runs if r.id is not None}
     eager_id = fallback.replace(mode="eager", fusion="default", precision="fp32", dynamic=False).id
 
-    def eager_at(batch: int, source: str | None) -> float | None:
+    figure = rules.energy_figure
+
+    def eager_at(batch: int, source: str | None, figure: str = figure) -> float | None:
         """Eager fp32's median J per call at the policy's batch size over its counted runs of `source`, for as
-        many samples as one call of `batch` (None when it has no such run)."""
+        many samples as one call of `batch` (None when it has no such run); a generation's J per token, which
+        no batch size scales."""
         same = [r for r in scan.ok_by_config.get(eager_id, []) if source_key(r.energy_source) == source]
-        values = [r.energy_j_per_inference for r in counted_rows(same) if r.energy_j_per_inference is not None]
-        return median(values) * batch / policy.batch_size if values else None
+        values = [getattr(r, figure) for r in counted_rows(same) if getattr(r, figure) is not None]
+        scale = 1.0 if figure == "energy_j_per_token" else batch / policy.batch_size
+        return median(values) * scale if values else None
 
     predictions: dict[str, dict[str, tuple[float, float]]] = {}
     unmeasured = [c for c in configs if not out.verdicts[c.id].measured and out.verdicts[c.id].source is None]
@@ -449,7 +478,7 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         verdict = out.verdicts[cfg.id]
         run = scan.latest.get(cfg.id)
         if verdict.source is not None:
-            cand = _measured_candidate(verdict, rows, eager_at(cfg.batch_size, verdict.source))
+            cand = _measured_candidate(verdict, rows, eager_at(cfg.batch_size, verdict.source), figure)
             others = {source: n for source, n in _sources_of(scan.ok_by_config.get(cfg.id, [])).items()
                       if source != verdict.source}
             if others and verdict.compared:
@@ -518,7 +547,8 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
     elif proposed is not None:
         state, applied = "provisional", fallback.to_row()
         reason = _joined(f"no measured configuration meets every limit; {proposed.label} is predicted to "
-                         f"({objective_text(rules.objective, rules.per_sample)} {proposed.score:.4g}) but is "
+                         f"({objective_text(rules.objective, rules.per_sample, rules.generates)} "
+                         f"{proposed.score:.4g}) but is "
                          f"unmeasured, so the fallback {fallback.label} is applied until it is benchmarked", out.reason)
     else:
         state, applied = "fallback", fallback.to_row()
@@ -544,21 +574,24 @@ def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: 
         verdict = side.verdicts[applied["id"]]
         if verdict.source is not None:
             applied_batch = int(applied.get("batch_size") or policy.batch_size)
-            applied_cand = _measured_candidate(verdict, rows, eager_at(applied_batch, verdict.source))
+            applied_cand = _measured_candidate(verdict, rows, eager_at(applied_batch, verdict.source), figure)
     return Decision(
         policy=policy.name, policy_hash=policy.hash, device_kind=device_name, torch_version=torch_version,
         workload=policy.workload, workload_id=workload_id, config=applied, state=state, reason=reason,
-        objective=rules.objective, expected_inferences=rules.expected_inferences,
+        objective=rules.objective, expected_inferences=policy.objective.expected_inferences,
+        task=policy.task, expected_tokens=policy.objective.expected_tokens,
         proposed=proposed.config if proposed else None, candidates=candidates,
         measured=_key_figures(applied_cand),
         break_even_inferences=applied_cand.break_even_inferences if applied_cand else None,
         break_even_never=applied_cand.break_even_never if applied_cand else False,
-        eager_energy_j_per_inference=eager_at(policy.batch_size, ranked), ranked_source=ranked,
+        eager_energy_j_per_inference=eager_at(policy.batch_size, ranked, "energy_j_per_inference"),
+        eager_energy_j_per_token=eager_at(policy.batch_size, ranked, "energy_j_per_token") if rules.generates else None,
+        ranked_source=ranked,
         repeat=[c.config_id for c in repeat], contenders=[v.config_id for v in out.contenders], confirm=confirm,
         confirm_reason=confirm_reason, measured_elsewhere=elsewhere,
         excluded_violated=sorted(set(exclude)), confidence=confidence,
         batch_sizes=list(grid_batch_sizes(policy)), workload_ids=workload_ids,
-        objective_unit=objective_unit(rules.objective, rules.per_sample),
+        objective_unit=objective_unit(rules.objective, rules.per_sample, rules.generates),
     )
 
 
@@ -579,10 +612,10 @@ def _predicted_candidate(cfg: Any, pred: Mapping[str, tuple[float, float]], rule
     `reasons`: why it is rejected whatever the prediction says (its benchmark failed, it broke the envelope)."""
     cand = Candidate(config=cfg.to_row(), label=cfg.label, source="predicted", reasons=list(reasons))
     cand.predicted = {k: [m, s] for k, (m, s) in pred.items()}
-    energy = pred.get("energy_j_per_inference", (math.nan, 0))[0]
+    energy = pred.get(rules.energy_figure, (math.nan, 0))[0]
     compile_s = pred.get("compile_s", (0.0, 0))[0] if cfg.compiles else 0.0
     power = pred.get("avg_power_w", (0.0, 0))[0]
-    latency = pred.get("latency_ms_p95", (None, 0))[0]
+    latency = pred.get(rules.latency_figure, (None, 0))[0]
     # Compile energy (GPU + CPU) as the model predicts it; a model that could not learn it (no run metered
     # both parts) leaves it estimated as the judge estimates an unmetered compile.
     if not cfg.compiles:

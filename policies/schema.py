@@ -20,9 +20,16 @@ from joulepilot.store.safeio import shorten
 from .noise import MAX_REPEATS, MIN_REPEATS
 
 OBJECTIVES = ("energy", "latency", "edp")
+# What a policy's workload does per request: one forward call ("forward") or a generation ("generate": a prompt,
+# then new tokens against a KV cache, `compiler.generation_workloads`).
+TASKS = ("forward", "generate")
+GENERATE = "generate"
 SEARCH_STRATEGIES = ("guided", "exhaustive")
 GUARD_ACTIONS = ("warn", "fallback")
 DEFAULT_EXPECTED_INFERENCES = 1_000_000
+# A generation policy amortises compile energy over generated tokens: 100 million by default (about 400,000
+# generations of 256 tokens).
+DEFAULT_EXPECTED_TOKENS = 100_000_000
 # [search] tolerance_pct: the regret a policy accepts, in percent of the objective (`policies.judge`).
 DEFAULT_TOLERANCE_PCT = 2.0
 MAX_TOLERANCE_PCT = 50.0
@@ -36,6 +43,7 @@ MAX_PROBLEMS = 20
 MAX_BATCH_SIZE = 1 << 20  # batch_size and [search] batch_sizes: 1,048,576 samples in one call
 MAX_SHAPE_SIZE = 1 << 20  # seq_len, image_size and [shapes] sizes and buckets: 1,048,576
 MAX_EXPECTED_INFERENCES = 10**15  # about a million calls a second for 30 years
+MAX_EXPECTED_TOKENS = 10**18  # about a billion tokens a second for 30 years
 MAX_MEASUREMENTS = 100_000  # [search] max_measurements: months of measuring at a run a minute
 MAX_BUDGET_S = 366 * 24 * 3600  # [search] budget_s: a year of measuring
 MAX_GUARD_WINDOWS = 100_000  # [guard] windows: days of consecutive metered windows
@@ -100,6 +108,8 @@ class PolicyError(ValueError):
 class Objective:
     minimize: str = "energy"
     expected_inferences: int = DEFAULT_EXPECTED_INFERENCES
+    # A generation policy's amortisation count (generated tokens; None for a forward pass, which counts calls).
+    expected_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,9 @@ class Limits:
     max_p95_latency_ms: float | None = None
     max_compile_s: float | None = None
     max_rel_error: float | None = None
+    # A generation's: the p95 time per output token and the median time to first token (`policies.judge.LIMITS`).
+    max_tpot_ms: float | None = None
+    max_ttft_ms: float | None = None
     # Every limit but max_rel_error is held this many percent below its value (a safety margin).
     margin_pct: float = 0.0
 
@@ -148,6 +161,11 @@ class Search:
     regional: tuple[bool, ...] = (False,)
     # The block class regional compilation compiles; None: the model's most repeated block class.
     regional_block: str | None = None
+    # A generation's KV caches: None plans as bench does (eager with the dynamic cache, compiled modes with the
+    # static one); given, every configuration is searched with each. And whether the prompt's forward pass is
+    # compiled too (compiled modes only).
+    caches: tuple[str, ...] | None = None
+    compile_prefill: tuple[bool, ...] = (False,)
 
     def regional_settings(self) -> tuple[str, ...]:
         """`CompileConfig.regional` values the grid covers: '' (whole model), 'auto' or the named class."""
@@ -185,10 +203,40 @@ class Policy:
     description: str = ""
     path: str | None = None  # where it was loaded from
     hash: str = ""  # content hash, see load.policy_hash
+    task: str = "forward"  # or GENERATE
+    prompt_len: int | None = None  # a generation's (set, with defaults, exactly when task is GENERATE)
+    new_tokens: int | None = None
+    # [model_options]: overrides of the transformers config the workload is built from, as sorted (name, value)
+    # pairs (a policy is hashable: its grid is cached per policy)
+    model_options: tuple[tuple[str, Any], ...] = ()
 
     def shape_args(self) -> dict[str, int]:
         """The workload's input-shape arguments the policy sets (seq_len, image_size)."""
         return {k: v for k, v in (("seq_len", self.seq_len), ("image_size", self.image_size)) if v is not None}
+
+    @property
+    def generates(self) -> bool:
+        return self.task == GENERATE
+
+    @property
+    def generation(self) -> Any:
+        """The compiler's `Generation` (prompt and new tokens) of a generation policy; None for a forward pass."""
+        if not self.generates:
+            return None
+        from joulepilot.compiler.generation_workloads import Generation
+
+        return Generation(int(self.prompt_len or 0), int(self.new_tokens or 0))
+
+    @property
+    def model_options_dict(self) -> dict[str, Any] | None:
+        """[model_options] as a dict; None when the policy has none."""
+        return dict(self.model_options) if self.model_options else None
+
+    def workload_args(self) -> dict[str, Any]:
+        """Everything but the spec and the batch size that names the policy's workload (`compiler.workload_id`,
+        `measure_config`): input shapes, the shape set, model options and the generation."""
+        return {"seq_len": self.seq_len, "image_size": self.image_size, "shapes": self.shapes,
+                "model_options": self.model_options_dict, "generation": self.generation}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -343,6 +391,20 @@ def _weights(value: Any):
                   "weights are relative: each size's share of the calls")
 
 
+def _model_options(value: Any):
+    """[model_options]: config attribute -> a boolean, a number or a string (the values `--model-option` takes)."""
+    if not isinstance(value, dict):
+        return None, ("a table [model_options] of config attributes", _found(value),
+                      "e.g. [model_options] with num_hidden_layers = 2 under it")
+    for name, item in value.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            return None, ("config attribute names (letters, digits, '_')", f"key {shorten(repr(name), 60)}", "")
+        if not isinstance(item, bool | int | float | str) or (isinstance(item, float) and not math.isfinite(item)):
+            return None, ("a boolean, a number or a string for each config attribute",
+                          f"{_found(item)} for {name}", f"e.g. {name} = 2")
+    return tuple(sorted(value.items())), None
+
+
 def _bools(value: Any):
     if isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
         return tuple(dict.fromkeys(value)), None
@@ -352,9 +414,10 @@ def _bools(value: Any):
 def compiler_vocabulary() -> dict[str, tuple[str, ...]]:
     """Valid modes, precisions and fusion presets, as the compiler core defines them."""
     from joulepilot.compiler import FUSION_PRESETS, MODES, PADDINGS, PRECISIONS
+    from joulepilot.compiler.options import CACHES
 
     return {"modes": tuple(MODES), "precisions": tuple(PRECISIONS), "fusion": tuple(FUSION_PRESETS),
-            "padding": tuple(PADDINGS)}
+            "padding": tuple(PADDINGS), "caches": tuple(CACHES)}
 
 
 def schema() -> dict[str, Any]:
@@ -363,19 +426,26 @@ def schema() -> dict[str, Any]:
     return {
         "name": _name,
         "workload": _string,
+        "task": _choice(TASKS),
+        "prompt_len": _bounded_int(MAX_SHAPE_SIZE, "prompt_len = 512"),
+        "new_tokens": _bounded_int(MAX_SHAPE_SIZE, "new_tokens = 256"),
+        "model_options": _model_options,
         "batch_size": _bounded_int(MAX_BATCH_SIZE, "batch_size = 32"),
         "seq_len": _bounded_int(MAX_SHAPE_SIZE, "seq_len = 128"),
         "image_size": _bounded_int(MAX_SHAPE_SIZE, "image_size = 224"),
         "description": _optional_string,
         "shapes": {"seq_len": _sizes, "image_size": _sizes, "weights": _weights, "buckets": _sizes},
         "objective": {"minimize": _choice(OBJECTIVES),
-                      "expected_inferences": _bounded_int(MAX_EXPECTED_INFERENCES, "expected_inferences = 10_000_000")},
+                      "expected_inferences": _bounded_int(MAX_EXPECTED_INFERENCES, "expected_inferences = 10_000_000"),
+                      "expected_tokens": _bounded_int(MAX_EXPECTED_TOKENS, "expected_tokens = 100_000_000")},
         "limits": {
             "max_avg_power_w": _positive_number,
             "max_peak_power_w": _positive_number,
             "max_p95_latency_ms": _positive_number,
             "max_compile_s": _positive_number,
             "max_rel_error": _positive_number,
+            "max_tpot_ms": _positive_number,
+            "max_ttft_ms": _positive_number,
             "margin_pct": _margin_pct,
         },
         "search": {
@@ -392,6 +462,8 @@ def schema() -> dict[str, Any]:
             "batch_sizes": _batch_sizes,
             "regional": _bools,
             "regional_block": _class_name,
+            "caches": _choices(vocab["caches"]),
+            "compile_prefill": _bools,
         },
         "fallback": {
             "mode": _choice(vocab["modes"]),
@@ -481,12 +553,20 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         problems.append(Problem(file, "search.regional_block", "search.regional to include true",
                                 f"regional = {str(list(search.get('regional', (False,)))).lower()}",
                                 "set regional = [false, true] under [search], or remove regional_block"))
-    shape_set = _shape_set(file, raw, values, tables, problems)
+    generates = values.get("task") == GENERATE
+    _task_problems(file, raw, values, tables, problems, spec)
+    shape_set = None if generates else _shape_set(file, raw, values, tables, problems)
     if shape_set is not None:
         search.setdefault("dynamic", (False, True))
         search.setdefault("padding", ("none", "buckets"))
     if problems:
         raise PolicyError(problems)
+    if generates:
+        from joulepilot.compiler.generation_workloads import DEFAULT_NEW_TOKENS, DEFAULT_PROMPT_LEN
+
+        values.setdefault("prompt_len", DEFAULT_PROMPT_LEN)
+        values.setdefault("new_tokens", DEFAULT_NEW_TOKENS)
+        objective.setdefault("expected_tokens", DEFAULT_EXPECTED_TOKENS)
 
     return Policy(
         name=values["name"],
@@ -495,6 +575,10 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         seq_len=values.get("seq_len"),
         image_size=values.get("image_size"),
         shapes=shape_set,
+        task=values.get("task", "forward"),
+        prompt_len=values.get("prompt_len"),
+        new_tokens=values.get("new_tokens"),
+        model_options=values.get("model_options", ()),
         description=values.get("description", ""),
         objective=Objective(**objective),
         limits=Limits(**limits),
@@ -503,6 +587,59 @@ def validate(raw: Mapping[str, Any], file: str = "<policy>") -> Policy:
         guard=Guard(**tables.get("guard", {})),
         path=file if file != "<policy>" else None,
     )
+
+
+# What only a forward pass has, and what only a generation has: (dotted key, how it is found in the parsed tables).
+_GENERATION_ONLY = ("prompt_len", "new_tokens", "objective.expected_tokens", "limits.max_tpot_ms",
+                    "limits.max_ttft_ms", "search.caches", "search.compile_prefill")
+_TASK_FIX = 'add task = "generate" at the top of the file, or remove it'
+
+
+def _given(raw: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """(whether the document sets the dotted `key`, its value)."""
+    table, _, leaf = key.rpartition(".")
+    holder = raw.get(table) if table else raw
+    if not isinstance(holder, Mapping) or leaf not in holder:
+        return False, None
+    return True, holder[leaf]
+
+
+def _task_problems(file: str, raw: Mapping[str, Any], values: Mapping[str, Any],
+                   tables: Mapping[str, dict[str, Any]], problems: list[Problem], spec: Mapping[str, Any]) -> None:
+    """One problem per field that the policy's task does not have: a generation field in a forward-pass policy,
+    a forward-pass field (input shapes, regional compilation, padding, expected_inferences) in a generation
+    policy; and a [model_options] key that is a top-level policy key written below that header."""
+    for name, _ in values.get("model_options", ()):
+        if name in spec and not isinstance(spec[name], dict):
+            problems.append(Problem(file, f"model_options.{name}", "config attributes of the model", f"key {name!r}",
+                                    f"'{name}' is a top-level key: move it above the first [table] header"))
+    if "task" in raw and "task" not in values:
+        return  # the task itself is wrong: said where it was checked
+    if values.get("task") != GENERATE:
+        for key in _GENERATION_ONLY:
+            given, value = _given(raw, key)
+            if given:
+                problems.append(Problem(file, key, "no generation setting in a forward-pass policy", _found(value),
+                                        _TASK_FIX))
+        return
+    forward_only = [("seq_len", "a generation's input is prompt_len tokens per sequence: use prompt_len"),
+                    ("image_size", "a generation's input is prompt_len tokens per sequence: use prompt_len"),
+                    ("shapes", "a generation is measured at one prompt_len and new_tokens: remove [shapes]"),
+                    ("objective.expected_inferences", "a generation amortises compile energy over generated "
+                                                      "tokens: write expected_tokens instead"),
+                    ("search.regional_block", "regional compilation is not applied to a generation: remove it")]
+    for key, hint in forward_only:
+        given, value = _given(raw, key)
+        if given:
+            problems.append(Problem(file, key, 'no forward-pass setting in a generation policy (task = "generate")',
+                                    _found(value), hint))
+    search = tables.get("search", {})
+    if True in search.get("regional", ()):
+        problems.append(Problem(file, "search.regional", "[false] in a generation policy", _found(list(search["regional"])),
+                                "regional compilation is not applied to a generation: remove regional"))
+    if "buckets" in search.get("padding", ()):
+        problems.append(Problem(file, "search.padding", '["none"] in a generation policy', _found(list(search["padding"])),
+                                "padding to shape buckets is a forward pass's: remove padding"))
 
 
 def setting_warnings(policy: Policy, file: str) -> list[Problem]:

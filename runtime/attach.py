@@ -18,7 +18,8 @@ from typing import Any
 import sqlite_utils
 from joulepilot.compiler import CompileConfig, ShapeSet, apply_config
 from joulepilot.compiler.workloads import workload_id as spec_workload_id
-from joulepilot.policies.schema import name_problem
+from joulepilot.policies.batches import batch_workload_id
+from joulepilot.policies.schema import Policy, name_problem
 from joulepilot.store import default_db_path, open_db, upsert_devices, upsert_host
 from joulepilot.store.catalog import config_row
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
@@ -103,14 +104,22 @@ def _served_batch_size(db: sqlite_utils.Database | None, policy: Any, decision: 
     return int(batch) if isinstance(batch, int | float) and not isinstance(batch, bool) else None
 
 
+def _policy_workload_id(policy: Any, spec: str, batch: int) -> str:
+    """The policy's workload at `batch`: for a `Policy`, the one rule of `policies.batches` (model options and a
+    generation included); for a policy given as a plain mapping, from its spec and input shapes."""
+    if isinstance(policy, Policy):
+        return batch_workload_id(policy, batch)
+    shapes = setting(policy, "shapes")
+    return spec_workload_id(spec, batch, setting(policy, "seq_len"), setting(policy, "image_size"),
+                            shapes if isinstance(shapes, ShapeSet) else None)
+
+
 def _served_workload_id(policy: Any, batch: int | None) -> str | None:
     """The policy's workload at `batch` when that is not the policy's own batch size, else None."""
     spec, own = setting(policy, "workload"), setting(policy, "batch_size")
     if not isinstance(spec, str) or batch is None or own is None or int(own) == batch:
         return None
-    shapes = setting(policy, "shapes")
-    return spec_workload_id(spec, batch, setting(policy, "seq_len"), setting(policy, "image_size"),
-                            shapes if isinstance(shapes, ShapeSet) else None)
+    return _policy_workload_id(policy, spec, batch)
 
 
 def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
@@ -124,9 +133,7 @@ def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, 
     batch = setting(policy, "batch_size")
     if not isinstance(spec, str) or batch is None:
         return None
-    shapes = setting(policy, "shapes")
-    return spec_workload_id(spec, int(batch), setting(policy, "seq_len"), setting(policy, "image_size"),
-                            shapes if isinstance(shapes, ShapeSet) else None)
+    return _policy_workload_id(policy, spec, int(batch))
 
 
 def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:
@@ -182,6 +189,7 @@ def _register(store: sqlite_utils.Database, deployment_name: str, *, policy: Any
         store, deployment_name, policy=policy_name, workload_id=workload_id, config_id=config_id,
         host_id=host_id, device=torch_device,
         details={"device_kind": device_kind, "energy_source": meter.primary_source,
+                 "task": setting(policy, "task") or "forward",
                  "baseline_workload_id": baseline_workload_id, "batch_size": served_batch,
                  "limits": as_mapping(limits) if limits is not None else None, "interval_s": interval_s,
                  # per deployment, not per host: processes with different CUDA_VISIBLE_DEVICES share `gpu:0`
@@ -277,6 +285,7 @@ def attach(
         fallback = _fallback_from_policy(policy, base_model, torch_device, served_batch)
     model = MeteredModel(
         model_callable, deployment_name, deployment_id=registered.deployment_id if registered else None,
+        generates=setting(policy, "task") == "generate" if policy is not None else False,
         db_path=db_path, shared_db=None if db_path else store, meter=meter, own_meter=own_meter,
         device=torch_device, interval_s=interval_s, flush_interval_s=flush_interval_s, config_id=config_id,
         config_label=registered.config_label if registered else None, policy_name=policy_name,

@@ -28,6 +28,13 @@ class Trip:
     limit_w: float
     window_powers_w: list[float]
     at: float = field(default_factory=time.time)
+    # a generation's: the energy of the offending windows and the tokens generated in them (None: not counted)
+    energy_j: float | None = None
+    tokens: int | None = None
+
+    @property
+    def j_per_token(self) -> float | None:
+        return self.energy_j / self.tokens if self.energy_j is not None and self.tokens else None
 
     @property
     def measured_w(self) -> float:
@@ -55,24 +62,34 @@ class EnvelopeGuard:
         self.windows = int(windows)
         self.action = action
         self._streak: list[float] = []
+        self._streak_energy: list[tuple[float | None, int | None]] = []  # a generation's (energy J, tokens)
         self.tripped: Trip | None = None
 
-    def feed(self, avg_power_w: float | None, *, inferences: int | None = None,
-             at: float | None = None) -> Trip | None:
+    def feed(self, avg_power_w: float | None, *, inferences: int | None = None, at: float | None = None,
+             energy_j: float | None = None, tokens: int | None = None) -> Trip | None:
+        """One window; `energy_j` and `tokens` (a generation's) let the trip say the J per token of its windows."""
         if self.tripped is not None:
             return None
         if avg_power_w is None or inferences == 0 or avg_power_w <= self.limit_w:
-            self._streak.clear()
+            self.reset_streak()
             return None
         self._streak.append(float(avg_power_w))
+        self._streak_energy.append((energy_j, tokens))
         if len(self._streak) < self.windows:
             return None
-        self.tripped = Trip(self.limit_w, list(self._streak), at if at is not None else time.time())
-        self._streak.clear()
+        counted = tokens is not None and all(e is not None and t is not None for e, t in self._streak_energy)
+        self.tripped = Trip(self.limit_w, list(self._streak), at if at is not None else time.time(),
+                            energy_j=sum(e for e, _ in self._streak_energy) if counted else None,  # type: ignore[misc]
+                            tokens=sum(t for _, t in self._streak_energy) if counted else None)  # type: ignore[misc]
+        self.reset_streak()
         return self.tripped
 
-    def reset(self) -> None:
+    def reset_streak(self) -> None:
         self._streak.clear()
+        self._streak_energy.clear()
+
+    def reset(self) -> None:
+        self.reset_streak()
         self.tripped = None
 
 
@@ -118,9 +135,12 @@ def trip_message(deployment: str, trip: Trip, config_label: str | None, source: 
         figure = f"average {trip.measured_w:.1f} W ({source}: PARTLY ESTIMATE)"
     else:
         figure = f"measured average {trip.measured_w:.1f} W ({source or 'source unknown'})"
+    per_token = trip.j_per_token
     return (
         f"deployment {deployment!r} broke its power envelope: {figure} "
         f"over {len(trip.window_powers_w)} consecutive windows [{powers}] W, "
         f"limit max_avg_power_w = {trip.limit_w:.1f} W"
         + (f", configuration {config_label}" if config_label else "")
+        + (f"; {per_token:.4g} J per generated token in those windows ({trip.tokens} tokens)"
+           if per_token is not None else "")
     )

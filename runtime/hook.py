@@ -23,6 +23,15 @@ keyword arguments are ignored. The returned callable runs the model under `torch
 decided precision (autocast for bf16/fp16) and carries `.decision` (what was applied and why), `flush()` and
 `close()`: a `MeteredModel` for a metered deployment, else a `ServedModel`, whose two do nothing.
 
+A generation policy (`task = "generate"`) applies to a causal language model's `generate`: the model is prepared
+in place by `compiler.generation.prepare_generation`, the one function the benchmark worker measured it with
+(precision as the model's dtype, the decided KV cache, allocated for the policy's prompt_len + new_tokens, decode
+steps compiled with the decided arguments, the prompt by the decided prefill setting), and the returned object
+calls the model and has its `generate`; metered, each generate call counts its generated tokens. Such a policy
+given a model without transformers' `generate` is an unusable policy (one warning; the model runs uncompiled in
+fp32). A forward-pass policy given a causal LM compiles its forward calls as decided; its `generate` runs the
+model's own, uncompiled (one warning at its first call: a generation is decided by a generation policy).
+
 A decision made at another batch size than the policy's `batch_size` (`[search] batch_sizes`, the batch-size
 lever) is applied as decided (mode, options, precision), but the batch size is the caller's: the hook never
 changes it. It says so once (a warning), in `.decision.reason`, and in `.decision.details["batch_size"]`
@@ -41,7 +50,15 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from joulepilot.compiler import ArtifactsInfo, CompileConfig, apply_config, artifact_path_for, load_warm_start
+from joulepilot.compiler import (
+    ArtifactsInfo,
+    CompileConfig,
+    ConfigError,
+    apply_config,
+    artifact_path_for,
+    load_warm_start,
+)
+from joulepilot.compiler.generation import GenerationError, has_generate, prepare_generation
 from joulepilot.compiler.inductor import inductor_options, torch_compile_kwargs
 from joulepilot.compiler.provenance import device_name
 from joulepilot.compiler.warmstart import precompile_opted_in
@@ -63,7 +80,7 @@ from .lookup import (
     find_decision,
     torch_version_minor,
 )
-from .metered import MeteredModel
+from .metered import Fallback, MeteredModel
 from .served import ServedModel
 
 log = logging.getLogger("joulepilot.hook")
@@ -132,7 +149,8 @@ def _fallback(policy: Policy, kind: str, torch_version: str, db: Any, found: Loo
 
 
 def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -> ServedModel:
-    """The model uncompiled in fp32, for a policy that cannot be found or read, after one warning."""
+    """The model uncompiled in fp32, for a policy that cannot be found or read, or whose task the model cannot do,
+    after one warning."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, RecursionError):
         text = f"{policy}: nested too deeply to be a policy file; flatten it"
@@ -142,9 +160,58 @@ def _unusable_policy(policy: Any, model: Any, device: str, exc: BaseException) -
     reason = f"policy {named!r} cannot be used ({shorten(text, 600)}); running the model uncompiled in fp32"
     _warn_once(("policy", named), reason)
     config = CompileConfig("eager", precision="fp32")
-    return ServedModel(apply_config(config, model, device),
+    return ServedModel(_keep_generate(apply_config(config, model, device), model),
                        AppliedDecision(named, current_device_kind(device), torch_version_minor(),
                                        config.to_row(), "fallback", "none", reason))
+
+
+class TaskMismatch(ValueError):
+    """A generation policy given a model that cannot generate."""
+
+
+def _task_problem(policy: Policy, model: Any) -> TaskMismatch | None:
+    if policy.generates and not has_generate(model):
+        return TaskMismatch(f"{policy.path or policy.name}: task = \"generate\", but the model "
+                            f"({type(model).__name__}) has no transformers generate() and generation_config; give a "
+                            "causal language model, or a forward-pass policy (without task) for this model")
+    return None
+
+
+def _keep_generate(fn: Any, model: Any, warning: str | None = None) -> Any:
+    """`fn` (the applied callable of a forward pass) with the model's own `generate`, uncompiled, when the model
+    has one; `warning` is given once, at the first generate call."""
+    if not has_generate(model):
+        return fn
+    original = model.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        if warning is not None:
+            _warn_once(("generate", warning), warning)
+        return original(*args, **kwargs)
+
+    fn.generate = generate
+    return fn
+
+
+def _apply_generation(policy: Policy, config: CompileConfig, model: Any, device: str,
+                      user_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """(the model, prepared in place to generate under `config` (see the module docstring); the PreparedGeneration)."""
+    kwargs = merge_compile_kwargs(config, device, user_kwargs) if user_kwargs and config.compiles else None
+    prepared = prepare_generation(model, config, device, max_cache_len=policy.generation.cache_len,
+                                  compile_kwargs=kwargs)
+    return model, prepared
+
+
+def _generation_fallback(policy: Policy, prepared: Any, config: CompileConfig) -> Fallback:
+    """What the envelope guard swaps a generation deployment to: its decode steps uncompiled, the dynamic cache,
+    in the precision the model has (`PreparedGeneration.run_eagerly`)."""
+    eager = CompileConfig("eager", precision=config.precision, batch_size=config.batch_size)
+
+    def build() -> Any:
+        prepared.run_eagerly()
+        return prepared.model
+
+    return Fallback(eager.id, eager.label, build)
 
 
 def _load_artifacts(applied: AppliedDecision, config: Any, device: str,
@@ -221,6 +288,12 @@ def _model_device(model: Any, device: Any) -> str:
         return "cpu"
 
 
+def _with_decision(metered: MeteredModel, applied: AppliedDecision) -> MeteredModel:
+    """The metered model with `.decision` its own (a generation's model is no wrapper of joulepilot's to carry it)."""
+    metered.decision = applied  # type: ignore[attr-defined]
+    return metered
+
+
 def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     model: Any,
     policy: str | os.PathLike | Policy,
@@ -251,6 +324,9 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
         pol = cached_policy(policy)
     except Exception as exc:  # a bad policy file (RecursionError included) must not take the process down
         return _unusable_policy(policy, model, dev, exc)
+    mismatch = _task_problem(pol, model)
+    if mismatch is not None:
+        return _unusable_policy(policy, model, dev, mismatch)
     kind = current_device_kind(dev)
     torch_version = torch_version_minor()
     found = find_decision(pol, kind, torch_version, db)
@@ -281,23 +357,35 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
                    "joulepilot.compile does not pad: pad your inputs to those sizes, or the model recompiles "
                    "for each new size")
     measured_under = _note_batch_size(pol, applied, config)
-    loaded = _load_artifacts(applied, config, dev, measured_under)
-    applied.details["artifacts_loaded"] = loaded is not None
-    if loaded is not None:
-        applied.details["artifacts"] = loaded.to_dict()
-    precompile = use_precompiled_frames(loaded, torch_compile_kwargs)
-    compiled = _apply(config, model, dev, torch_compile_kwargs, precompile=precompile)
-    compiled.decision = applied  # type: ignore[attr-defined]
+    fallback = None
+    if pol.generates:  # warm starts of a generation are not saved yet: it compiles at its first decode step
+        try:
+            compiled, prepared = _apply_generation(pol, config, model, dev, torch_compile_kwargs)
+        except (GenerationError, ConfigError) as exc:
+            return _unusable_policy(policy, model, dev, exc)
+        fallback = _generation_fallback(pol, prepared, config)
+        applied.details["artifacts_loaded"] = False
+    else:
+        loaded = _load_artifacts(applied, config, dev, measured_under)
+        applied.details["artifacts_loaded"] = loaded is not None
+        if loaded is not None:
+            applied.details["artifacts"] = loaded.to_dict()
+        precompile = use_precompiled_frames(loaded, torch_compile_kwargs)
+        compiled = _keep_generate(
+            _apply(config, model, dev, torch_compile_kwargs, precompile=precompile), model,
+            f"policy {pol.name!r} decides the model's forward calls; its generate() runs uncompiled: decide a "
+            "generation with a policy of task = \"generate\"")
+        compiled.decision = applied  # type: ignore[attr-defined]
     log.info("joulepilot.compile: %s -> %s (%s, from %s)", pol.name, config.label, applied.state, applied.source)
     if deployment is None or unmetered:
         return ServedModel(compiled, applied)
     attach_kwargs = dict(policy=pol, decision=applied, device=dev, base_model=model,
                          workload_id=measured_under or applied.workload_id, config_id=applied.config_id,
-                         device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm)
+                         device_kind=applied.device_kind, flush_on_sigterm=flush_on_sigterm, fallback=fallback)
     if not found.store_busy:
         try:
             # The hook's own connection (short busy timeout): the metering thread opens the file again for itself.
-            return attach(compiled, deployment, db=_write_database(db), **attach_kwargs)
+            return _with_decision(attach(compiled, deployment, db=_write_database(db), **attach_kwargs), applied)
         except (StoreError, sqlite3.Error, OSError) as exc:
             if not _busy(exc):  # serve unmetered rather than not at all
                 _warn_once(("deployment", deployment),
@@ -308,7 +396,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
     # Locked by another process: waiting longer here would hold up serving, so the metering thread registers
     # the deployment (its first windows wait, buffered and in the side file, until it has).
     try:
-        return attach(compiled, deployment, db=db, register_on_thread=True, **attach_kwargs)
+        return _with_decision(attach(compiled, deployment, db=db, register_on_thread=True, **attach_kwargs), applied)
     except Exception as exc:  # noqa: BLE001 - no meter (or no thread) here: serve unmetered rather than not at all
         _warn_once(("deployment", deployment), f"deployment {deployment!r} is not metered: {exc}")
         return ServedModel(compiled, applied)

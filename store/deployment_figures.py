@@ -39,7 +39,9 @@ class SampleTotals:
     deployment's mean share of utilisation over those that recorded one; `attributed_energy_j`: energy x share
     (a whole window where no share was recorded); `windows_above_avg_limit` / `_peak_limit`: windows whose
     average / peak power (0 where none was read) exceeds the limits given (0 without a limit);
-    `first_t_start`: the first window's start; `last_t_end`: the end of the last window in time order."""
+    `first_t_start`: the first window's start; `last_t_end`: the end of the last window in time order;
+    `tokens`: a generation's generated tokens (None when no window counted any: forward calls) and
+    `token_energy_j` the energy of the windows that counted them (J per token is the one over the other)."""
 
     windows: int
     energy_j: float
@@ -58,6 +60,12 @@ class SampleTotals:
     windows_above_peak_limit: int
     first_t_start: float | None
     last_t_end: float | None
+    tokens: int | None = None
+    token_energy_j: float = 0.0
+
+    @property
+    def j_per_token(self) -> float | None:
+        return self.token_energy_j / self.tokens if self.tokens else None
 
 
 def sample_totals(db: sqlite_utils.Database, deployment_id: int, *, since: float | None = None,
@@ -71,7 +79,8 @@ def sample_totals(db: sqlite_utils.Database, deployment_id: int, *, since: float
         f"COALESCE(SUM(energy_j) FILTER (WHERE {_ESTIMATED}), 0), COUNT(*) FILTER (WHERE {_ESTIMATED}), "
         f"COUNT(*) FILTER (WHERE {_SHARED}), COALESCE(MAX(other_processes), 0), "
         f"AVG(share) FILTER (WHERE {_SHARED}), COALESCE(SUM(energy_j * COALESCE(share, 1.0)), 0), "
-        "COUNT(*) FILTER (WHERE COALESCE(avg_power_w, 0) > ?), COUNT(*) FILTER (WHERE COALESCE(peak_power_w, 0) > ?) "
+        "COUNT(*) FILTER (WHERE COALESCE(avg_power_w, 0) > ?), COUNT(*) FILTER (WHERE COALESCE(peak_power_w, 0) > ?), "
+        "SUM(tokens), COALESCE(SUM(energy_j) FILTER (WHERE tokens IS NOT NULL), 0) "
         f"FROM deployment_samples WHERE {where}", [max_avg_power_w, max_peak_power_w, *args]).fetchone()
     sources = tuple(sorted(r[0] for r in db.execute(
         f"SELECT DISTINCT energy_source FROM deployment_samples WHERE {where}", args)))
@@ -84,7 +93,8 @@ def sample_totals(db: sqlite_utils.Database, deployment_id: int, *, since: float
         peak_power_w=row[5], sources=sources, estimated_energy_j=row[6], estimated_windows=row[7],
         shared_windows=row[8], max_other_processes=row[9], mean_share=row[10], attributed_energy_j=row[11],
         windows_above_avg_limit=row[12], windows_above_peak_limit=row[13],
-        first_t_start=first[0] if first else None, last_t_end=last[0] if last else None)
+        first_t_start=first[0] if first else None, last_t_end=last[0] if last else None,
+        tokens=row[14], token_energy_j=row[15])
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class ConfigTotals:
     windows: int
     energy_j: float
     inferences: int
+    tokens: int | None = None  # a generation's (None: forward calls)
 
 
 def config_totals(db: sqlite_utils.Database, deployment_id: int, *,
@@ -102,7 +113,7 @@ def config_totals(db: sqlite_utils.Database, deployment_id: int, *,
     """Per configuration the windows recorded as served with it, by config id (windows recording none left out)."""
     where, args = _period(deployment_id, since)
     return [ConfigTotals(*r) for r in db.execute(
-        "SELECT config_id, COUNT(*), SUM(energy_j), SUM(inferences) FROM deployment_samples "
+        "SELECT config_id, COUNT(*), SUM(energy_j), SUM(inferences), SUM(tokens) FROM deployment_samples "
         f"WHERE {where} AND config_id IS NOT NULL AND config_id != '' GROUP BY config_id ORDER BY config_id", args)]
 
 

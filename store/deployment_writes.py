@@ -17,7 +17,7 @@ from .db import transaction
 from .deployments import insert_samples, insert_violation, mark_decision_violated
 
 # What a longer copy of a stored window (its folded tail) may change in the row already written.
-AMENDABLE = ("t_end", "energy_j", "inferences", "avg_power_w", "peak_power_w", "other_processes", "share")
+AMENDABLE = ("t_end", "energy_j", "inferences", "avg_power_w", "peak_power_w", "other_processes", "share", "tokens")
 
 
 class SamplesStored(NamedTuple):

@@ -23,6 +23,7 @@ SAMPLE_FIELDS = (
     "config_id",
     "other_processes",
     "share",
+    "tokens",  # a generation's generated tokens in the window (None: a deployment of forward calls)
 )
 
 
@@ -94,6 +95,7 @@ def list_deployments(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     sql = """
     SELECT d.*, COUNT(s.id) AS samples, MIN(s.t_start) AS first_t, MAX(s.t_end) AS last_t,
            COALESCE(SUM(s.energy_j), 0) AS energy_j, COALESCE(SUM(s.inferences), 0) AS inferences,
+           SUM(s.tokens) AS tokens,
            MAX(s.peak_power_w) AS peak_power_w
     FROM deployments d LEFT JOIN deployment_samples s ON s.deployment_id = d.id
     GROUP BY d.id ORDER BY d.name

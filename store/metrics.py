@@ -62,8 +62,9 @@ def decision_workload_id(db: sqlite_utils.Database, decision: DecisionRow) -> st
     return row[0] if row else None
 
 
-# The figures a policy's gauges show, as a decision records them in `details.measured`.
-POLICY_FIGURES = ("energy_j_per_inference", "avg_power_w", "peak_power_w", "latency_ms_p95")
+# The figures a policy's gauges show, as a decision records them in `details.measured` (J per generated token: a
+# generation policy's).
+POLICY_FIGURES = ("energy_j_per_inference", "avg_power_w", "peak_power_w", "latency_ms_p95", "energy_j_per_token")
 
 
 @dataclass
@@ -80,6 +81,7 @@ class DecidedFigures:
     avg_power_w: float | None
     peak_power_w: float | None
     latency_ms_p95: float | None
+    energy_j_per_token: float | None
     basis: str
     run_id: int | None = None
 
@@ -138,20 +140,23 @@ def deployment_totals(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     """Per deployment: its row (details decoded), energy by source, inferences, and its latest sample.
 
     Keys: id, name, policy, device, host_id, details (dict), energy_by_source ({source: joules}),
-    inferences, last_sample (avg_power_w, peak_power_w, energy_source) or None.
+    inferences, tokens (a generation's generated tokens; None for a deployment of forward calls), last_sample
+    (avg_power_w, peak_power_w, energy_source) or None.
     """
     deployments: dict[int, dict[str, Any]] = {}
     for row in db.query("SELECT * FROM deployments ORDER BY name"):
         row["details"] = json_object(row.get("details"))
-        row.update(energy_by_source={}, inferences=0, last_sample=None)
+        row.update(energy_by_source={}, inferences=0, tokens=None, last_sample=None)
         deployments[row["id"]] = row
-    for dep_id, source, energy_j, inferences in db.execute(
-            "SELECT deployment_id, energy_source, SUM(energy_j), SUM(inferences) FROM deployment_samples "
+    for dep_id, source, energy_j, inferences, tokens in db.execute(
+            "SELECT deployment_id, energy_source, SUM(energy_j), SUM(inferences), SUM(tokens) FROM deployment_samples "
             "GROUP BY deployment_id, energy_source").fetchall():
         dep = deployments.get(dep_id)
         if dep is not None:
             dep["energy_by_source"][source] = float(energy_j or 0.0)
             dep["inferences"] += int(inferences or 0)
+            if tokens is not None:
+                dep["tokens"] = (dep["tokens"] or 0) + int(tokens)
     for row in db.query(
             "SELECT s.deployment_id, s.avg_power_w, s.peak_power_w, s.energy_source FROM deployment_samples s "
             "JOIN (SELECT deployment_id, MAX(id) AS id FROM deployment_samples GROUP BY deployment_id) last "

@@ -13,11 +13,13 @@ from typing import Any
 import sqlite_utils
 
 # The baselines a deployment is compared with, as filters on the `configs` row of a run.
+# A generation's baselines are eager and the stock compile with the dynamic cache and the prompt uncompiled (what
+# `generate` and `torch.compile(model)` give); a forward pass's configurations all have those settings.
 BASELINE_FILTERS = {
-    "eager_fp32": "c.mode = 'eager' AND c.precision = 'fp32'",
+    "eager_fp32": "c.mode = 'eager' AND c.precision = 'fp32' AND c.cache = 'dynamic'",
     "compile_default_fp32": ("c.mode = 'default' AND c.fusion = 'default' AND c.precision = 'fp32' "
                              "AND c.options IN ('{}', '') AND c.dynamic = 0 AND c.padding = 'none' "
-                             "AND c.regional = ''"),
+                             "AND c.regional = '' AND c.cache = 'dynamic' AND c.compile_prefill = 0"),
 }
 
 
@@ -52,8 +54,8 @@ def baseline_runs(db: sqlite_utils.Database, workload_id: str, baseline: str) ->
     configuration's `batch_size` (samples per call)."""
     where = BASELINE_FILTERS[baseline]
     return list(db.query(
-        "SELECT r.id, r.config_id, r.device, r.device_name, r.energy_j_per_inference, r.energy_source, "
-        "c.batch_size "
+        "SELECT r.id, r.config_id, r.device, r.device_name, r.energy_j_per_inference, r.energy_j_per_token, "
+        "r.energy_source, c.batch_size "
         "FROM runs r JOIN configs c ON c.id = r.config_id "
         f"WHERE r.workload_id = ? AND r.status = 'ok' AND r.energy_j_per_inference IS NOT NULL AND {where} "
         "ORDER BY r.id", [workload_id]))

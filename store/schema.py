@@ -239,6 +239,13 @@ ALTER TABLE runs ADD COLUMN tokens_per_s REAL;
 ALTER TABLE runs ADD COLUMN tokens_match INTEGER;
 """
 
+# Version 9: a metered generation counts the tokens it generated in each window (generated tokens of the whole
+# batch, over the generate calls that ended in it), beside the calls; NULL for a deployment that serves forward
+# calls (every window stored before).
+V9 = """
+ALTER TABLE deployment_samples ADD COLUMN tokens INTEGER;
+"""
+
 Migration = Callable[[sqlite3.Connection], None]
 
 
@@ -264,5 +271,5 @@ def _v5(conn: sqlite3.Connection) -> None:
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
 MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6), _script(V7),
-                              _script(V8)]
+                              _script(V8), _script(V9)]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -129,8 +129,10 @@ def test_frontier_refuses_a_batch_size_below_one_as_bench_does(measured, batch_s
     assert invoke("frontier", "mlp", "--db", measured, "--no-predict").exit_code == 0
     for command in (["frontier", "mlp", "--db", measured, "--no-predict"], ["bench", "mlp"]):
         result = invoke(*command, "--batch-size", batch_size)
-        assert result.exit_code == 2
-        assert f"Invalid value for '--batch-size': {batch_size} is not in the range 1<=x<=1048576" in result.output
+        assert result.exit_code == 1
+        assert result.output.strip().splitlines() == [
+            f"Error: --batch-size: {batch_size} is not in the range 1<=x<=1048576; give a whole number from 1 to "
+            "1,048,576"]
 
 
 # --- policies given by name ---------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from joulepilot.store import (
     upsert_devices,
     upsert_host,
 )
+from joulepilot.store.decisions import write_decision
 from joulepilot.store.schema import MIGRATIONS, SCHEMA_VERSION
 from prometheus_client.parser import text_string_to_metric_families
 from test_exporter_metrics import populate
@@ -421,14 +422,18 @@ def _readme_table() -> dict[str, set[str]]:
 
 
 def _worst_case_store(db_path: Path) -> None:
-    """The mlp store plus a GPU deployment metered by all three sources that broke its envelope."""
+    """The mlp store plus a GPU generation deployment metered by all three sources that broke its envelope, and a
+    generation policy's decision with its measured J per token."""
     populate(db_path)
     db = open_db(db_path)
+    write_decision(db, {"policy": "chat", "policy_hash": "h", "device_kind": "cpu", "torch_version": "2.13",
+                        "config_id": "c-chat", "state": "verified", "reason": "best", "decided_at": time.time(),
+                        "details": {"measured": {"energy_j_per_token": 0.6, "energy_source": "nvml"}}})
     dep = register_deployment(db, "worst", policy="mlp", device="cuda:0",
                               details={"energy_source": "nvml", "gpus": [{"index": 0, "uuid": UUID_A}]})
     insert_samples(db, dep, [
         {"t_start": t, "t_end": t + 5, "energy_j": 10.0, "inferences": 5, "avg_power_w": 2.0, "peak_power_w": 3.0,
-         "energy_source": source} for t, source in ((0, "nvml"), (5, "rapl"), (10, "estimate"))])
+         "energy_source": source, "tokens": 40} for t, source in ((0, "nvml"), (5, "rapl"), (10, "estimate"))])
     insert_violation(db, policy="mlp", deployment="worst", limit_name="max_avg_power_w", limit_value=1,
                      measured_value=2.0)
     db.close()

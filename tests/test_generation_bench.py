@@ -10,7 +10,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 from joulepilot.compiler import CompileConfig, load_workload
-from joulepilot.compiler.generation import GenerationError, fixed_length_generate, prepare_generation
+from joulepilot.compiler.generation import (
+    GenerationError,
+    fixed_length_config,
+    fixed_length_generate,
+    prepare_generation,
+)
 from joulepilot.compiler.generation_workloads import Generation
 from joulepilot.store import list_runs, open_db
 
@@ -61,6 +66,69 @@ def test_decode_steps_run_compiled_and_the_prefill_by_its_knob(dynamo_reset, com
     import inspect
 
     assert inspect.signature(model.forward) == inspect.signature(prepared.original_forward)
+
+
+def test_the_decode_step_joulepilot_compiles_is_the_graph_transformers_own_compile_gets(dynamo_reset, monkeypatch):
+    """Prepared as a worker prepares it (the static cache for the workload's prompt and new tokens, decode steps
+    compiled, the prompt eager), a decode step hands the compiler the very FX graph, on inputs of the very shapes,
+    that transformers' own static-cache compile hands it: what differs on a GPU is not what is compiled."""
+    from transformers.generation.configuration_utils import CompileConfig as TransformersCompileConfig
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "0")  # what transformers sets when it compiles
+
+    def recorded(prepare):
+        model, input_ids = _tiny()
+        graphs = []
+
+        def backend(gm, inputs, **_):
+            graphs.append((gm.code, [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]))
+            return gm.forward
+
+        settings = prepare(model, backend)
+        for _ in range(2):
+            model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=settings)
+        torch._dynamo.reset()
+        return graphs
+
+    def ours(model, backend):
+        config = CompileConfig("reduce-overhead", cache="static", batch_size=BATCH)
+        prepare_generation(model, config, "cpu", max_cache_len=Generation(PROMPT, NEW).cache_len,
+                           compile_kwargs={"backend": backend, "dynamic": False})
+        return fixed_length_config(model.generation_config, NEW)
+
+    def transformers_recipe(model, backend):
+        settings = fixed_length_config(model.generation_config, NEW)
+        settings.cache_implementation = "static"
+        settings.compile_config = TransformersCompileConfig(backend=backend, mode=None)
+        settings.compile_config._compile_all_devices = True  # transformers compiles off CUDA only when told to
+        return settings
+
+    mine, theirs = recorded(ours), recorded(transformers_recipe)
+    assert len(mine) == len(theirs) == 1  # one graph each, no recompile over two calls
+    assert mine == theirs
+
+
+def test_the_same_precision_reference_is_eager_in_the_configurations_precision_and_cache():
+    from joulepilot.compiler.generation import same_precision_reference
+
+    model, input_ids = _tiny()
+    mask = torch.ones_like(input_ids)
+    fp32 = fixed_length_generate(model, input_ids, NEW)[:, PROMPT:]
+    generation = Generation(PROMPT, NEW)
+    eager = CompileConfig("eager", precision="bf16", batch_size=BATCH)
+    assert same_precision_reference(model, input_ids, mask, eager, generation, fp32) == (
+        None, "eager bf16, dynamic cache (the configuration itself)")
+    assert next(model.parameters()).dtype == torch.float32  # an eager configuration's reference costs nothing
+    dynamic = CompileConfig("default", precision="fp32", batch_size=BATCH)
+    assert same_precision_reference(model, input_ids, mask, dynamic, generation, fp32)[0] is fp32
+    static = CompileConfig("reduce-overhead", precision="bf16", cache="static", batch_size=BATCH)
+    tokens, words = same_precision_reference(model, input_ids, mask, static, generation, fp32)
+    assert words == "eager bf16, static cache" and next(model.parameters()).dtype == torch.bfloat16
+    # what eager bf16 generates with the static cache, nothing compiled
+    assert model.generation_config.cache_implementation is None and not hasattr(model, "_compiled_call")
+    settings = model.generation_config
+    settings.cache_implementation = "static"
+    assert torch.equal(tokens, fixed_length_generate(model, input_ids, NEW)[:, PROMPT:])
 
 
 def test_eager_precision_is_the_models_dtype_and_the_static_cache_generates_the_same():
@@ -146,3 +214,8 @@ def test_bench_generate_compiled_static_cache_generates_eagers_tokens(tmp_path):
     assert compiled["max_rel_error"] < 1e-4 and compiled["recompiles"] == 0 and compiled["graph_breaks"] == 0
     assert compiled["compile_s"] > runs["eager/fp32/b2"]["compile_s"]
     assert compiled["extra"]["torch_compile_kwargs"] == {"dynamic": False}
+    # its greedy tokens against eager's in its own precision and cache, which compiling alone could change
+    generation = compiled["extra"]["generation"]
+    assert generation["tokens_match_reference"] == "eager fp32, static cache"
+    assert compiled["tokens_match"] is True and generation["tokens_match_steps"] == NEW
+    assert generation["fp32_tokens_match_steps"] == NEW

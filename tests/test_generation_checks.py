@@ -107,9 +107,12 @@ def test_bad_generation_input_is_one_line_and_exit_1(tmp_path, args, says):
     assert "Traceback" not in result.output
 
 
-def test_zero_new_tokens_is_refused_by_the_option():
-    result = CliRunner().invoke(main, ["bench", "tiny-llama", "--task", "generate", "--new-tokens", "0"])
-    assert result.exit_code == 2 and "Invalid value for '--new-tokens': 0 is not in the range" in result.stderr
+@pytest.mark.parametrize("option", ["--new-tokens", "--prompt-len", "--batch-size"])
+def test_zero_new_tokens_is_one_line_and_exit_1_as_every_size_option(option):
+    result = CliRunner().invoke(main, ["bench", "tiny-llama", "--task", "generate", option, "0"])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {option}: 0 is not in the range 1<=x<=1048576; give a whole number from 1 to 1,048,576"]
 
 
 # --- building ---------------------------------------------------------------------------------------------

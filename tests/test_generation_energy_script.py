@@ -36,6 +36,57 @@ def test_the_plan_puts_eager_first_and_names_the_compiled_forward_without_a_stat
                       "max-autotune-no-cudagraphs/static-cache/bf16/b8", "default/bf16/dynamic/b8"]
 
 
+def test_transformers_recipe_is_the_same_model_and_prompts_generating_by_transformers_own_settings(monkeypatch):
+    """The reference row: bench's tiny-llama, weights and prompts alike (the worker seeds torch before a factory),
+    whose generate, once joulepilot prepared it with an eager configuration, asks transformers for the static cache
+    and its automatic compile (transformers itself then compiles on CUDA and skips it elsewhere)."""
+    import torch
+    from joulepilot.compiler import CompileConfig, load_workload
+    from joulepilot.compiler.generation import fixed_length_config, prepare_generation
+    from joulepilot.compiler.generation_workloads import Generation
+    from joulepilot.compiler.workloads import DEFAULT_SEED
+
+    script = _script()
+    spec = script.recipe_spec("tiny")
+    assert spec.endswith("benchmarks/generation_energy.py:transformers_recipe_tiny")
+    bench = load_workload("tiny-llama", 2, generation=Generation(8, 4))
+    torch.manual_seed(DEFAULT_SEED)
+    model, input_ids = script.transformers_recipe_tiny(batch_size=2, prompt_len=8, new_tokens=4, device="cpu")
+    assert torch.equal(input_ids, bench.example_inputs[0])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), bench.model.state_dict().values(),
+                                                 strict=True))
+    seen = []
+    criteria = type(model).__mro__[1]._valid_auto_compile_criteria
+
+    def spy(self, model_kwargs, generation_config):
+        seen.append((type(model_kwargs.get("cache")).__name__, bool(generation_config.disable_compile)))
+        return criteria(self, model_kwargs, generation_config)
+
+    monkeypatch.setattr(type(model).__mro__[1], "_valid_auto_compile_criteria", spy)
+    settings = fixed_length_config(model.generation_config, 4)
+    mask = torch.ones_like(input_ids)
+    model.generate(input_ids, attention_mask=mask, generation_config=settings)  # the fp32 reference: unprepared
+    prepare_generation(model, CompileConfig("eager", batch_size=2), "cpu")
+    model.generate(input_ids, attention_mask=mask, generation_config=fixed_length_config(model.generation_config, 4))
+    assert seen == [("DynamicCache", False), ("StaticCache", False)]
+    assert model.generation_config.disable_compile  # joulepilot's own setting, which the recipe overrides per call
+
+
+def test_the_table_names_transformers_recipe_and_compares_with_it():
+    script = _script()
+    common = {"task": "generate", "batch_size": 1, "precision": "bf16", "status": "ok", "prompt_len": 512,
+              "new_tokens": 256, "energy_source": "nvml", "device_name": "NVIDIA H200", "torch_version": "2.11"}
+    runs = [{**common, "workload": "transformers:LlamaConfig", "model_options": script.MODELS["llama"]["options"],
+             "config_label": "eager/bf16/b1", "energy_j_per_token": 2.4},
+            {**common, "workload": script.recipe_spec("llama"), "model_options": None,
+             "config_label": "eager/bf16/b1", "energy_j_per_token": 0.53},
+            {**common, "workload": "transformers:LlamaConfig", "model_options": script.MODELS["llama"]["options"],
+             "config_label": "reduce-overhead/static-cache/bf16/b1", "energy_j_per_token": 0.615}]
+    table = script.summary_table(runs, {"llama": 800_000_000})
+    assert "| llama (0.80 B) | 1 | transformers static-cache compile/bf16/b1 | 0.53 |" in table
+    assert "| llama | 1 | bf16 | 2.4 | - | 0.53 | 0.615 | reduce-overhead/static-cache/bf16/b1 | 74 % | - | -16 % |" in table
+
+
 def test_a_smoke_sweep_stores_exports_and_prints_the_table(tmp_path, capsys):
     script = _script()
     code = script.main(["--models", "tiny", "--batches", "2", "--configs", "eager", "--precisions", "fp32",

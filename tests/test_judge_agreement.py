@@ -84,13 +84,48 @@ def _policy(rng: random.Random) -> Any:
     return validate(raw)
 
 
+def _generation_policy(rng: random.Random) -> Any:
+    """A generation policy (`task = "generate"`): J per token, TPOT and TTFT limits, caches and the prefill."""
+    raw: dict[str, Any] = {
+        "name": "svc", "workload": "tiny-llama", "batch_size": 1, "task": "generate", "prompt_len": 32,
+        "new_tokens": 16,
+        "objective": {"minimize": rng.choice(("energy", "energy", "latency", "edp")),
+                      "expected_tokens": rng.choice((1000, 1_000_000, 100_000_000))},
+        "limits": {},
+        "search": {"modes": sorted(rng.sample(MODES, rng.randint(1, 3))),
+                   "precisions": sorted(rng.sample(PRECISIONS, rng.randint(1, 2))),
+                   "strategy": rng.choice(("guided", "exhaustive")), "min_repeats": rng.choice((1, 3)),
+                   "tolerance_pct": rng.choice((0, 2, 5))},
+    }
+    if rng.random() < 0.3:
+        raw["search"]["caches"] = ["dynamic", "static"]
+    if rng.random() < 0.2:
+        raw["search"]["compile_prefill"] = [False, True]
+    if rng.random() < 0.3:
+        raw["limits"]["max_tpot_ms"] = rng.uniform(2, 6)
+    if rng.random() < 0.3:
+        raw["limits"]["max_ttft_ms"] = rng.uniform(10, 40)
+    if rng.random() < 0.3:
+        raw["limits"]["max_avg_power_w"] = rng.uniform(200, 450)
+    if rng.random() < 0.2:
+        raw["limits"]["max_rel_error"] = 0.05
+    if rng.random() < 0.3:
+        raw["search"]["batch_sizes"] = [8]
+    return validate(raw)
+
+
 def _seed(db: Any, policy: Any, rng: random.Random) -> None:
-    """Runs of a random part of the policy's grid (a few ties among them) on KIND under this torch."""
+    """Runs of a random part of the policy's grid (a few ties among them) on KIND under this torch; for a
+    generation policy, a generation's figures (J per token, TPOT, TTFT, the greedy tokens) too."""
     grid = candidate_configs(policy)
+    generation = policy.generation
     workloads = {}
     for batch in {c.batch_size for c in grid}:
-        workloads[batch] = upsert_workload(db, {"id": workload_id("mlp", batch), "spec": "mlp", "batch_size": batch,
-                                                "params": 1000, "flops_per_inference": 1e6 * batch})
+        wid = workload_id(policy.workload, batch, generation=generation)
+        workloads[batch] = upsert_workload(db, {"id": wid, "spec": policy.workload, "batch_size": batch,
+                                                "params": 1000, "flops_per_inference": 1e6 * batch,
+                                                **({"task": "generate", "prompt_len": 32, "new_tokens": 16}
+                                                   if generation else {})})
     source = rng.choice(SOURCES)
     now = time.time() - 3600
     base = {}
@@ -130,13 +165,22 @@ def _seed(db: Any, policy: Any, rng: random.Random) -> None:
                                       else rng.choice((0.01, 0.03))) if rng.random() < 0.9 else None,
                     "window_s": 3.0,
                 })
+                if generation is not None:
+                    # J per token falls with the batch; a static cache and a compiled step shorten TPOT
+                    per_token = base[cfg.id] * rng.gauss(1.0, 0.03) * (0.3 if cfg.batch_size > 1 else 1.0) / 16
+                    tpot = 4.0 * base[cfg.id] * (0.6 if cfg.cache == "static" else 1.0) * rng.gauss(1, 0.03)
+                    steps = rng.choice((16, 16, 8, 3))
+                    run.update({"energy_j_per_token": per_token, "tpot_ms_p50": tpot, "tpot_ms_p95": tpot * 1.1,
+                                "ttft_ms_p50": (30.0 if cfg.compile_prefill else 18.0) * rng.gauss(1, 0.05),
+                                "tokens_match": int(steps == 16)})
+                    run.setdefault("extra", {})["generation"] = {"tokens_match_steps": steps}
                 extra: dict[str, Any] = {}
                 if rng.random() < 0.1:
                     extra["window_warning"] = "energy window 3x slower than the latency pass"
                 if index and rng.random() < 0.3:
                     extra["window_in_process"] = 2
                 if extra:
-                    run["extra"] = extra
+                    run["extra"] = {**run.get("extra", {}), **extra}
             insert_run(db, run)
     measured = [c for c in grid if c.id in base]
     if measured and rng.random() < 0.1:  # a configuration broke the envelope in a deployment
@@ -176,6 +220,24 @@ def test_explain_the_guided_search_and_the_daemon_agree_on_500_random_stores(tem
         assert explain == search == daemon, (index, policy.search, policy.limits, explain, search, daemon)
         seen_states[explain[0]] = seen_states.get(explain[0], 0) + 1
     # The generator reaches every state.
+    assert set(seen_states) == {"verified", "provisional", "infeasible", "fallback"}, seen_states
+
+
+def test_explain_the_guided_search_and_the_daemon_agree_on_200_random_generation_stores(template, tmp_path):
+    rng = random.Random(27)
+    seen_states: dict[str, int] = {}
+    for index in range(200):
+        path = tmp_path / f"gen{index % 4}.db"
+        shutil.copyfile(template, path)
+        db = open_db(path)
+        try:
+            policy = _generation_policy(rng)
+            _seed(db, policy, rng)
+            explain, search, daemon = _three_ways(db, policy)
+        finally:
+            db.close()
+        assert explain == search == daemon, (index, policy.search, policy.limits, explain, search, daemon)
+        seen_states[explain[0]] = seen_states.get(explain[0], 0) + 1
     assert set(seen_states) == {"verified", "provisional", "infeasible", "fallback"}, seen_states
 
 
@@ -231,7 +293,8 @@ def test_the_cli_agrees_with_the_functions_on_one_store(template, tmp_path):
               and k in ("modes", "precisions", "strategy", "min_repeats", "tolerance_pct", "batch_sizes")}
     limits = {k: v for k, v in vars(policy.limits).items() if v is not None and (k != "margin_pct" or v)}
     file.write_text(_toml({"name": "svc", "workload": "mlp", "batch_size": 8,
-                           "objective": vars(policy.objective), "limits": limits, "search": search}))
+                           "objective": {k: v for k, v in vars(policy.objective).items() if v is not None},
+                           "limits": limits, "search": search}))
     out = CliRunner().invoke(main, ["policy", "explain", str(file), "--db", str(path), "--device-name", KIND,
                                     "--torch-version", TORCH, "--json"])
     assert out.exit_code == 0, out.output

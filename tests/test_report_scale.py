@@ -79,7 +79,9 @@ def reference_windows(samples):
                      "j_per_inference": s["energy_j"] / s["inferences"] if s["inferences"] else None,
                      "avg_power_w": s["avg_power_w"], "peak_power_w": s["peak_power_w"],
                      "energy_source": s["energy_source"], "config_id": s.get("config_id"),
-                     "other_processes": s.get("other_processes") or 0, "share": s.get("share")})
+                     "other_processes": s.get("other_processes") or 0, "share": s.get("share"),
+                     "tokens": s.get("tokens"),
+                     "j_per_token": s["energy_j"] / s["tokens"] if s.get("tokens") else None})
     return rows
 
 

@@ -1,0 +1,110 @@
+"""Issue 27's CPU acceptance with the built-in tiny-llama, through the commands and the hook a user runs: bench a
+generation, decide its policy (explain: J/token, TPOT, TTFT), the daemon measuring a generation policy, the hook's
+`generate` applying the decision, a metered deployment and its report in J per token. Real workers; the run of a
+compiled (static-cache) configuration is a real Inductor compile, marked slow."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from daemon_factories import query, write_daemon_config
+from joulepilot.compiler import load_workload
+from joulepilot.compiler.generation_workloads import Generation
+
+import joulepilot
+from joulepilot.cli import main
+
+PROMPT, NEW, BATCH = 12, 6, 2
+BENCH = ["bench", "tiny-llama", "--task", "generate", "--prompt-len", str(PROMPT), "--new-tokens", str(NEW),
+         "--batch-size", str(BATCH), "--model-option", "num_hidden_layers=1", "--device", "cpu",
+         "--min-seconds", "0.3"]
+
+
+def _policy(folder: Path, modes: str = '["eager"]') -> Path:
+    path = folder / "chat.toml"
+    path.write_text(f'name = "chat"\nworkload = "tiny-llama"\nbatch_size = {BATCH}\ntask = "generate"\n'
+                    f'prompt_len = {PROMPT}\nnew_tokens = {NEW}\n[objective]\nexpected_tokens = 1_000_000\n'
+                    f'[model_options]\nnum_hidden_layers = 1\n[search]\nmodes = {modes}\nmin_repeats = 1\n'
+                    'strategy = "exhaustive"\n')
+    return path
+
+
+def _serve_and_report(policy: Path, db: Path, label: str) -> None:
+    """The hook on a fresh model, five metered generate calls, and the deployment's report in J per token."""
+    workload = load_workload("tiny-llama", BATCH, generation=Generation(PROMPT, NEW),
+                             model_options={"num_hidden_layers": 1})
+    input_ids = workload.example_inputs[0]
+    served = joulepilot.compile(workload.model, policy=str(policy), db=str(db), deployment="chat-prod")
+    assert served.decision.config["label"] == label
+    for _ in range(5):
+        out = served.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NEW,
+                              min_new_tokens=NEW)
+    served.close()
+    assert out.shape == (BATCH, PROMPT + NEW) and served.tokens == 5 * BATCH * NEW
+    report = CliRunner().invoke(main, ["report", "-d", "chat-prod", "--db", str(db)])
+    assert report.exit_code == 0, report.output
+    assert f"| generated tokens | {5 * BATCH * NEW} |" in report.stdout
+    assert "| energy per generated token |" in report.stdout and "(ESTIMATE, not measured)" in report.stdout
+
+
+def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
+    db = tmp_path / "jp.db"
+    bench = CliRunner().invoke(main, [*BENCH, "--modes", "eager", "--db", str(db), "--json"])
+    assert bench.exit_code == 0, (bench.output, bench.stderr)
+    (run,) = json.loads(bench.stdout)
+    policy = _policy(tmp_path)
+    explained = CliRunner().invoke(main, ["policy", "explain", str(policy), "--db", str(db), "--json"])
+    assert explained.exit_code == 0, explained.output
+    decision = json.loads(explained.stdout)
+    chosen = next(c for c in decision["candidates"] if c["status"] == "chosen")
+    assert decision["task"] == "generate" and decision["objective_unit"] == "J/token"
+    assert chosen["figures"]["energy_j_per_token"] == pytest.approx(run["energy_j_per_token"])
+    assert chosen["figures"]["tpot_ms_p50"] == run["tpot_ms_p50"] and chosen["figures"]["ttft_ms_p50"] > 0
+    text = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["policy", "explain", str(policy), "--db", str(db),
+                                                           "--record"])
+    assert text.exit_code == 0, text.output
+    assert "generation, objective energy (J per generated token), 1,000,000 expected tokens" in text.stdout
+    header = next(line for line in text.stdout.splitlines() if line.startswith("status"))
+    assert "J/token" in header and "TPOT" in header and "TTFT" in header
+    _serve_and_report(policy, db, "eager/fp32/b2")
+
+
+def test_the_daemon_measures_a_generation_policy(tmp_path, restore_logging):
+    db = tmp_path / "jp.db"
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    _policy(folder)
+    config = write_daemon_config(tmp_path / "daemon.toml", db=db, policies=folder, min_seconds=0.3)
+    logging.getLogger("joulepilot").handlers.clear()
+    result = CliRunner().invoke(main, ["daemon", "--config", str(config), "--once", "--json"])
+    assert result.exit_code == 0, (result.output, result.stderr)
+    summary = json.loads(result.stdout)
+    assert summary["runs_ok"] == 1 and [d["policy"] for d in summary["decided"]] == ["chat"]
+    (run,) = query(db, "SELECT runs.*, workloads.task, workloads.prompt_len, workloads.new_tokens, "
+                       "workloads.model_options FROM runs JOIN workloads ON workloads.id = runs.workload_id")
+    assert (run["task"], run["prompt_len"], run["new_tokens"]) == ("generate", PROMPT, NEW)
+    assert json.loads(run["model_options"]) == {"num_hidden_layers": 1}
+    assert run["energy_j_per_token"] > 0 and run["tpot_ms_p50"] > 0 and run["ttft_ms_p50"] > 0
+    (decision,) = query(db, "SELECT state, details FROM decisions")
+    assert json.loads(decision["details"])["objective_unit"] == "J/token"
+
+
+@pytest.mark.slow
+def test_the_hook_applies_a_decided_static_cache_compile(tmp_path):
+    db = tmp_path / "jp.db"
+    bench = CliRunner().invoke(main, [*BENCH, "--modes", "default", "--db", str(db), "--json"])
+    assert bench.exit_code == 0, (bench.output, bench.stderr)
+    (run,) = json.loads(bench.stdout)
+    assert run["config_label"] == "default/static-cache/fp32/b2" and run["tokens_match"] is True
+    policy = _policy(tmp_path, '["default"]')
+    locked = CliRunner().invoke(main, ["policy", "lock", str(policy), "--db", str(db)])
+    assert locked.exit_code == 0, locked.output
+    try:
+        _serve_and_report(policy, db, "default/static-cache/fp32/b2")
+    finally:
+        torch._dynamo.reset()
