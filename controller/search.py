@@ -231,6 +231,14 @@ class GuidedSearch:
             else:
                 self.skip_reasons.pop(arm.id, None)
                 kept.append((arm, fc))
+        if not kept and (best is None or best.objective is None):
+            probe = self._infeasibility_probe(candidates, out)
+            if probe is not None:
+                arm, fc = probe
+                self.skip_reasons.pop(arm.id, None)
+                return arm, (f"nothing measured is within the limits yet, and a prediction alone never makes a "
+                             f"policy infeasible: {arm.label} is the likeliest to fit (predicted P(within limits) "
+                             f"{fc.p_feasible:.0%}), about {fc.cost_s:.0f} s to measure"), 1
         scored = [(self._acquisition(fc, self._reachable(arm, kept, best)), arm, fc) for arm, fc in kept]
         scored.sort(key=lambda t: (bool(deferred[t[1].id]), -t[0], _cost_rank(t[1].config)))
         for value, arm, fc in scored:
@@ -249,6 +257,17 @@ class GuidedSearch:
                 windows = max(1, min(windows, int(self._remaining_s() // max(fc.cost_s, 1.0))))
             return arm, why, windows
         return None
+
+    def _infeasibility_probe(self, candidates: Sequence[Arm], out: Judgement) -> tuple[Arm, Forecast] | None:
+        """While no measured configuration meets the limits and every one left is predicted not to, the one
+        likeliest to meet them in a precision this workload has no run of yet: the precision moves power most,
+        and predictions learnt on other models misjudge a new one's, so `infeasible` must rest on a measurement
+        in every precision allowed. None when every precision has one, or nothing is left to try."""
+        seen = {a.config.get("precision") for a in self.arms.values() if a.runs}
+        pool = [(a, self.skip_reasons[a.id][1]) for a in candidates
+                if a.id in self.skip_reasons and a.config.get("precision") not in seen and not self._deferred(a, out)]
+        pool = [(a, fc) for a, fc in pool if fc is not None and fc.known]
+        return max(pool, key=lambda t: (t[1].p_feasible, -t[1].mean)) if pool else None
 
     def _windows(self, arm: Arm, fc: Forecast, kept: Sequence[tuple[Arm, Forecast]], best: Verdict | None) -> int:
         """The windows a first measurement takes: as many as a verified decision needs when the forecast says it

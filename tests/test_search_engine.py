@@ -506,3 +506,23 @@ def test_a_contender_is_confirmed_by_one_new_process_taking_both_missing_windows
     assert (repeat.kind, window.kind) == ("repeat", "repeat") and "2 windows in one process" in repeat.why
     assert "window 2 of 2 in the same process" in window.why
     assert result.state == "verified" and result.chosen_label == good["label"]
+
+
+def test_infeasible_is_never_decided_on_predictions_alone_while_a_precision_is_unmeasured():
+    """Predictions learnt on other models put every configuration over a 141 W envelope; the new model's bf16
+    draws less than they said. After the baseline (235 W) the search measures the likeliest configuration of each
+    precision it has no run of, and finds one within the envelope, rather than ending `infeasible` after one run
+    (as it did on the H200's 20-configuration grid of the built-in transformer, power_p25 at seed 1)."""
+    tf32, bf16, hot = row("default", "tf32"), row("default", "bf16"), row("reduce-overhead", "fp32")
+    table = {EAGER["label"]: [figures(0.147, 235, compile_s=0.2, wall_s=10)],
+             tf32["label"]: [figures(0.150, 190, wall_s=12)],
+             bf16["label"]: [figures(0.160, 128, wall_s=12, err=0.002)],
+             hot["label"]: [figures(0.163, 210, wall_s=12)]}
+    over = {EAGER["label"]: prediction(0.15, 240, 0.2), tf32["label"]: prediction(0.14, 260),
+            bf16["label"]: prediction(0.12, 230), hot["label"]: prediction(0.13, 270)}
+    bench = Bench(table)
+    result = run_search([EAGER, tf32, bf16, hot], bench, predictor(over),
+                        rules=Rules(limits=Limits(max_avg_power_w=141, max_rel_error=0.02)), settings=GUIDED)
+    assert result.state != "infeasible" and result.chosen_label == bf16["label"]
+    assert hot["label"] not in bench.seen  # fp32 was measured (the baseline): no probe in that precision
+    assert any("a prediction alone never makes a policy infeasible" in step.why for step in result.steps)
