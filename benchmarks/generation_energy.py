@@ -61,6 +61,7 @@ from typing import Any
 from joulepilot.compiler import CompileConfig, bench
 from joulepilot.compiler.generation_workloads import Generation, transformers_config
 from joulepilot.store import export_runs, list_runs, open_db, write_export
+from sweep_log import SweepLog, log
 
 # Two architectures transformers builds from config, of about 0.5-1.5 B parameters (counted at start).
 MODELS: dict[str, dict[str, Any]] = {
@@ -124,10 +125,6 @@ def transformers_recipe_qwen2(batch_size: int, prompt_len: int, new_tokens: int,
 
 def transformers_recipe_tiny(batch_size: int, prompt_len: int, new_tokens: int, device: str) -> tuple[Any, Any]:
     return _recipe("tiny", batch_size, prompt_len, new_tokens, device)
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def _split(text: str) -> list[str]:
@@ -303,40 +300,17 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(CONFIGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     db_path = args.db or args.out / "generation.db"
-    deadline = started + args.max_minutes * 60 - args.reserve_s if args.max_minutes else None
     generation = Generation(args.prompt_len, args.new_tokens)
     params = {name: param_count(MODELS[name]["spec"], MODELS[name]["options"]) for name in _split(args.models)}
-    stopped_early = False
-
-    with open(args.out / "runs.jsonl", "a") as jsonl:
-        def progress(index: int, total: int, config: CompileConfig, run: dict[str, Any] | None) -> None:
-            if run is None:
-                log(f"  [{index + 1}/{total}] {config.label} ...")
-                return
-            if run.get("skipped"):
-                log(f"  [{index}/{total}] {config.label}: already measured (run {run['run_id']})")
-                return
-            jsonl.write(json.dumps(run, default=str) + "\n")
-            jsonl.flush()
-            if run["status"] == "ok":
-                log(f"  [{index}/{total}] {config.label}: {run['energy_j_per_token']:.4g} J/token "
-                    f"({run['energy_source']}), TPOT {run['tpot_ms_p50']:.3g} ms, TTFT {run['ttft_ms_p50']:.3g} ms, "
-                    f"{run['avg_power_w']:.0f} W avg, compile {run['compile_s']:.1f} s")
-            else:
-                log(f"  [{index}/{total}] {config.label}: FAILED {(run.get('reason') or '').splitlines()[0][:200]}")
-
-        def out_of_time(config: CompileConfig) -> bool:
-            nonlocal stopped_early
-            if deadline is not None and time.time() > deadline:
-                stopped_early = True
-                log(f"  deadline: not starting {config.label} or anything after it")
-                return True
-            return False
-
+    sweep = SweepLog(args.out, max_minutes=args.max_minutes, reserve_s=args.reserve_s, started=started,
+                     figures=lambda run: (f"{run['energy_j_per_token']:.4g} J/token ({run['energy_source']}), TPOT "
+                                          f"{run['tpot_ms_p50']:.3g} ms, TTFT {run['ttft_ms_p50']:.3g} ms, "
+                                          f"{run['avg_power_w']:.0f} W avg, compile {run['compile_s']:.1f} s"))
+    try:
         for name in _split(args.models):
             model = MODELS[name]
             for batch in (int(b) for b in _split(args.batches)):
-                if stopped_early:
+                if sweep.stopped_early:
                     break
                 configs = plan(_split(args.configs), _split(args.precisions), batch)
                 reference = plan_recipe(_split(args.configs), _split(args.precisions), batch)
@@ -347,18 +321,20 @@ def main(argv: list[str] | None = None) -> int:
                 sweeps = [(model["spec"], model["options"] or None, eager), (recipe_spec(name), None, reference),
                           (model["spec"], model["options"] or None, [c for c in configs if c.compiles])]
                 for spec, options, planned in sweeps:
-                    if not planned or stopped_early:
+                    if not planned or sweep.stopped_early:
                         continue
                     try:
                         bench(spec, planned, device=args.device, min_seconds=args.min_seconds, budget_s=args.budget_s,
                               db=db_path, batch_size=batch, model_options=options, generation=generation,
-                              progress=progress, stop_before=out_of_time)
+                              progress=sweep.progress, stop_before=sweep.out_of_time)
                     except Exception as exc:  # one model's setup failing must not end the others
                         log(f"{name}, batch {batch}: could not measure: {type(exc).__name__}: {exc}")
+    finally:
+        sweep.close()
     runs = export(db_path, args.out, params)
     ok = sum(r["status"] == "ok" for r in runs)
     log(f"done in {time.time() - started:.0f} s: {ok} ok, {len(runs) - ok} failed"
-        + (" (stopped at the deadline: run the same command again to go on)" if stopped_early else "")
+        + (" (stopped at the deadline: run the same command again to go on)" if sweep.stopped_early else "")
         + f"; exported to {args.out}")
     print(summary_table(runs, params), flush=True)
     return 0 if ok else 1

@@ -31,6 +31,7 @@ from typing import Any
 
 from joulepilot.compiler import CompileConfig, bench, plan_configs
 from joulepilot.store import list_runs, open_db, power_samples
+from sweep_log import SweepLog, log
 
 MODELS: dict[str, dict[str, Any]] = {
     "resnet50": {"spec": "torchvision:resnet50", "batch_size": 32},
@@ -51,10 +52,6 @@ EXPORT_FIELDS = ("run_id", "workload", "batch_size", "config_label", "mode", "fu
                  "max_rel_error", "graph_breaks", "recompiles", "device", "device_name", "driver_version",
                  "torch_version", "triton_version", "joulepilot_version", "provenance_key", "workload_id",
                  "config_id", "started_at", "finished_at")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def _split(text: str) -> list[str]:
@@ -161,33 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     db_path = args.db or args.out / "gpu_sweep.db"
     warm_pairs = {tuple(item.split("/", 1)) for item in _split(args.warm_start)}
-    deadline = started + args.max_minutes * 60 - args.reserve_s if args.max_minutes else None
-    jsonl = open(args.out / "runs.jsonl", "a")  # noqa: SIM115 - appended to run by run
-    stopped_early = False
-
-    def progress(index: int, total: int, config: CompileConfig, run: dict[str, Any] | None) -> None:
-        if run is None:
-            log(f"  [{index + 1}/{total}] {config.label} ...")
-            return
-        jsonl.write(json.dumps(run, default=str) + "\n")
-        jsonl.flush()
-        if run["status"] == "ok":
-            log(f"  [{index}/{total}] {config.label}: {run['energy_j_per_inference']:.4g} J/inf, "
-                f"{run['avg_power_w']:.0f} W avg, p50 {run['latency_ms_p50']:.3f} ms, compile {run['compile_s']:.1f} s"
-                + (f", warm start {run['warm_start_s']:.1f} s" if run.get("warm_start_s") else ""))
-        else:
-            log(f"  [{index}/{total}] {config.label}: FAILED {(run.get('reason') or '').splitlines()[0][:200]}")
-
-    def out_of_time(config: CompileConfig) -> bool:
-        nonlocal stopped_early
-        if deadline is not None and time.time() > deadline:
-            stopped_early = True
-            log(f"  deadline: not starting {config.label} or anything after it")
-            return True
-        return False
+    sweep = SweepLog(args.out, max_minutes=args.max_minutes, reserve_s=args.reserve_s, started=started,
+                     figures=lambda run: (f"{run['energy_j_per_inference']:.4g} J/inf, {run['avg_power_w']:.0f} W avg, "
+                                          f"p50 {run['latency_ms_p50']:.3f} ms, compile {run['compile_s']:.1f} s"
+                                          + (f", warm start {run['warm_start_s']:.1f} s"
+                                             if run.get("warm_start_s") else "")))
 
     for name in _split(args.models):
-        if stopped_early:
+        if sweep.stopped_early:
             log(f"skipping {name}: out of time")
             continue
         model = MODELS.get(name, {"spec": name, "batch_size": 1})
@@ -196,17 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: {model['spec']} batch {model['batch_size']}, {len(configs)} configurations"
             + (f", {args.repeats} repeats" if args.repeats > 1 else ""))
         for repeat in range(args.repeats):
-            if stopped_early:
+            if sweep.stopped_early:
                 break
             try:
                 bench(model["spec"], configs, device=args.device, min_seconds=args.min_seconds,
                       budget_s=args.budget_s, db=db_path, batch_size=model["batch_size"], seq_len=model.get("seq_len"),
                       image_size=model.get("image_size"), warm_start=lambda c: (c.mode, c.precision) in warm_pairs,
-                      force=repeat > 0, progress=progress, stop_before=out_of_time)
+                      force=repeat > 0, progress=sweep.progress, stop_before=sweep.out_of_time)
             except Exception as exc:  # one model's setup failing (a missing package) must not end the sweep
                 log(f"{name}: could not sweep: {type(exc).__name__}: {exc}")
                 break
-    jsonl.close()
+    sweep.close()
     runs = export(db_path, args.out)
     ok = sum(r["status"] == "ok" for r in runs)
     log(f"done in {time.time() - started:.0f} s: {ok} ok, {len(runs) - ok} failed; exported to {args.out}")

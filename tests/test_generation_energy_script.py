@@ -14,11 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("generation_energy", ROOT / "benchmarks" / "generation_energy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["generation_energy"] = module
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # as when run as a script: its sibling sweep_log is importable
+    try:
+        spec = importlib.util.spec_from_file_location("generation_energy", ROOT / "benchmarks" / "generation_energy.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["generation_energy"] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def test_the_models_are_two_architectures_of_half_to_one_and_a_half_billion_parameters():
