@@ -10,6 +10,7 @@ import click
 
 from joulepilot.controller import TradeoffError, cross_validate, fit, frontier, plot_frontier
 from joulepilot.policies import PolicyError, break_even_text, checked_policy, find_policy
+from joulepilot.policies.load import policy_file_names
 from joulepilot.store import compile_energy_text, open_db, open_for_reading
 from joulepilot.store.safeio import shorten
 
@@ -191,8 +192,7 @@ def _policy_files(given: tuple[str, ...]) -> list[str]:
     for item in given:
         folder = Path(item).expanduser()
         if ("/" in item or item in (".", "..")) and folder.is_dir():
-            with os.scandir(folder) as entries:
-                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+            names = policy_file_names(folder)
             files.extend([str(folder / name) for name in names] or [item])  # none: the folder's own error
         else:
             files.append(item)

@@ -233,6 +233,13 @@ def file_problem(path: str | os.PathLike) -> tuple[str, str] | None:
     return None
 
 
+def policy_file_names(folder: str | os.PathLike) -> list[str]:
+    """The names of the policy files in `folder` (`*.toml`), sorted; OSError when it cannot be listed (not
+    Path.glob, which on Python 3.11 takes a folder it may not read for an empty one)."""
+    with os.scandir(folder) as entries:
+        return sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+
+
 def load_policy_folders(folders: Sequence[str | os.PathLike]) -> tuple[list[Policy], list[dict[str, str]]]:
     """Every `*.toml` policy in the folders; invalid files come back as errors, never raised.
 
@@ -254,9 +261,8 @@ def load_policy_folders(folders: Sequence[str | os.PathLike]) -> tuple[list[Poli
         if resolved in seen_folders:
             continue
         seen_folders.add(resolved)
-        try:  # not Path.glob, which on Python 3.11 takes a folder it may not read for an empty one
-            with os.scandir(folder) as entries:
-                names = sorted(entry.name for entry in entries if entry.name.endswith(".toml"))
+        try:
+            names = policy_file_names(folder)
         except OSError as exc:
             errors.append({"file": str(folder), "error": f"cannot list the policy folder "
                                                          f"({exc.strerror or exc}); let the daemon's user "
