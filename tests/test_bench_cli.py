@@ -187,9 +187,14 @@ def test_the_clis_size_bound_is_the_shape_sets():
 ])
 def test_a_bad_spec_is_refused_before_torch_is_imported(tmp_path, monkeypatch, spec, message):
     import sys
+    import tempfile
 
     # From here on `import torch` fails: the refusal must come first (importing torch took seconds of a typo's 4 s)
     monkeypatch.setitem(sys.modules, "torch", None)
+    # bench first sweeps the scratch folders of killed runs; other tests' kills must not add lines to this stderr
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     result = CliRunner().invoke(main, ["bench", spec, "--db", str(tmp_path / "b.db")])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.stderr.startswith(f"Error: {message}") and len(result.stderr.splitlines()) == 1, result.stderr

@@ -40,11 +40,13 @@ def _serve_and_report(policy: Path, db: Path, label: str) -> None:
                              model_options={"num_hidden_layers": 1})
     input_ids = workload.example_inputs[0]
     served = joulepilot.compile(workload.model, policy=str(policy), db=str(db), deployment="chat-prod")
-    assert served.decision.config["label"] == label
-    for _ in range(5):
-        out = served.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NEW,
-                              min_new_tokens=NEW)
-    served.close()
+    try:
+        assert served.decision.config["label"] == label, (served.decision.state, served.decision.reason)
+        for _ in range(5):
+            out = served.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NEW,
+                                  min_new_tokens=NEW)
+    finally:
+        served.close()
     assert out.shape == (BATCH, PROMPT + NEW) and served.tokens == 5 * BATCH * NEW
     report = CliRunner().invoke(main, ["report", "-d", "chat-prod", "--db", str(db)])
     assert report.exit_code == 0, report.output
