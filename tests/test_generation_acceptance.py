@@ -99,10 +99,21 @@ def test_the_daemon_measures_a_generation_policy(tmp_path, restore_logging):
 @pytest.mark.slow
 def test_the_hook_applies_a_decided_static_cache_compile(tmp_path):
     db = tmp_path / "jp.db"
-    bench = CliRunner().invoke(main, [*BENCH, "--modes", "default", "--db", str(db), "--json"])
+    bench = CliRunner().invoke(main, [*BENCH, "--modes", "eager,default", "--db", str(db), "--json"])
     assert bench.exit_code == 0, (bench.output, bench.stderr)
-    (run,) = json.loads(bench.stdout)
-    assert run["config_label"] == "default/static-cache/fp32/b2" and run["tokens_match"] is True
+    runs = {r["config_label"]: r for r in json.loads(bench.stdout)}
+    assert sorted(runs) == ["default/static-cache/fp32/b2", "eager/fp32/b2"]
+    compiled = runs["default/static-cache/fp32/b2"]
+    assert compiled["cache"] == "static" and compiled["compile_prefill"] is False
+    assert compiled["max_rel_error"] < 1e-4 and compiled["recompiles"] == 0 and compiled["graph_breaks"] == 0
+    assert compiled["compile_s"] > runs["eager/fp32/b2"]["compile_s"]
+    assert compiled["extra"]["torch_compile_kwargs"] == {"dynamic": False}
+    assert compiled["energy_j_per_token"] == pytest.approx(compiled["energy_j_per_inference"] / (BATCH * NEW))
+    # its greedy tokens against eager's in its own precision and cache, which compiling alone could change
+    generation = compiled["extra"]["generation"]
+    assert generation["tokens_match_reference"] == "eager fp32, static cache"
+    assert compiled["tokens_match"] is True and generation["tokens_match_steps"] == NEW
+    assert generation["fp32_tokens_match_steps"] == NEW
     policy = _policy(tmp_path, '["default"]')
     locked = CliRunner().invoke(main, ["policy", "lock", str(policy), "--db", str(db)])
     assert locked.exit_code == 0, locked.output
