@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from daemon_factories import query, write_daemon_config
 from joulepilot.compiler import load_workload
 from joulepilot.compiler.generation_workloads import Generation
+from joulepilot.policies.resolve import run_flag
+from joulepilot.store import list_runs, open_db
 
 import joulepilot
 from joulepilot.cli import main
@@ -32,6 +34,28 @@ def _policy(folder: Path, modes: str = '["eager"]') -> Path:
                     f'[model_options]\nnum_hidden_layers = 1\n[search]\nmodes = {modes}\nmin_repeats = 1\n'
                     'strategy = "exhaustive"\n')
     return path
+
+
+def _bench(db: Path, modes: str) -> dict[str, dict]:
+    """bench of `modes` into `db`: {label: the run --json printed}. A run bench flagged "repeat this run" (a
+    loaded machine: other tests' processes share the cores) is measured again, as a user would, up to twice, so
+    that the decision rests on a clean run whatever else the machine runs."""
+    printed: dict[str, dict] = {}
+    again = modes
+    for _ in range(3):
+        bench = CliRunner().invoke(main, [*BENCH, "--modes", again, "--db", str(db), "--json",
+                                          *(["--force"] if printed else [])])
+        assert bench.exit_code == 0, (bench.output, bench.stderr)
+        printed.update({r["config_label"]: r for r in json.loads(bench.stdout)})
+        store = open_db(db)
+        try:
+            newest = {r["config_label"]: r for r in sorted(list_runs(store), key=lambda r: r["id"])}
+        finally:
+            store.close()
+        again = ",".join(sorted({newest[label]["mode"] for label in printed if run_flag(newest[label])}))
+        if not again:
+            break
+    return printed
 
 
 def _serve_and_report(policy: Path, db: Path, label: str) -> None:
@@ -56,9 +80,7 @@ def _serve_and_report(policy: Path, db: Path, label: str) -> None:
 
 def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
     db = tmp_path / "jp.db"
-    bench = CliRunner().invoke(main, [*BENCH, "--modes", "eager", "--db", str(db), "--json"])
-    assert bench.exit_code == 0, (bench.output, bench.stderr)
-    (run,) = json.loads(bench.stdout)
+    (run,) = _bench(db, "eager").values()
     policy = _policy(tmp_path)
     explained = CliRunner().invoke(main, ["policy", "explain", str(policy), "--db", str(db), "--json"])
     assert explained.exit_code == 0, explained.output
@@ -99,9 +121,7 @@ def test_the_daemon_measures_a_generation_policy(tmp_path, restore_logging):
 @pytest.mark.slow
 def test_the_hook_applies_a_decided_static_cache_compile(tmp_path):
     db = tmp_path / "jp.db"
-    bench = CliRunner().invoke(main, [*BENCH, "--modes", "eager,default", "--db", str(db), "--json"])
-    assert bench.exit_code == 0, (bench.output, bench.stderr)
-    runs = {r["config_label"]: r for r in json.loads(bench.stdout)}
+    runs = _bench(db, "eager,default")
     assert sorted(runs) == ["default/static-cache/fp32/b2", "eager/fp32/b2"]
     compiled = runs["default/static-cache/fp32/b2"]
     assert compiled["cache"] == "static" and compiled["compile_prefill"] is False

@@ -204,15 +204,16 @@ def _three_ways(db: Any, policy: Any) -> tuple[tuple[str, str | None], ...]:
     return (decision.state, chosen), (plan.state, plan.chosen), (row.state, stored)
 
 
-def test_explain_the_guided_search_and_the_daemon_agree_on_500_random_stores(template, tmp_path):
-    rng = random.Random(20261128)
+def _agree_on_random_stores(template: Path, folder: Path, rng: random.Random, make_policy: Any,
+                            count: int) -> None:
+    """`count` generated stores (policies from `make_policy`): the three agree on each, and every state is reached."""
     seen_states: dict[str, int] = {}
-    for index in range(STORES):
-        path = tmp_path / f"store{index % 4}.db"
+    for index in range(count):
+        path = folder / f"store{index % 4}.db"
         shutil.copyfile(template, path)
         db = open_db(path)
         try:
-            policy = _policy(rng)
+            policy = make_policy(rng)
             _seed(db, policy, rng)
             explain, search, daemon = _three_ways(db, policy)
         finally:
@@ -223,22 +224,12 @@ def test_explain_the_guided_search_and_the_daemon_agree_on_500_random_stores(tem
     assert set(seen_states) == {"verified", "provisional", "infeasible", "fallback"}, seen_states
 
 
+def test_explain_the_guided_search_and_the_daemon_agree_on_500_random_stores(template, tmp_path):
+    _agree_on_random_stores(template, tmp_path, random.Random(20261128), _policy, STORES)
+
+
 def test_explain_the_guided_search_and_the_daemon_agree_on_200_random_generation_stores(template, tmp_path):
-    rng = random.Random(27)
-    seen_states: dict[str, int] = {}
-    for index in range(200):
-        path = tmp_path / f"gen{index % 4}.db"
-        shutil.copyfile(template, path)
-        db = open_db(path)
-        try:
-            policy = _generation_policy(rng)
-            _seed(db, policy, rng)
-            explain, search, daemon = _three_ways(db, policy)
-        finally:
-            db.close()
-        assert explain == search == daemon, (index, policy.search, policy.limits, explain, search, daemon)
-        seen_states[explain[0]] = seen_states.get(explain[0], 0) + 1
-    assert set(seen_states) == {"verified", "provisional", "infeasible", "fallback"}, seen_states
+    _agree_on_random_stores(template, tmp_path, random.Random(27), _generation_policy, 200)
 
 
 def _null_compile_energy_store(db: Any) -> Any:
