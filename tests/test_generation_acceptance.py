@@ -88,13 +88,14 @@ def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
     decision = json.loads(explained.stdout)
     chosen = next(c for c in decision["candidates"] if c["status"] == "chosen")
     assert decision["task"] == "generate" and decision["objective_unit"] == "J/token"
-    # its figures are the medians of the runs it counted (one, or a flagged run's clean repeats)
+    # its figures are the medians of the runs it counted: every run, once one of them is clean (a loaded machine
+    # may have flagged the first "repeat this run")
     store = open_db(db)
     try:
         counted = [r for r in list_runs(store) if r["id"] in chosen["run_ids"]]
     finally:
         store.close()
-    assert counted and not any(run_flag(r) for r in counted)
+    assert counted and not all(run_flag(r) for r in counted)
     for figure in ("energy_j_per_token", "tpot_ms_p50"):
         assert chosen["figures"][figure] == pytest.approx(statistics.median(r[figure] for r in counted)), figure
     assert chosen["figures"]["ttft_ms_p50"] > 0
