@@ -37,12 +37,15 @@ def _policy(folder: Path, modes: str = '["eager"]') -> Path:
     return path
 
 
-def _bench(db: Path, modes: str) -> dict[str, dict]:
-    """bench of `modes` into `db`: {label: the run --json printed}. A run bench flagged "repeat this run" (a
-    loaded machine: other tests' processes share the cores) is measured again, as a user would, up to twice, so
-    that the decision rests on a clean run whatever else the machine runs."""
+def _bench(db: Path, modes: str) -> tuple[dict[str, dict], set[str]]:
+    """bench of `modes` into `db`: ({label: the run --json printed}, the labels whose every run is flagged).
+
+    A run bench flagged "repeat this run" (a loaded machine: other tests' processes share the cores) is measured
+    again, as a user would, up to twice. A label still flagged after that is decided provisionally, and its
+    policy's fallback applied: the tests check that outcome then, rather than depend on a quiet machine."""
     printed: dict[str, dict] = {}
     again = modes
+    flagged: set[str] = set()
     for _ in range(3):
         bench = CliRunner().invoke(main, [*BENCH, "--modes", again, "--db", str(db), "--json",
                                           *(["--force"] if printed else [])])
@@ -50,13 +53,14 @@ def _bench(db: Path, modes: str) -> dict[str, dict]:
         printed.update({r["config_label"]: r for r in json.loads(bench.stdout)})
         store = open_db(db)
         try:
-            newest = {r["config_label"]: r for r in sorted(list_runs(store), key=lambda r: r["id"])}
+            stored = list_runs(store)
         finally:
             store.close()
-        again = ",".join(sorted({newest[label]["mode"] for label in printed if run_flag(newest[label])}))
+        flagged = {label for label in printed if all(run_flag(r) for r in stored if r["config_label"] == label)}
+        again = ",".join(sorted({printed[label]["mode"] for label in flagged}))
         if not again:
             break
-    return printed
+    return printed, flagged
 
 
 def _serve_and_report(policy: Path, db: Path, label: str) -> None:
@@ -81,12 +85,13 @@ def _serve_and_report(policy: Path, db: Path, label: str) -> None:
 
 def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
     db = tmp_path / "jp.db"
-    _bench(db, "eager")
+    _, flagged = _bench(db, "eager")
     policy = _policy(tmp_path)
     explained = CliRunner().invoke(main, ["policy", "explain", str(policy), "--db", str(db), "--json"])
     assert explained.exit_code == 0, explained.output
     decision = json.loads(explained.stdout)
-    chosen = next(c for c in decision["candidates"] if c["status"] == "chosen")
+    (chosen,) = decision["candidates"]
+    assert (chosen["status"], decision["state"]) == (("flagged", "provisional") if flagged else ("chosen", "verified"))
     assert decision["task"] == "generate" and decision["objective_unit"] == "J/token"
     # its figures are the medians of the runs it counted: every run, once one of them is clean (a loaded machine
     # may have flagged the first "repeat this run")
@@ -95,7 +100,7 @@ def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
         counted = [r for r in list_runs(store) if r["id"] in chosen["run_ids"]]
     finally:
         store.close()
-    assert counted and not all(run_flag(r) for r in counted)
+    assert counted and all(run_flag(r) for r in counted) == bool(flagged)
     for figure in ("energy_j_per_token", "tpot_ms_p50"):
         assert chosen["figures"][figure] == pytest.approx(statistics.median(r[figure] for r in counted)), figure
     assert chosen["figures"]["ttft_ms_p50"] > 0
@@ -105,7 +110,7 @@ def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
     assert "generation, objective energy (J per generated token), 1,000,000 expected tokens" in text.stdout
     header = next(line for line in text.stdout.splitlines() if line.startswith("status"))
     assert "J/token" in header and "TPOT" in header and "TTFT" in header
-    _serve_and_report(policy, db, "eager/fp32/b2")
+    _serve_and_report(policy, db, "eager/fp32/b2")  # measured, or the fallback while provisional: both eager fp32
 
 
 def test_the_daemon_measures_a_generation_policy(tmp_path, restore_logging):
@@ -131,7 +136,7 @@ def test_the_daemon_measures_a_generation_policy(tmp_path, restore_logging):
 @pytest.mark.slow
 def test_the_hook_applies_a_decided_static_cache_compile(tmp_path):
     db = tmp_path / "jp.db"
-    runs = _bench(db, "eager,default")
+    runs, flagged = _bench(db, "eager,default")
     assert sorted(runs) == ["default/static-cache/fp32/b2", "eager/fp32/b2"]
     compiled = runs["default/static-cache/fp32/b2"]
     assert compiled["cache"] == "static" and compiled["compile_prefill"] is False
@@ -147,7 +152,9 @@ def test_the_hook_applies_a_decided_static_cache_compile(tmp_path):
     policy = _policy(tmp_path, '["default"]')
     locked = CliRunner().invoke(main, ["policy", "lock", str(policy), "--db", str(db)])
     assert locked.exit_code == 0, locked.output
+    # the static-cache compile, or the fallback while its runs are all flagged "repeat this run" (provisional)
+    applied = "eager/fp32/b2" if "default/static-cache/fp32/b2" in flagged else "default/static-cache/fp32/b2"
     try:
-        _serve_and_report(policy, db, "default/static-cache/fp32/b2")
+        _serve_and_report(policy, db, applied)
     finally:
         torch._dynamo.reset()
