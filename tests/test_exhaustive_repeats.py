@@ -184,9 +184,10 @@ def test_a_stored_decision_with_contenders_to_confirm_is_stale_and_the_daemon_co
     item = decided.decision.confirm[0]
     assert item["config_id"] == decided.decision.config_id and item["runs"] == 2
     # Every contender is confirmed, but one whose run a loaded machine flagged "repeat this run": that one is a
-    # repeat (`Decision.repeat`), not a confirmation.
-    assert {c["config_id"] for c in decided.decision.confirm} == \
-        set(decided.decision.contenders) - set(decided.decision.repeat)
+    # repeat (`Decision.repeat`), not a confirmation. A configuration the noise leaves a close call without
+    # making it a tie is confirmed too.
+    assert set(decided.decision.contenders) - set(decided.decision.repeat) <= \
+        {c["config_id"] for c in decided.decision.confirm}
     reason = "its choice rests on 1 of the 3 runs a verified decision needs"
     assert stale_reason(row, policy_hash=policy.hash, provenance_key=first["provenance_key"], max_age_s=1e9) == reason
 
