@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The J/token table of benchmarks/generation_energy.py and the daemon on a generation policy, spread over the four
+# GPUs of one host (nvidia-h200-x4) as four lanes that run at once, each a sequence of steps that stops starting
+# work at a shared deadline. Started detached (setsid) so that later device calls of the same warm machine can
+# collect what finished (`collect`), and so that a call's limit does not kill the lanes.
+# Usage (on the GPU machine, from the repo root, the carried wheels in .whl/):
+#   setsid benchmarks/generation_gpu_lanes.sh start MINUTES DIR &   # DIR e.g. /tmp/lanes; returns at once
+#   benchmarks/generation_gpu_lanes.sh collect DIR OUT               # tars DIR's lanes into OUT (one file each)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+verb=$1
+if [ "$verb" = collect ]; then
+  dir=$2 out=$3
+  for lane in "$dir"/lane*; do
+    [ -d "$lane" ] && tar -czf "$out/$(basename "$lane").tar.gz" -C "$dir" "$(basename "$lane")" --exclude='*.db-wal' --exclude='*.db-shm'
+  done
+  cp "$dir/device.txt" "$out/" 2>/dev/null
+  tail -n 4 "$dir"/lane*/lane.log
+  exit 0
+fi
+minutes=$2 dir=$3
+deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
+mkdir -p "$dir"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site JP_INSTALLED=1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+nvidia-smi --query-gpu=index,name,driver_version,power.limit,temperature.gpu --format=csv > "$dir/device.txt"
+python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' >> "$dir/device.txt"
+
+left_min() { echo $(( (deadline - $(date +%s)) / 60 )); }
+# table GPU LANE MODELS BATCHES CONFIGS PRECISIONS: one generation_energy.py step into the lane's database
+table() {
+  local gpu=$1 lane=$2
+  local left; left=$(left_min)
+  [ "$left" -ge 2 ] || { echo "deadline: skipped $3 b$4 $5 $6"; return; }
+  python3 benchmarks/generation_energy.py --device "cuda:$gpu" --out "$lane" --db "$lane/generation.db" \
+    --models "$3" --batches "$4" --configs "$5" --precisions "$6" --min-seconds 2 --budget-s 300 \
+    --max-minutes "$left" --reserve-s 100 > "$lane/step_$3_b$4_$6.log" 2>&1
+  tail -n 2 "$lane/step_$3_b$4_$6.log"
+}
+B1="eager,transformers-static-compile,default,reduce-overhead,max-autotune-no-cudagraphs,compiled-dynamic-cache,max-autotune"
+BIG="eager,transformers-static-compile,default,reduce-overhead,max-autotune-no-cudagraphs,compiled-dynamic-cache"
+FP16="eager,default,reduce-overhead,max-autotune-no-cudagraphs"
+lane() {
+  local n=$1; shift
+  local lane="$dir/lane$n"; mkdir -p "$lane"
+  { echo "lane $n start $(date -u +%T)"; "$@"; echo "lane $n done $(date -u +%T)"; } >> "$lane/lane.log" 2>&1
+}
+lane0() { table 0 "$dir/lane0" llama 1 "$B1" bf16; table 0 "$dir/lane0" llama 1 "$FP16" fp16
+          table 0 "$dir/lane0" llama 32 "$BIG" bf16; }
+lane1() { table 1 "$dir/lane1" qwen2 1 "$B1" bf16; table 1 "$dir/lane1" qwen2 1 "$FP16" fp16
+          table 1 "$dir/lane1" qwen2 32 "$BIG" bf16; }
+lane2() { table 2 "$dir/lane2" llama 8 "$BIG" bf16; table 2 "$dir/lane2" qwen2 8 "$BIG" bf16
+          table 2 "$dir/lane2" llama 8 "$FP16" fp16; table 2 "$dir/lane2" qwen2 8 "$FP16" fp16; }
+lane3() {
+  local lane="$dir/lane3"
+  OUT="$lane" CUDA_VISIBLE_DEVICES=3 TIMEOUT_S=420 JOULEPILOT_HOME=/tmp/jphome3 \
+    benchmarks/generation_daemon_gpu.sh llama_chat_200w 200 eager,default,reduce-overhead bf16 1,8 \
+    > "$lane/daemon_step.log" 2>&1
+  tail -n 4 "$lane/daemon_step.log"
+  CUDA_VISIBLE_DEVICES=3 JOULEPILOT_HOME=/tmp/jphome3t timeout 240 python3 -m pytest -m gpu -q -o addopts="-ra" \
+    -p no:cacheprovider tests > "$lane/gpu_tests.log" 2>&1
+  tail -n 3 "$lane/gpu_tests.log"
+  table 3 "$lane" llama 32 "$FP16" fp16; table 3 "$lane" qwen2 32 "$FP16" fp16
+}
+lane 0 lane0 & lane 1 lane1 & lane 2 lane2 & lane 3 lane3 &
+wait
+echo "all lanes done $(date -u +%T)" >> "$dir/device.txt"
