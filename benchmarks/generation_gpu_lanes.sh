@@ -52,17 +52,34 @@ lane1() { table 1 "$dir/lane1" qwen2 1 "$B1" bf16; table 1 "$dir/lane1" qwen2 1 
           table 1 "$dir/lane1" qwen2 32 "$BIG" bf16; }
 lane2() { table 2 "$dir/lane2" llama 8 "$BIG" bf16; table 2 "$dir/lane2" qwen2 8 "$BIG" bf16
           table 2 "$dir/lane2" llama 8 "$FP16" fp16; table 2 "$dir/lane2" qwen2 8 "$FP16" fp16; }
-lane3() {
-  local lane="$dir/lane3"
-  OUT="$lane" CUDA_VISIBLE_DEVICES=3 TIMEOUT_S=420 JOULEPILOT_HOME=/tmp/jphome3 \
+# daemon_step GPU LANE: the daemon on a generation policy under a 200 W envelope (generation_daemon_gpu.sh)
+daemon_step() {
+  local left; left=$(( deadline - $(date +%s) - 60 ))
+  [ "$left" -ge 240 ] || { echo "deadline: skipped the daemon"; return; }
+  [ "$left" -le 480 ] || left=480
+  OUT="$2" CUDA_VISIBLE_DEVICES=$1 TIMEOUT_S=$left JOULEPILOT_HOME=/tmp/jphome$1 \
     benchmarks/generation_daemon_gpu.sh llama_chat_200w 200 eager,default,reduce-overhead bf16 1,8 \
-    > "$lane/daemon_step.log" 2>&1
-  tail -n 4 "$lane/daemon_step.log"
-  CUDA_VISIBLE_DEVICES=3 JOULEPILOT_HOME=/tmp/jphome3t timeout 240 python3 -m pytest -m gpu -q -o addopts="-ra" \
-    -p no:cacheprovider tests > "$lane/gpu_tests.log" 2>&1
-  tail -n 3 "$lane/gpu_tests.log"
-  table 3 "$lane" llama 32 "$FP16" fp16; table 3 "$lane" qwen2 32 "$FP16" fp16
+    > "$2/daemon_step.log" 2>&1
+  tail -n 4 "$2/daemon_step.log"
 }
-lane 0 lane0 & lane 1 lane1 & lane 2 lane2 & lane 3 lane3 &
+gpu_tests() {
+  CUDA_VISIBLE_DEVICES=$1 JOULEPILOT_HOME=/tmp/jphome$1t timeout 240 python3 -m pytest -m gpu -q -o addopts="-ra" \
+    -p no:cacheprovider tests > "$2/gpu_tests.log" 2>&1
+  tail -n 3 "$2/gpu_tests.log"
+}
+lane3() { daemon_step 3 "$dir/lane3"; gpu_tests 3 "$dir/lane3"
+          table 3 "$dir/lane3" llama 32 "$FP16" fp16; table 3 "$dir/lane3" qwen2 32 "$FP16" fp16; }
+# Two GPUs (nvidia-h200-x2): batch 1 in full, then batch 8 in bf16, then the daemon and the GPU tests, then batch 32.
+lane0_of2() { table 0 "$dir/lane0" llama 1 "$B1" bf16; table 0 "$dir/lane0" llama 1 "$FP16" fp16
+              table 0 "$dir/lane0" llama 8 "$BIG" bf16; daemon_step 0 "$dir/lane0"
+              table 0 "$dir/lane0" llama 32 "$BIG" bf16; table 0 "$dir/lane0" llama 8 "$FP16" fp16; }
+lane1_of2() { table 1 "$dir/lane1" qwen2 1 "$B1" bf16; table 1 "$dir/lane1" qwen2 1 "$FP16" fp16
+              table 1 "$dir/lane1" qwen2 8 "$BIG" bf16; gpu_tests 1 "$dir/lane1"
+              table 1 "$dir/lane1" qwen2 32 "$BIG" bf16; table 1 "$dir/lane1" qwen2 8 "$FP16" fp16; }
+if [ "$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)" -ge 4 ]; then
+  lane 0 lane0 & lane 1 lane1 & lane 2 lane2 & lane 3 lane3 &
+else
+  lane 0 lane0_of2 & lane 1 lane1_of2 &
+fi
 wait
 echo "all lanes done $(date -u +%T)" >> "$dir/device.txt"
