@@ -67,7 +67,7 @@ enabled = false
 TOML
 cat "$dir/policies/$name.toml"
 start=$(date +%s)
-timeout "${TIMEOUT_S:-480}" joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
+timeout "${TIMEOUT_S:-480}" joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2>> "$dir/daemon.log"
 echo "daemon rc $? in $(( $(date +%s) - start )) s" | tee -a "$dir/device.txt"
 joulepilot runs --db "$dir/daemon.db" --limit 0 --json > "$dir/runs.json"
 joulepilot policy explain "$dir/policies/$name.toml" --db "$dir/daemon.db" --json > "$dir/explain.json" 2>>"$dir/daemon.log"

@@ -23,20 +23,15 @@ least informative last:
 - `compiled-dynamic-cache`: the forward compiled (default mode, dynamic shapes) with the dynamic cache: what
   `torch.compile(model)` gives a generation without a static cache.
 
-Why joulepilot's reduce-overhead static-cache row could be slower per step than transformers' own compile (the
-first H200 run: 2.98 ms per token against the 2.4 ms another script measured), and what was settled on the CPU
-(tests/test_generation_bench.py, transformers 5.24): a decode step hands the compiler the same FX graph on inputs
-of the same shapes, with the same guards (887 guard lines each, 19 of them tensor checks, for a 1-layer
-tiny-llama), one graph and no recompile over repeated calls in both; the dispatcher adds no measurable time per
-step (1.37 against 1.36 ms per step with an eager backend on a 2-core CPU, within its noise). The one difference
-found and removed: the static cache was one position longer than transformers'. What only a GPU can settle, in
-this order: (1) the reference row against reduce-overhead/static-cache in the same run, which removes the other
-script's conditions (clocks, warm-up, what its 2.4 ms was divided by); (2) `dynamic=False` (joulepilot) against
-`dynamic=None` (transformers), the one compile argument the two rows do not share: with the same graph, a TPOT
-gap between them is Inductor's or the CUDA graphs' doing under those arguments; (3) CUDA-graph re-recording
-between generate calls (each call builds a new StaticCache: `TORCH_LOGS=cudagraphs` in the worker shows whether
-a call records again); (4) the prefill over a static cache (29 ms against 19.6 ms over the dynamic one on the H200)
-is in TTFT and in J per token for both rows, not in TPOT.
+Whether joulepilot's reduce-overhead static-cache row is slower per step than transformers' own compile (the first
+H200 run: 2.98 ms per token against the 2.4 ms another script measured). On the CPU (tests/test_generation_bench.py)
+a decode step hands the compiler the same FX graph on inputs of the same shapes, with the same guards, one graph
+and no recompile over repeated calls in both, and the dispatcher adds no measurable time per step; the one
+difference found and removed was a static cache one position longer than transformers'. On the GPU the two rows
+measured side by side (H200, session 15) took 0.506 against 0.557 J/token (llama) and 0.535 against 0.534 (qwen2),
+TPOT 2.34 against 2.69 ms and 2.38 against 2.40 ms: the gaps of single runs in either direction are within the
+5-15% that one configuration's runs spread over, so `dynamic=False` against transformers' `dynamic=None` made no
+difference that the runs can show.
 
 Every finished run is in the database (`--db`, default OUT/generation.db) and appended to OUT/runs.jsonl the
 moment it finishes, so a call that is cut off loses only the run in progress; the same command again skips
@@ -52,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -186,14 +183,25 @@ def _is_recipe(run: dict[str, Any]) -> bool:
     return ":transformers_recipe_" in str(run.get("workload"))
 
 
-def _kind(run: dict[str, Any]) -> str:
-    label = run["config_label"]
-    if _is_recipe(run):
+def _kind_of_label(label: str) -> str:
+    """What a table label is: eager, transformers' recipe, '<mode> static' or the compiled dynamic cache."""
+    if label.startswith(RECIPE_LABEL):
         return RECIPE
     mode = label.split("/")[0]
     if mode == "eager":
         return "eager"
     return f"{mode} static" if "/static-cache/" in label else "compiled-dynamic-cache"
+
+
+def _median_of_kind(by_label: dict[str, list[float]], kind: str) -> tuple[float | None, str]:
+    """(the median J/token of the configuration of `kind` among `by_label`'s, its runs in brackets when more than
+    one), or (None, '')."""
+    found = [label for label in by_label if _kind_of_label(label) == kind]
+    return (statistics.median(by_label[found[0]]), _runs_text(by_label[found[0]])) if found else (None, "")
+
+
+def _runs_text(values: list[float]) -> str:
+    return f" ({len(values)})" if len(values) > 1 else ""
 
 
 def _label(run: dict[str, Any]) -> str:
@@ -223,7 +231,7 @@ def summary_table(runs: list[dict[str, Any]], params: dict[str, int]) -> str:
     lines = [f"Device: {device}; torch {torch_version}; prompt {shape[0]} tokens, {shape[1]} new tokens per sequence; "
              f"energy source: {', '.join(sources) or '-'}"
              + (" (an estimate, not a measurement)" if sources == ["estimate"] else ""), "",
-             "J/token: prefill and decode of the whole batch over every generated token (one run each). Tokens "
+             "J/token: prefill and decode of the whole batch over every generated token (a row per run). Tokens "
              "match: the greedy tokens equal eager's in the same precision and cache for every new token ('-' for "
              "transformers' recipe, which compiles itself inside a configuration joulepilot measures as eager, so "
              "it is not checked).", "",
@@ -241,28 +249,28 @@ def summary_table(runs: list[dict[str, Any]], params: dict[str, int]) -> str:
                      f"{_fmt(r.get('tpot_ms_p50'))} | {_fmt(r.get('tpot_ms_p95'))} | {_fmt(r.get('tokens_per_s'))} | "
                      f"{_fmt(r.get('avg_power_w'))} | {_fmt(r.get('peak_power_w'))} | {_fmt(r.get('compile_s'))} | "
                      f"{_fmt(match)} | {_fmt(r.get('max_rel_error'), 2)} | {status} |")
-    lines += ["", "Lowest J/token of a static-cache configuration per model, batch and precision (single runs: a gap "
-              "smaller than the runs' spread is not a ranking):", "",
+    lines += ["", "Lowest J/token of a static-cache configuration per model, batch and precision, each configuration by "
+              "the median of its runs (runs in brackets where more than one; a gap smaller than the runs' spread is "
+              "not a ranking):", "",
               "| model | batch | precision | eager J/token | compiled, dynamic cache J/token | transformers' static-cache "
               "compile J/token | lowest static-cache J/token | its config | saving vs eager | saving vs compiled "
               "dynamic cache | saving vs transformers' compile |", "|" + "---|" * 11]
-    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, str], dict[str, list[float]]] = {}
     for r in runs:
         if r["status"] == "ok" and r.get("energy_j_per_token") is not None:
-            groups.setdefault((_model_name(r), r["batch_size"], r["precision"]), []).append(r)
-    for (name, batch, precision), group in sorted(groups.items()):
-        by_kind: dict[str, dict[str, Any]] = {}
-        for r in group:
-            by_kind.setdefault(_kind(r), r)
-        static = [r for r in group if "/static-cache/" in r["config_label"] and not _is_recipe(r)]
-        best = min(static, key=lambda r: r["energy_j_per_token"]) if static else None
-        eager = by_kind.get("eager", {}).get("energy_j_per_token")
-        dynamic = by_kind.get("compiled-dynamic-cache", {}).get("energy_j_per_token")
-        recipe = by_kind.get(RECIPE, {}).get("energy_j_per_token")
-        chosen = best["energy_j_per_token"] if best else None
-        lines.append(f"| {name} | {batch} | {precision} | {_fmt(eager)} | {_fmt(dynamic)} | {_fmt(recipe)} | "
-                     f"{_fmt(chosen)} | {best['config_label'] if best else '-'} | {_saving(chosen, eager)} | "
-                     f"{_saving(chosen, dynamic)} | {_saving(chosen, recipe)} |")
+            by_label = groups.setdefault((_model_name(r), r["batch_size"], r["precision"]), {})
+            by_label.setdefault(_label(r), []).append(r["energy_j_per_token"])
+    for (name, batch, precision), by_label in sorted(groups.items()):
+        medians = {label: statistics.median(values) for label, values in by_label.items()}
+        of = functools.partial(_median_of_kind, by_label)
+        static = {label: value for label, value in medians.items() if _kind_of_label(label).endswith(" static")}
+        best = min(static, key=static.__getitem__) if static else None
+        chosen = static[best] if best else None
+        (eager, eager_n), (dynamic, dynamic_n), (recipe, recipe_n) = of("eager"), of("compiled-dynamic-cache"), of(RECIPE)
+        lines.append(f"| {name} | {batch} | {precision} | {_fmt(eager)}{eager_n} | {_fmt(dynamic)}{dynamic_n} | "
+                     f"{_fmt(recipe)}{recipe_n} | {_fmt(chosen)}{_runs_text(by_label[best]) if best else ''} | "
+                     f"{best or '-'} | {_saving(chosen, eager)} | {_saving(chosen, dynamic)} | "
+                     f"{_saving(chosen, recipe)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ verb=$1
 if [ "$verb" = collect ]; then
   dir=$2 out=$3
   for lane in "$dir"/lane*; do
-    [ -d "$lane" ] && tar -czf "$out/$(basename "$lane").tar.gz" -C "$dir" "$(basename "$lane")" --exclude='*.db-wal' --exclude='*.db-shm'
+    [ -d "$lane" ] && tar --exclude='*.db-wal' --exclude='*.db-shm' -czf "$out/$(basename "$lane").tar.gz" -C "$dir" "$(basename "$lane")"
   done
   cp "$dir/device.txt" "$out/" 2>/dev/null
   tail -n 4 "$dir"/lane*/lane.log
