@@ -183,11 +183,12 @@ def test_a_stored_decision_with_contenders_to_confirm_is_stale_and_the_daemon_co
     # The chosen configuration first (with one that ties with it, when the estimate's noise makes one).
     item = decided.decision.confirm[0]
     assert item["config_id"] == decided.decision.config_id and item["runs"] == 2
-    # Every contender is confirmed, but one whose run a loaded machine flagged "repeat this run": that one is a
-    # repeat (`Decision.repeat`), not a confirmation. A configuration the noise leaves a close call without
-    # making it a tie is confirmed too.
-    assert set(decided.decision.contenders) - set(decided.decision.repeat) <= \
-        {c["config_id"] for c in decided.decision.confirm}
+    # Only the chosen configuration and its contenders are confirmed. Which contenders depends on the estimate's
+    # noise on this machine: a close call is confirmed, a tie within the tolerance is settled by the tie-break
+    # without more runs, and one whose run a loaded machine flagged "repeat this run" is a repeat
+    # (`Decision.repeat`), not a confirmation (the judge's rules, tested with seeded runs below).
+    assert {c["config_id"] for c in decided.decision.confirm} <= \
+        set(decided.decision.contenders) | {decided.decision.config_id}
     reason = "its choice rests on 1 of the 3 runs a verified decision needs"
     assert stale_reason(row, policy_hash=policy.hash, provenance_key=first["provenance_key"], max_age_s=1e9) == reason
 
@@ -257,3 +258,17 @@ def test_a_contender_at_the_cap_or_whose_job_failed_out_is_not_listed_and_the_re
     capped = resolve(policy, db, "cpu")
     assert capped.confirm == [] and capped.state == "provisional"
     assert capped.reason.endswith(f"it is not measured again: cap of {MAX_REPEATS} runs reached")
+
+
+def test_a_contender_that_cannot_beat_the_chosen_one_by_more_than_the_tolerance_is_not_confirmed(tmp_path, db):
+    # One run each, eager fp32 6% above eager bf16: their assumed +-5% intervals overlap, so both contend, but
+    # eager fp32 cannot be better by more than the 2% tolerance (6% - hypot(5%, 5%) of difference at most): a
+    # tie settled without more runs of it; only the chosen one is confirmed.
+    from decision_factories import config, seed_runs
+    from joulepilot.policies import resolve
+
+    seed_runs(db, {EAGER16: BEST, EAGER32: {**BEST, "energy_j_per_inference": 0.53}})
+    best = config(*EAGER16).id
+    decision = resolve(_seeded_policy(tmp_path, "exhaustive"), db, "cpu")
+    assert set(decision.contenders) == {best, config(*EAGER32).id}
+    assert [c["config_id"] for c in decision.confirm] == [best]
