@@ -124,6 +124,15 @@ def transformers_recipe_tiny(batch_size: int, prompt_len: int, new_tokens: int, 
     return _recipe("tiny", batch_size, prompt_len, new_tokens, device)
 
 
+def _recipe_progress(progress: Any) -> Any:
+    """`progress` naming transformers' recipe rather than the eager configuration joulepilot measures it as."""
+    class Named:
+        def __init__(self, config: CompileConfig) -> None:
+            self.label = f"{RECIPE_LABEL}/{config.precision}/b{config.batch_size}"
+
+    return lambda index, total, config, run: progress(index, total, Named(config), run)
+
+
 def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -335,10 +344,11 @@ def main(argv: list[str] | None = None) -> int:
                 for spec, options, planned in sweeps:
                     if not planned or sweep.stopped_early:
                         continue
+                    progress = sweep.progress if spec != recipe_spec(name) else _recipe_progress(sweep.progress)
                     try:
                         bench(spec, planned, device=args.device, min_seconds=args.min_seconds, budget_s=args.budget_s,
                               db=db_path, batch_size=batch, model_options=options, generation=generation,
-                              progress=sweep.progress, stop_before=sweep.out_of_time)
+                              progress=progress, stop_before=sweep.out_of_time)
                     except Exception as exc:  # one model's setup failing must not end the others
                         log(f"{name}, batch {batch}: could not measure: {type(exc).__name__}: {exc}")
     finally:

@@ -127,3 +127,13 @@ def test_a_smoke_sweep_stores_exports_and_prints_the_table(tmp_path, capsys):
     assert "energy source: estimate (an estimate, not a measurement)" in printed
     assert (tmp_path / "summary.md").read_text() in printed
     assert open_db(tmp_path / "generation.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+
+
+def test_progress_lines_name_transformers_recipe_not_the_eager_configuration_it_is_measured_as():
+    from joulepilot.compiler import CompileConfig
+
+    script = _script()
+    seen = []
+    progress = script._recipe_progress(lambda index, total, config, run: seen.append((index, total, config.label, run)))
+    progress(0, 2, CompileConfig("eager", precision="bf16", batch_size=8), None)
+    assert seen == [(0, 2, "transformers static-cache compile/bf16/b8", None)]
