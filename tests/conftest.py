@@ -124,23 +124,13 @@ def _file_order(items, module_text: dict) -> dict:
     return place
 
 
-def _uses_a_module_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    return any(d.scope == "module" for defs in (info.name2fixturedefs.values() if info else ()) for d in defs)
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns xdist_group marks into node ids
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # A module-scoped fixture is built once per process: the tests of a module that share one (a doctor run, a
-    # replay of the committed sweeps) stay on one process, or each process they land on builds it again.
-    for item in items:
-        if not any(item.iter_markers("xdist_group")) and _uses_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(f"module:{getattr(item, 'path', item).name}"))
-    # pytest-xdist hands out tests in this order: files with long tests first, so that no process is left with
-    # a long test at the end while the others idle, and files that mostly wait among the others. pytest-randomly
-    # has shuffled the files and each file's tests before this hook (its own is a wrapper that runs first); the
-    # sort is stable, so within a weight the files keep that order, and a file its tests' order.
-    if _whole_suite(config):  # whole files move, so tests that share a module's fixture keep their order
+    # pytest-xdist hands out the files (`--dist loadfile`) in this order: files with long tests first, so that no
+    # process is left with a long file at the end while the others idle, and files that mostly wait among the
+    # others. pytest-randomly has shuffled the files and each file's tests before this hook (its own is a wrapper
+    # that runs first); the sort is stable, so within a weight the files keep that order, and a file its tests'.
+    if _whole_suite(config):
         place = _file_order(items, {})
         items.sort(key=lambda item: place[str(getattr(item, "path", ""))])
     if _has_gpu():

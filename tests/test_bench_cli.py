@@ -14,8 +14,8 @@ from joulepilot.store import GENERATION_RUN_COLUMNS, list_runs, open_db, power_s
 
 from joulepilot.cli import main
 
-# One sweep (a real cold compile and its warm start) serves every test here: keep them on one xdist worker.
-pytestmark = pytest.mark.xdist_group("bench_cli_sweep")
+# One sweep (a real cold compile and its warm start) serves every test here (a module fixture: the suite runs each
+# file's tests on one xdist process).
 
 REQUIRED_JSON_FIELDS = ("run_id", "workload", "mode", "fusion", "precision", "batch_size", "status", "compile_s",
                         "latency_ms_p50", "latency_ms_p95", "throughput_per_s", "energy_j_per_inference",

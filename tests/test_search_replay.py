@@ -25,8 +25,7 @@ DATA = ROOT / "tests" / "data"
 H200 = DATA / "gpu_sweep_h200.json"
 H100 = DATA / "gpu_sweep_h100.json"
 SYNTHETIC = DATA / "synthetic_sweep.json"
-# The replays (seconds of CPU each) are computed once per module: keep its tests on one xdist worker.
-pytestmark = pytest.mark.xdist_group("search_replay")
+# The replays (seconds of CPU each) are computed once per module (the suite runs each file's tests on one process).
 
 KEYS = {"workload", "scenario", "grid", "measured", "cost_s", "exhaustive_cost_s", "chosen", "oracle", "regret"}
 
