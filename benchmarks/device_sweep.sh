@@ -7,21 +7,14 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1 models=$2 minutes=$3 warm=${4-default/fp32}
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+. benchmarks/device_common.sh
+jp_install || exit 1
 dir=${OUT:-/tmp/out}/$name
 mkdir -p "$dir"
 nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu,clocks.sm --format=csv | tee "$dir/device.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$dir/device.txt"
 python3 benchmarks/gpu_sweep.py --models "$models" --min-seconds 3 --budget-s 45 --warm-start "$warm" \
   --max-minutes "$minutes" --reserve-s 70 --out "$dir" --db "$dir/gpu_sweep.db" "${@:5}" 2>&1 | tee "$dir/log.txt"
-python3 - "$dir/gpu_sweep.db" <<'PY'
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1])
-conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-conn.execute("PRAGMA journal_mode=DELETE")
-conn.close()
-PY
-rm -f "$dir/runs.jsonl" "$dir"/*.db-wal "$dir"/*.db-shm
+jp_close_db "$dir/gpu_sweep.db"
+rm -f "$dir/runs.jsonl"
 ls -la "$dir"

@@ -11,13 +11,8 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1 watts=$2 modes=${3-eager,default,reduce-overhead} precisions=${4-bf16} batches=${5-1,8}
-if [ -z "${JP_INSTALLED-}" ]; then  # set by a caller that installed them (generation_gpu_lanes.sh)
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-  fi
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-fi
+. benchmarks/device_common.sh
+jp_install || exit 1
 dir=${OUT:-/tmp/out}/$name
 mkdir -p "$dir/policies" "$dir/locks"
 nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu --format=csv | tee "$dir/device.txt"
@@ -75,9 +70,5 @@ joulepilot policy explain "$dir/policies/$name.toml" --db "$dir/daemon.db" > "$d
 joulepilot runs export "$dir/runs_export.json" --db "$dir/daemon.db" 2>>"$dir/daemon.log"
 tail -8 "$dir/daemon.log"
 cat "$dir/explain.txt"
-python3 - "$dir/daemon.db" <<'PY'
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1]); conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"); conn.execute("PRAGMA journal_mode=DELETE"); conn.close()
-PY
-rm -f "$dir"/*.db-wal "$dir"/*.db-shm
+jp_close_db "$dir/daemon.db"
 ls -la "$dir"

@@ -21,9 +21,8 @@ fi
 minutes=$2 dir=$3
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 mkdir -p "$dir"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site JP_INSTALLED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+. benchmarks/device_common.sh
+jp_install || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,power.limit,temperature.gpu --format=csv > "$dir/device.txt"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' >> "$dir/device.txt"
 

@@ -14,11 +14,8 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1 grid=$2 spec=$3 batch=$4 seq=$5
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+. benchmarks/device_common.sh
+jp_install || exit 1
 dir=${OUT:-/tmp/out}/$name
 mkdir -p "$dir/policies" "$dir/locks"
 nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu --format=csv | tee "$dir/device.txt"
@@ -84,9 +81,6 @@ joulepilot runs --db "$dir/guided.db" --workload "$spec" --limit 0 --json > "$di
 joulepilot policy explain "$dir/policies/$name.toml" --db "$dir/guided.db" --json > "$dir/explain.json" 2>>"$dir/daemon.log"
 tail -5 "$dir/daemon.log"
 [ "$grid" != "-" ] && python3 benchmarks/guided_vs_grid.py "$dir/runs.json" "$grid" --explain "$dir/explain.json" | tee "$dir/score.txt"
-python3 - "$dir/guided.db" <<'PY'
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1]); conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"); conn.execute("PRAGMA journal_mode=DELETE"); conn.close()
-PY
-rm -f "$dir/others.json" "$dir"/*.db-wal "$dir"/*.db-shm
+jp_close_db "$dir/guided.db"
+rm -f "$dir/others.json"
 ls -la "$dir"

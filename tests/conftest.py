@@ -90,7 +90,7 @@ _WAITS = ("from fakes", "import fakes", "time.sleep(")
 
 
 def _weight(item, module_text: dict) -> int:
-    """Longest first: real Inductor compiles, then tests that start workers or daemons, then the rest."""
+    """Longest first: files marked slow (tens of seconds), then tests that start workers or daemons, then the rest."""
     if item.get_closest_marker("slow"):
         return 0
     if {"fake_worker", "own_tmpdir"} & set(getattr(item, "fixturenames", ())):

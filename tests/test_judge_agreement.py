@@ -42,6 +42,9 @@ from joulepilot.store.decisions import latest_decision
 
 from joulepilot.cli import main
 
+# Hundreds of random stores, each decided three ways: tens of seconds, so the file is handed out first.
+pytestmark = pytest.mark.slow
+
 STORES = 500
 KIND = "NVIDIA H100 80GB HBM3"
 TORCH = torch_minor()
