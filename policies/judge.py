@@ -36,7 +36,11 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
     - `within tolerance`: even at the unfavourable ends of both intervals the chosen one is at most
       `tolerance_pct` worse: a tie settled by the tie-break, which more runs could not make matter;
     - `close call`: the intervals overlap and the chosen one could still be worse by more than the
-      tolerance: more runs may change the answer, so the search and the daemon measure again.
+      tolerance: more runs may change the answer, so the search and the daemon measure again, while more
+      runs can still settle it (`settleable`): once both sides have measured intervals (`noise.MIN_REPEATS`
+      runs each), a close call whose intervals, narrowed as the square root of the runs to `max_repeats` runs
+      each, would still leave more than the tolerance is beyond what the cap of runs can settle, and the
+      lower median stands without more runs (the reason says so).
 * **The infeasible pick**: when nothing meets every limit, the lowest-power configuration that meets the
   limits other than power (by the upper end of its average power's interval) is applied, state
   `infeasible`, with the shortfall; never the highest-power fallback.
@@ -44,7 +48,7 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   counted runs, and either two of them started their own worker process, or no rival could change the
   answer (every rival `beaten` by more than the tolerance: its interval starts more than the tolerance
   above the chosen one's end), so that a second process cannot change the decision. Else `provisional`.
-* **Repeats** (`repeats`): the chosen configuration until it is verified, both sides of each close call,
+* **Repeats** (`repeats`): the chosen configuration until it is verified, both sides of each settleable close call,
   and the configurations that may yet be within the limits and better (average power straddling the
   envelope, a figure a limit needs that their runs did not measure, or resting on flagged runs), up to
   `noise.MAX_REPEATS` runs of one configuration; with nothing within the limits, those that may yet be
@@ -79,6 +83,7 @@ from .noise import (
     median,
     median_interval,
     repeat_advice,
+    t_quantile,
     typical_rel_std,
 )
 from .schema import DEFAULT_TOLERANCE_PCT, Limits
@@ -708,11 +713,17 @@ def _explain(out: Judgement) -> None:
             parts.append(f"{chosen.label} ties with {best.label} (lowest median {text} {fmt(best.objective.median)})"
                          f" within the noise and wins the tie-break on {tie_text(out.criterion, chosen, best)}")
         settled = [s for s in out.standings if s.kind == WITHIN_TOLERANCE and s.rival in out.ties]
-        close = out.close_calls
-        if close:
-            parts.append(f"{', '.join(s.rival.label for s in close)} could still beat it by more than the "
+        live = [s for s in out.close_calls if settleable(s, chosen, rules)]
+        beyond = [s for s in out.close_calls if s not in live]
+        if live:
+            parts.append(f"{', '.join(s.rival.label for s in live)} could still beat it by more than the "
                          f"{rules.tolerance_pct:g}% tolerance")
-        elif settled:
+        if beyond:
+            parts.append(f"{', '.join(s.rival.label for s in beyond)} could still beat it by more than the "
+                         f"{rules.tolerance_pct:g}% tolerance, but the runs are too noisy for {rules.max_repeats} "
+                         f"runs of each to tell (+-{_pct(max(s.plus_minus_rel for s in beyond))} now): the lower "
+                         f"median stands and they are not measured again")
+        if not live and not beyond and settled:
             parts.append(f"{', '.join(s.rival.label for s in settled)} cannot beat it by more than the "
                          f"{rules.tolerance_pct:g}% tolerance: a tie that more runs would not make matter")
         if chosen.compile_estimated and rules.objective != "latency":
@@ -817,6 +828,28 @@ class Wanted:
         return self.verdict.config_id
 
 
+def settleable(s: Standing, chosen: Verdict, rules: Rules) -> bool:
+    """Whether more runs can still settle close call `s`: with `max_repeats` runs on each side, each interval
+    narrowing as the square root of its runs and as its t-quantile falls with the runs (taken without the
+    prior's degrees of freedom, the larger fall, so that a close call is given up only when even that leaves
+    it open), the chosen one could no longer be worse than the rival by more than the tolerance. A side of
+    fewer than MIN_REPEATS runs has an assumed interval, which more runs replace with a measured one: such a
+    close call is always worth its runs."""
+    a, b = chosen.objective, s.rival.objective
+    assert a is not None and b is not None
+    if a.n < MIN_REPEATS or b.n < MIN_REPEATS:
+        return True
+    quantile = (1 + rules.confidence) / 2
+
+    def narrowed(n: int) -> float:
+        cap = max(rules.max_repeats, n)
+        return math.sqrt(n / cap) * t_quantile(quantile, cap - 1) / t_quantile(quantile, n - 1)
+
+    facing = (a.high - a.median, b.median - b.low) if s.diff_rel >= 0 else (a.median - a.low, b.high - b.median)
+    at_cap = math.hypot(facing[0] * narrowed(a.n), facing[1] * narrowed(b.n))
+    return at_cap / (abs(b.median) or 1.0) - s.diff_rel <= rules.tolerance
+
+
 def repeats(out: Judgement) -> list[Wanted]:
     """What the judgement asks to measure again, most pressing first (see the module docstring): none with
     `min_repeats = 1` (the policy said one run is enough). The cap of runs counts every run of a
@@ -838,9 +871,10 @@ def repeats(out: Judgement) -> list[Wanted]:
         # Only those that could beat the chosen one by more than the tolerance are worth another run.
         hopeful = [v for v in [*out.flagged_better, *unverified]
                    if v.objective is not None and standing(chosen, v, rules.tolerance).kind == CLOSE_CALL]
-        close = bool(out.close_calls)
+        live = [s for s in out.close_calls if settleable(s, chosen, rules)]
+        close = bool(live)
         order = [(v, v is not chosen or close) for v in sorted(
-            {v.config_id: v for v in [chosen, *[s.rival for s in out.close_calls], *hopeful]}.values(),
+            {v.config_id: v for v in [chosen, *[s.rival for s in live], *hopeful]}.values(),
             key=Verdict.sort_key)]
     else:
         order = [(v, True) for v in sorted({v.config_id: v for v in [*out.flagged_better, *unverified]}.values(),

@@ -229,14 +229,32 @@ def test_an_exhaustive_decision_lists_its_unconfirmed_contenders_and_a_guided_on
                                    "why": "contender with 1 of 3 runs"}]
     assert exhaustive.confirm_reason == "its choice rests on 1 of the 3 runs a verified decision needs"
 
-    # A close call: eager fp32's runs (1.0, 0.51, 0.51 J) spread so widely that it could still beat eager bf16
-    # by more than the 2% tolerance: both contend and are measured again, the chosen one first.
+    # A close call that the cap of runs cannot settle: eager fp32's runs (1.0, 0.51, 0.51 J) spread so widely that
+    # it could still beat eager bf16 by more than the 2% tolerance, and would at 5 runs of each too: the lower
+    # median stands, and neither is measured again.
     for _ in range(2):
         seed_runs(db, {EAGER16: BEST, EAGER32: {**BEST, "energy_j_per_inference": 0.51}})
+    noisy = resolve(_seeded_policy(tmp_path, "exhaustive"), db, "cpu")
+    assert set(noisy.contenders) == {best, config(*EAGER32).id} and noisy.config_id == best
+    assert noisy.confirm == [] and noisy.state == "verified"
+    assert ("eager/fp32/b8 could still beat it by more than the 2% tolerance, but the runs are too noisy for 5 runs "
+            "of each to tell (+-49% now): the lower median stands and they are not measured again") in noisy.reason
+
+
+def test_a_close_call_that_more_runs_can_settle_is_measured_again_on_both_sides(tmp_path, db):
+    # eager fp32's runs (0.54, 0.49, 0.51 J) against eager bf16's three of 0.50 J: it could still beat eager bf16 by
+    # more than the 2% tolerance, and two more runs of each could tell: both are measured again, the chosen one
+    # first.
+    from decision_factories import config, seed_runs
+    from joulepilot.policies import resolve
+
+    for joules in (0.54, 0.49, 0.51):
+        seed_runs(db, {EAGER16: BEST, EAGER32: {**BEST, "energy_j_per_inference": joules}})
     tie = resolve(_seeded_policy(tmp_path, "exhaustive"), db, "cpu")
-    assert set(tie.contenders) == {best, config(*EAGER32).id}
-    assert [c["config_id"] for c in tie.confirm][0] == tie.config_id and len(tie.confirm) == 2
+    assert set(tie.contenders) == {config(*EAGER16).id, config(*EAGER32).id}
+    assert [c["config_id"] for c in tie.confirm] == [tie.config_id, config(*EAGER32).id]
     assert tie.confirm_reason == "its choice is a close call that more runs may still decide otherwise"
+    assert "eager/fp32/b8 could still beat it by more than the 2% tolerance;" in tie.reason
 
 
 def test_a_contender_at_the_cap_or_whose_job_failed_out_is_not_listed_and_the_reason_says_why(tmp_path, db):
