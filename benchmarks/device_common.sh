@@ -25,3 +25,22 @@ conn.close()
 PY
   rm -f "$1-wal" "$1-shm"
 }
+
+# jp_daemon_toml DIR DB MIN_SECONDS BUDGET_S: DIR/daemon.toml for one `daemon --once` pass over DIR/policies into
+# DB, measuring at once (a second of idle is enough, other processes allowed) with no exporter.
+jp_daemon_toml() {
+  cat > "$1/daemon.toml" <<TOML
+db = "$2"
+policies = ["$1/policies"]
+lock_dir = "$1/locks"
+[idle]
+min_idle_s = 1.0
+allow_other_processes = true
+poll_s = 0.5
+[bench]
+min_seconds = $3
+budget_s = $4
+[exporter]
+enabled = false
+TOML
+}

@@ -46,20 +46,7 @@ batch_sizes = $(toml_list "$batches")
 [model_options]
 $options
 TOML
-cat > "$dir/daemon.toml" <<TOML
-db = "$dir/daemon.db"
-policies = ["$dir/policies"]
-lock_dir = "$dir/locks"
-[idle]
-min_idle_s = 1.0
-allow_other_processes = true
-poll_s = 0.5
-[bench]
-min_seconds = 2.0
-budget_s = 240.0
-[exporter]
-enabled = false
-TOML
+jp_daemon_toml "$dir" "$dir/daemon.db" 2.0 240.0
 cat "$dir/policies/$name.toml"
 start=$(date +%s)
 timeout "${TIMEOUT_S:-480}" joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2>> "$dir/daemon.log"

@@ -60,20 +60,7 @@ max_rel_error = 2e-2
 strategy = "guided"
 $(cat "$dir/search.toml")
 TOML
-cat > "$dir/daemon.toml" <<TOML
-db = "$dir/guided.db"
-policies = ["$dir/policies"]
-lock_dir = "$dir/locks"
-[idle]
-min_idle_s = 1.0
-allow_other_processes = true
-poll_s = 0.5
-[bench]
-min_seconds = 3.0
-budget_s = 45.0
-[exporter]
-enabled = false
-TOML
+jp_daemon_toml "$dir" "$dir/guided.db" 3.0 45.0
 start=$(date +%s)
 timeout 540 joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
 echo "daemon rc $? in $(( $(date +%s) - start )) s" | tee -a "$dir/device.txt"
