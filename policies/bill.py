@@ -25,7 +25,8 @@ Payback: the saving per call is the baseline's median J per call less the applie
 both as the resolver counts runs (medians over counted repeats on the decision's device kind and
 torch; the baseline's over its runs metered like the applied configuration's when it has any, and a
 baseline metered otherwise gives no saving: two sources are not like for like). The baseline is what would run without tuning: stock `torch.compile` (mode default, fp32)
-when it is measured, else eager fp32. The search pays back after `search energy / saving` calls;
+when it is measured, else eager fp32, else (a policy that allows no fp32, such as a bf16 generation) eager in the
+applied configuration's precision. The search pays back after `search energy / saving` calls;
 where nothing is saved (the decision keeps the baseline, or costs more per call) it never pays back.
 With the batch-size lever (`policies.batches`) the search is every run of the policy's workload at each
 batch size of its grid, the baseline stays at the policy's batch size, and a decision at another batch
@@ -351,8 +352,13 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
     applied_j = _number((decision.measured or {}).get("energy_j_per_inference"))
     applied_source = (decision.measured or {}).get("energy_source")
     baseline: dict[str, Any] | None = None
-    for mode, label in BASELINES:
-        cfg = CompileConfig(mode=mode, precision="fp32", batch_size=batch)
+    precision = str(decision.config.get("precision") or "fp32")
+    # A policy that allows no fp32 measures no fp32 baseline: then eager in the applied configuration's precision.
+    baselines = [(mode, "fp32", label) for mode, label in BASELINES]
+    if precision != "fp32":
+        baselines.append(("eager", precision, f"eager {precision}"))
+    for mode, baseline_precision, label in baselines:
+        cfg = CompileConfig(mode=mode, precision=baseline_precision, batch_size=batch)
         j, count, source = _counted_median_j(ok_by_config.get(cfg.id, []), applied_source)
         if j is not None:
             baseline = {"kind": label, "config_id": cfg.id, "label": cfg.label, "energy_j_per_inference": j,
@@ -370,8 +376,9 @@ def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
         "payback_source": None,
     }
     if baseline is None:
+        also = f" nor eager {precision}" if precision != "fp32" else ""
         out["verdict"], out["why"] = UNKNOWN, ("no baseline is measured: neither stock compile default fp32 nor "
-                                               f"eager fp32 has an ok run on {decision.device_kind}")
+                                               f"eager fp32{also} has an ok run on {decision.device_kind}")
     elif applied_j is None:
         out["verdict"], out["why"] = UNKNOWN, f"the applied configuration {decision.label} is not measured"
     elif baseline["source"] != applied_source:

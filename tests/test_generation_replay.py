@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from joulepilot.policies import resolve, validate
+from joulepilot.policies.bill import tuning_bill
 from joulepilot.store import import_runs, list_runs, read_export
 
 DATA = Path(__file__).parent / "data" / "generation"
@@ -69,3 +70,15 @@ def test_without_the_envelope_reduce_overhead_at_batch_8_is_chosen(h200):
     assert decision.state == "provisional" and "1 of the 3 runs" in decision.reason
     eager_b8 = next(c for c in decision.candidates if c.label == "eager/bf16/b8")
     assert chosen.figures["energy_j_per_token"] < 0.5 * eager_b8.figures["energy_j_per_token"]
+
+
+def test_the_bill_of_a_bf16_generation_policy_pays_back_against_eager_bf16(h200):
+    # The policy allows no fp32, so neither fp32 baseline is measured: the payback is counted against eager bf16 at
+    # the policy's batch size, for as many sequences as one call of the decided batch of 8.
+    decision = resolve(_policy(max_avg_power_w=200), h200, "NVIDIA H200", torch_version="2.11")
+    bill = tuning_bill(h200, decision)
+    assert bill["baseline"]["kind"] == "eager bf16 at batch 1, for 8 samples" and bill["verdict"] == "pays_back"
+    eager_b1 = next(c for c in decision.candidates if c.label == "eager/bf16/b1")
+    saving = 8 * eager_b1.figures["energy_j_per_inference"] - decision.measured["energy_j_per_inference"]
+    assert bill["saving_j_per_inference"] == pytest.approx(saving)
+    assert "against eager bf16 at batch 1, for 8 samples (nvml)" in bill["text"]
