@@ -147,8 +147,13 @@ def test_a_contender_whose_repeats_keep_failing_stops_and_the_decision_stays_pro
     assert chosen in repeated
     for label, its_runs in runs.items():
         failed = [r for r in its_runs if r["status"] != "ok"]
-        assert len(failed) == repeated.count(label) == (stop_after if label in repeated else 0), label
         assert len(its_runs) == 1 + len(failed)
+        if label not in repeated and json_object(its_runs[0]["extra"]).get("window_warning"):
+            # A loaded machine flagged its one run "repeat this run": it does not count, so the pass measures the
+            # configuration again as a job of its own (not a repeat), whose worker fails too.
+            assert failed, label
+            continue
+        assert len(failed) == repeated.count(label) == (stop_after if label in repeated else 0), label
     decision = _decision(db)
     assert decision.state == "provisional" and decision.details["config"]["label"] == chosen
     why = f"its job failed {max_attempts} times" if max_attempts < MAX_REPEATS else \
