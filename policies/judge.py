@@ -38,9 +38,9 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
     - `close call`: the intervals overlap and the chosen one could still be worse by more than the
       tolerance: more runs may change the answer, so the search and the daemon measure again, while more
       runs can still settle it (`settleable`): once both sides have measured intervals (`noise.MIN_REPEATS`
-      runs each), a close call whose intervals, narrowed as the square root of the runs to `max_repeats` runs
-      each, would still leave more than the tolerance is beyond what the cap of runs can settle, and the
-      lower median stands without more runs (the reason says so).
+      runs each), a close call whose intervals, narrowed to `max_repeats` runs each (as the square root of the
+      runs and their t-quantile's fall), would still leave more than the tolerance is beyond what the cap of
+      runs can settle: the lower median stands without more runs (the reason says so).
 * **The infeasible pick**: when nothing meets every limit, the lowest-power configuration that meets the
   limits other than power (by the upper end of its average power's interval) is applied, state
   `infeasible`, with the shortfall; never the highest-power fallback.
@@ -392,6 +392,7 @@ class Standing:
     diff_rel: float
     plus_minus_rel: float
     separated: bool  # the rival's interval starts more than the tolerance above the chosen one's end
+    facing_rel: tuple[float, float] = (0.0, 0.0)  # the chosen one's and the rival's facing half-intervals
 
 
 def standing(chosen: Verdict, rival: Verdict, tolerance: float) -> Standing:
@@ -402,14 +403,15 @@ def standing(chosen: Verdict, rival: Verdict, tolerance: float) -> Standing:
     base = abs(b.median) or 1.0
     diff = (b.median - a.median) / base
     facing = (a.high - a.median, b.median - b.low) if diff >= 0 else (a.median - a.low, b.high - b.median)
-    plus_minus = math.hypot(*facing) / base
+    facing_rel = (facing[0] / base, facing[1] / base)
+    plus_minus = math.hypot(*facing_rel)
     if diff >= 0 and not a.overlaps(b):
         kind = BEATEN
     elif plus_minus - diff <= tolerance:  # the chosen one is worse by at most this much
         kind = WITHIN_TOLERANCE
     else:
         kind = CLOSE_CALL
-    return Standing(rival, kind, diff, plus_minus, separated=diff - plus_minus > tolerance)
+    return Standing(rival, kind, diff, plus_minus, separated=diff - plus_minus > tolerance, facing_rel=facing_rel)
 
 
 @dataclass
@@ -435,6 +437,11 @@ class Judgement:
     @property
     def close_calls(self) -> list[Standing]:
         return [s for s in self.standings if s.kind == CLOSE_CALL]
+
+    @property
+    def open_close_calls(self) -> list[Standing]:
+        """The close calls that more runs can still settle (`settleable`): those worth measuring again."""
+        return [s for s in self.close_calls if self.chosen is not None and settleable(s, self.chosen, self.rules)]
 
     @property
     def contenders(self) -> list[Verdict]:
@@ -713,7 +720,7 @@ def _explain(out: Judgement) -> None:
             parts.append(f"{chosen.label} ties with {best.label} (lowest median {text} {fmt(best.objective.median)})"
                          f" within the noise and wins the tie-break on {tie_text(out.criterion, chosen, best)}")
         settled = [s for s in out.standings if s.kind == WITHIN_TOLERANCE and s.rival in out.ties]
-        live = [s for s in out.close_calls if settleable(s, chosen, rules)]
+        live = out.open_close_calls
         beyond = [s for s in out.close_calls if s not in live]
         if live:
             parts.append(f"{', '.join(s.rival.label for s in live)} could still beat it by more than the "
@@ -845,9 +852,8 @@ def settleable(s: Standing, chosen: Verdict, rules: Rules) -> bool:
         cap = max(rules.max_repeats, n)
         return math.sqrt(n / cap) * t_quantile(quantile, cap - 1) / t_quantile(quantile, n - 1)
 
-    facing = (a.high - a.median, b.median - b.low) if s.diff_rel >= 0 else (a.median - a.low, b.high - b.median)
-    at_cap = math.hypot(facing[0] * narrowed(a.n), facing[1] * narrowed(b.n))
-    return at_cap / (abs(b.median) or 1.0) - s.diff_rel <= rules.tolerance
+    at_cap = math.hypot(s.facing_rel[0] * narrowed(a.n), s.facing_rel[1] * narrowed(b.n))
+    return at_cap - s.diff_rel <= rules.tolerance
 
 
 def repeats(out: Judgement) -> list[Wanted]:
@@ -871,7 +877,7 @@ def repeats(out: Judgement) -> list[Wanted]:
         # Only those that could beat the chosen one by more than the tolerance are worth another run.
         hopeful = [v for v in [*out.flagged_better, *unverified]
                    if v.objective is not None and standing(chosen, v, rules.tolerance).kind == CLOSE_CALL]
-        live = [s for s in out.close_calls if settleable(s, chosen, rules)]
+        live = out.open_close_calls
         close = bool(live)
         order = [(v, v is not chosen or close) for v in sorted(
             {v.config_id: v for v in [chosen, *[s.rival for s in live], *hopeful]}.values(),
