@@ -88,13 +88,40 @@ rest3() { table 3 "$dir/lane3" qwen2 8 "compiled-dynamic-cache,max-autotune" bf1
 rest0_of2() { table 0 "$dir/lane0" llama 32 "$BIG" bf16; table 0 "$dir/lane0" llama 8 "$FP16" fp16
               gpu_tests 0 "$dir/lane0"; }
 rest1_of2() { table 1 "$dir/lane1" qwen2 32 "$BIG" bf16; table 1 "$dir/lane1" qwen2 8 "$FP16" fp16; }
+# PLAN=final, four GPUs: what the issue's table still lacks (batch 32 in both precisions; batch 8 in fp16, and
+# max-autotune-no-cudagraphs and the compiled dynamic cache in bf16), on lanes 0, 1 and 3; beside them, for the
+# judge's issue, a new 20-configuration forward-pass grid (torchvision convnext_tiny, batch 32: eager, default and
+# reduce-overhead x fp32, tf32, bf16 and fp16, no-epilogue-fusion in both compiled modes) on lane 2, and the
+# daemon's guided pass over the same search space, from a store without that model, on lane 3 (both at once).
+CORE="eager,default,reduce-overhead,max-autotune-no-cudagraphs,compiled-dynamic-cache"
+GRID_ENV="MODES=eager,default,reduce-overhead PRECISIONS=fp32,tf32,bf16,fp16 FUSIONS=default,no-epilogue-fusion"
+grid_step() {
+  local left; left=$(( (deadline - $(date +%s)) / 60 - 2 ))
+  OUT="$2" CUDA_VISIBLE_DEVICES=$1 benchmarks/device_sweep.sh convnext_grid convnext "$left" "" \
+    --modes eager,default,reduce-overhead --precisions fp32,tf32,bf16,fp16 --fusions default,no-epilogue-fusion \
+    --fusion-modes default,reduce-overhead > "$2/grid_step.log" 2>&1
+  tail -n 3 "$2/grid_step.log"
+}
+guided_step() {
+  env $GRID_ENV OUT="$2" CUDA_VISIBLE_DEVICES=$1 JOULEPILOT_HOME=/tmp/jphome$1g \
+    benchmarks/guided_daemon_gpu.sh guided_convnext - torchvision:convnext_tiny 32 - > "$2/guided_step.log" 2>&1
+  tail -n 4 "$2/guided_step.log"
+}
+final0() { table 0 "$dir/lane0" llama 32 "$CORE" bf16; table 0 "$dir/lane0" llama 32 "$FP16" fp16
+           table 0 "$dir/lane0" qwen2 8 compiled-dynamic-cache bf16; }
+final1() { table 1 "$dir/lane1" qwen2 32 "$CORE" bf16; table 1 "$dir/lane1" qwen2 32 "$FP16" fp16
+           table 1 "$dir/lane1" llama 8 "max-autotune-no-cudagraphs,compiled-dynamic-cache" bf16; }
+final2() { grid_step 2 "$dir/lane2"; gpu_tests 2 "$dir/lane2"; }
+final3() { guided_step 3 "$dir/lane3"; table 3 "$dir/lane3" llama 8 "$FP16" fp16
+           table 3 "$dir/lane3" qwen2 8 "$FP16" fp16; }
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 case "${PLAN:-all}/$([ "$gpus" -ge 4 ] && echo 4 || echo 2)" in
   all/4) lane 0 lane0 & lane 1 lane1 & lane 2 lane2 & lane 3 lane3 & ;;
   all/2) lane 0 lane0_of2 & lane 1 lane1_of2 & ;;
   rest/4) lane 0 rest0 & lane 1 rest1 & lane 2 rest2 & lane 3 rest3 & ;;
   rest/2) lane 0 rest0_of2 & lane 1 rest1_of2 & ;;
-  *) echo "PLAN must be all or rest, not ${PLAN}" >&2; exit 2 ;;
+  final/4) lane 0 final0 & lane 1 final1 & lane 2 final2 & lane 3 final3 & ;;
+  *) echo "PLAN must be all, rest or final (final on four GPUs), not ${PLAN}" >&2; exit 2 ;;
 esac
 wait
 echo "all lanes done $(date -u +%T)" >> "$dir/device.txt"
