@@ -1,5 +1,5 @@
 """The judge on recorded generation runs: the H200 runs of `benchmarks/generation_energy.py` and of the daemon's
-guided pass (tests/data/generation/, sessions 13 and 15, torch 2.11) decided again from a real SQLite store, for
+guided pass (tests/data/generation/, sessions 13, 15 and 16, torch 2.11) decided again from a real SQLite store, for
 the policy the daemon ran (llama at prompt 512 / 256 new tokens, bf16, eager/default/reduce-overhead, batch 1 or
 8), with its 200 W envelope and without it."""
 
@@ -36,11 +36,12 @@ def _policy(**limits):
 
 
 def _medians(db):
-    """label -> (median J/token, highest average power of a run, runs) of the policy's configurations in the store."""
+    """label -> (median J/token, highest average power of a run, runs) of the policy's configurations in the store
+    (the data also holds batch 32, which the policy's `batch_sizes` leave out)."""
     by_label: dict[str, list[tuple[float, float]]] = {}
     for run in list_runs(db, status="ok"):
         if run["workload"] == "transformers:LlamaConfig" and run["precision"] == "bf16" and not run["dynamic"] \
-                and run["mode"] in ("eager", "default", "reduce-overhead"):
+                and run["mode"] in ("eager", "default", "reduce-overhead") and run["batch_size"] in (1, 8):
             by_label.setdefault(run["config_label"], []).append((run["energy_j_per_token"], run["avg_power_w"]))
     return {label: (statistics.median(j for j, _ in v), max(w for _, w in v), len(v)) for label, v in by_label.items()}
 
