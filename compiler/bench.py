@@ -321,12 +321,18 @@ def further_window_rows(row: dict[str, Any], further: list[dict[str, Any]]
     return rows  # type: ignore[return-value]
 
 
-def describes_now(device: str, config: CompileConfig, a_later_job_compiles: bool) -> bool:
+def describes_now(device: str, config: CompileConfig, a_later_job_compiles: bool, *,
+                  next_job_planned_from_it: bool = False) -> bool:
     """Whether a job of a workload that still needs its description should take it. On a GPU the first job
     that compiles does, where one is to come: describing (FLOP count, graph capture) imports Dynamo, which
     the zygote there imports only after forking a first job that does not compile (the eager baseline), so
-    that job does not wait for the import. Elsewhere, or when no job compiles, the first job does."""
-    return config.compiles or not str(device).startswith("cuda") or not a_later_job_compiles
+    that job does not wait for the import. Elsewhere, or when no job compiles, the first job does. So does the
+    first job whose result the next job is chosen from (`next_job_planned_from_it`: a guided search's
+    baseline), since the trade-off model predicts from the description: without it the pick after the
+    baseline rests on a workload with no size, FLOPs or graph (on an H200 it predicted 0.28 J and 7 s for a
+    configuration that took 1.23 J and 26 s, and measured that one first, three windows)."""
+    return (next_job_planned_from_it or config.compiles or not str(device).startswith("cuda")
+            or not a_later_job_compiles)
 
 
 def further_span_s(further: list[tuple[dict[str, Any], Any]]) -> float:

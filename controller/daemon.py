@@ -820,7 +820,8 @@ class Daemon:
         # One worker describes a workload (FLOPs through torch.export, once): not two at the same time.
         describes = (workload_needs_description(self.db, job.workload_id)
                      and not any(r.describes and r.job.workload_id == job.workload_id for r in running)
-                     and describes_now(device, cfg, any(mode != "eager" for mode in policy.search.modes)))
+                     and describes_now(device, cfg, any(mode != "eager" for mode in policy.search.modes),
+                                       next_job_planned_from_it=policy.search.strategy == "guided"))
         with self._jobs_lock:
             self._jobs_view[job.id] = {"id": job.id, "policy": policy.name, "workload": policy.workload,
                                        "config": cfg.label, "device": device, "started_at": time.time()}
