@@ -1,12 +1,15 @@
 """Issue 27's CPU acceptance with the built-in tiny-llama, through the commands and the hook a user runs: bench a
 generation, decide its policy (explain: J/token, TPOT, TTFT), the daemon measuring a generation policy, the hook's
 `generate` applying the decision, a metered deployment and its report in J per token. Real workers; the run of a
-compiled (static-cache) configuration is a real Inductor compile, marked slow."""
+compiled (static-cache) configuration is a real Inductor compile, marked slow. One `bench` of eager and the
+static-cache compile (`benched`) serves both the eager test and the compiled one: each works on a copy of its
+JOULEPILOT_HOME (the store, and the compile artifacts the hook warm-starts from)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import statistics
 from pathlib import Path
 
@@ -63,6 +66,25 @@ def _bench(db: Path, modes: str) -> tuple[dict[str, dict], set[str]]:
     return printed, flagged
 
 
+@pytest.fixture(scope="module")
+def benched(tmp_path_factory) -> tuple[Path, dict[str, dict], set[str]]:
+    """One bench of eager and default (the static-cache compile) into a home of its own: (that home, whose
+    jp.db has the runs, {label: the run --json printed}, the labels whose every run is flagged)."""
+    home = tmp_path_factory.mktemp("generation-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JOULEPILOT_HOME", str(home))
+        runs, flagged = _bench(home / "jp.db", "eager,default")
+    return home, runs, flagged
+
+
+def _own_copy(benched: tuple[Path, dict[str, dict], set[str]], tmp_path: Path, monkeypatch) -> Path:
+    """A copy of the benched home for this test alone, as its JOULEPILOT_HOME: its store's path."""
+    home = tmp_path / "home"
+    shutil.copytree(benched[0], home)
+    monkeypatch.setenv("JOULEPILOT_HOME", str(home))
+    return home / "jp.db"
+
+
 def _serve_and_report(policy: Path, db: Path, label: str) -> None:
     """The hook on a fresh model, five metered generate calls, and the deployment's report in J per token."""
     workload = load_workload("tiny-llama", BATCH, generation=Generation(PROMPT, NEW),
@@ -83,9 +105,9 @@ def _serve_and_report(policy: Path, db: Path, label: str) -> None:
     assert "| energy per generated token |" in report.stdout and "(ESTIMATE, not measured)" in report.stdout
 
 
-def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(tmp_path):
-    db = tmp_path / "jp.db"
-    _, flagged = _bench(db, "eager")
+def test_bench_decide_apply_meter_and_report_a_generation_on_the_cpu(benched, tmp_path, monkeypatch):
+    db = _own_copy(benched, tmp_path, monkeypatch)
+    flagged = benched[2] & {"eager/fp32/b2"}
     policy = _policy(tmp_path)
     explained = CliRunner().invoke(main, ["policy", "explain", str(policy), "--db", str(db), "--json"])
     assert explained.exit_code == 0, explained.output
@@ -134,9 +156,9 @@ def test_the_daemon_measures_a_generation_policy(tmp_path, restore_logging):
 
 
 @pytest.mark.slow
-def test_the_hook_applies_a_decided_static_cache_compile(tmp_path):
-    db = tmp_path / "jp.db"
-    runs, flagged = _bench(db, "eager,default")
+def test_the_hook_applies_a_decided_static_cache_compile(benched, tmp_path, monkeypatch):
+    db = _own_copy(benched, tmp_path, monkeypatch)
+    _, runs, flagged = benched
     assert sorted(runs) == ["default/static-cache/fp32/b2", "eager/fp32/b2"]
     compiled = runs["default/static-cache/fp32/b2"]
     assert compiled["cache"] == "static" and compiled["compile_prefill"] is False
