@@ -52,6 +52,7 @@ from .inductor import checked_config, effective_key
 from .measure import add_flag, far_slower
 from .options import FUSION_PRESETS, MODES, ConfigError, check_regional
 from .provenance import cpu_name, provenance
+from .remote_cache import recorded_variables
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job, start_zygote_early
 from .shape_set import ShapeSet
 from .warmstart import precompile_opted_in
@@ -522,7 +523,7 @@ def measure_config(
     row["extra"]["idle_s"] = context.idle_s
     row["extra"]["idle_from"] = context.idle_from
     row["extra"]["budget"] = budget.to_dict()
-    row["extra"]["worker_env"] = env
+    row["extra"]["worker_env"] = recorded_variables(env)
     row["extra"]["job_wall_s"] = time.monotonic() - job_started
     more = further_window_rows(row, further) if row["status"] == "ok" else []
     return MeasuredRun(config, wid, row["status"], row.get("reason"), row, samples, workload, context.devices,

@@ -53,12 +53,16 @@ def compile_threads(concurrent: int, cores: int | None = None) -> int:
     return max(1, cores // max(1, concurrent))
 
 
-def worker_env(concurrent: int) -> dict[str, str]:
-    """Variables for a worker that runs beside `concurrent - 1` others: the GPU numbering, and with others
-    beside it, its share of the compile threads."""
+def worker_env(concurrent: int, remote_cache_url: str | None = None) -> dict[str, str]:
+    """Variables for a worker that runs beside `concurrent - 1` others: the GPU numbering, with others beside
+    it its share of the compile threads, and the remote compile caches in `remote_cache_url` (a daemon
+    config's), else in `JOULEPILOT_REDIS_URL`, when that server answers (`remote_cache`)."""
+    from .remote_cache import configured_url, usable_variables
+
     env = {DEVICE_ORDER_ENV: "PCI_BUS_ID"}
     if concurrent > 1 and not os.environ.get(COMPILE_THREADS_ENV):
         env[COMPILE_THREADS_ENV] = str(compile_threads(concurrent))
+    env.update(usable_variables(configured_url(remote_cache_url)))
     return env
 
 

@@ -628,7 +628,7 @@ class Daemon:
         self.scheduler = scheduler
         if self.stop_event.is_set():
             scheduler.cancel_all(self.stop_reason or "stopped")
-        env = worker_env(scheduler.concurrent)
+        env = worker_env(scheduler.concurrent, self.cfg.compile_cache.redis_url or None)
         wait_s = max(self.cfg.interval_s, self.cfg.idle.min_idle_s + self.cfg.idle.poll_s)
         plan_guided = True  # the guided searches may have a next measurement (again after each job's end)
         last_workload: dict[str, str] = {}  # each device's latest workload, whose zygote is up there
@@ -1150,7 +1150,7 @@ class Daemon:
         tracker = self._tracker(device)
         bench_cfg = self.cfg.bench
         zygotes = self._zygotes
-        env = worker_env(1)
+        env = worker_env(1, self.cfg.compile_cache.redis_url or None)
         for role, candidate in warm_start_candidates(decision):
             artifacts, timed = run_warm_start_state(self.db, candidate.run_id)
             if not artifacts or timed is not None or not Path(artifacts).is_file():

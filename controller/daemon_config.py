@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from joulepilot.compiler.remote_cache import RemoteCacheError, check_url, redacted
 from joulepilot.policies.lock import default_lock_dir
 from joulepilot.store.db import default_db_path, default_home
 from joulepilot.store.safeio import QUOTE_CHARS, FileRefused, file_kind, read_regular_file, shorten
@@ -54,6 +55,13 @@ class ExporterConfig:
 
 
 @dataclass(frozen=True)
+class CompileCacheConfig:
+    # Inductor's remote compile caches in this Redis server, shared by the hosts of a fleet (keep a password
+    # in this file only when only the daemon's user can read it, or in JOULEPILOT_REDIS_URL); "" = none.
+    redis_url: str = ""
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     db: Path = field(default_factory=default_db_path)
     policies: tuple[Path, ...] = field(default_factory=lambda: (default_home() / "policies",))
@@ -66,6 +74,7 @@ class DaemonConfig:
     idle: IdleConfig = field(default_factory=IdleConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
+    compile_cache: CompileCacheConfig = field(default_factory=CompileCacheConfig)
     source: Path | None = None  # the file it was read from, None for defaults
     # True when the file or --policies named the folders (one that is missing is an error); False for the
     # default folder, which a new install does not have yet (no policies, with a notice).
@@ -94,12 +103,14 @@ class DaemonConfig:
             "idle": vars(self.idle).copy(),
             "bench": vars(self.bench).copy(),
             "exporter": vars(self.exporter).copy(),
+            "compile_cache": {"redis_url": redacted(self.compile_cache.redis_url)},
             "source": str(self.source) if self.source else None,
         }
 
 
-_TOP = {"db", "policies", "lock_dir", "interval_s", "max_decision_age_s", "devices", "log_level", "idle", "bench", "exporter"}
-_SECTIONS = {"idle": IdleConfig, "bench": BenchConfig, "exporter": ExporterConfig}
+_TOP = {"db", "policies", "lock_dir", "interval_s", "max_decision_age_s", "devices", "log_level", "idle", "bench", "exporter",
+        "compile_cache"}
+_SECTIONS = {"idle": IdleConfig, "bench": BenchConfig, "exporter": ExporterConfig, "compile_cache": CompileCacheConfig}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Every number's range, inclusive, and its unit: finite, and within what the daemon can use (a pass at least
 # daily, a poll that cannot spin, bench's own floor for the timed window). The README's table lists them.
@@ -242,6 +253,11 @@ def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> Dae
     for name, cls in _SECTIONS.items():
         if name in data:
             kwargs[name] = _section(where, name, cls, data[name])
+    if "compile_cache" in kwargs and kwargs["compile_cache"].redis_url:
+        try:
+            check_url(kwargs["compile_cache"].redis_url, f"{where}: compile_cache.redis_url")
+        except RemoteCacheError as exc:
+            raise DaemonConfigError(str(exc)) from None
     return DaemonConfig(**kwargs)
 
 

@@ -1,0 +1,117 @@
+"""Inductor's remote compile caches in a fleet's Redis (`compiler.remote_cache`): the URL's checks, a server that
+does not answer, the daemon config's `[compile_cache]`, and, against a real redis-server (`servers.py`), a second
+host compiling a configuration from what the first one compiled."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import pytest
+import servers
+from joulepilot.compiler import CompileConfig, bench, remote_cache
+from joulepilot.compiler.device_pool import worker_env
+from joulepilot.controller.daemon_config import DaemonConfigError, load_daemon_config
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    server = servers.start_redis()
+    yield server
+    servers.stop(server)
+
+
+@pytest.fixture(autouse=True)
+def fresh_reachability(monkeypatch):
+    monkeypatch.setattr(remote_cache, "_reachable_at", {})
+    monkeypatch.delenv(remote_cache.URL_ENV, raising=False)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("http://cache:6379", "scheme 'http', not one of redis, rediss, unix"),
+    ("redis://:6379/0", "names no host"),
+    ("unix://", "names no socket path"),
+    ("redis://cache:0/0", "has port 0"),
+    ("redis://cache:99999/0", "is not a URL"),
+    (" ", "a Redis URL is empty"),
+])
+def test_a_bad_url_is_one_line_naming_where_and_the_fix(monkeypatch, url, says):
+    monkeypatch.setenv(remote_cache.URL_ENV, url)
+    with pytest.raises(remote_cache.RemoteCacheError) as caught:
+        remote_cache.configured_url()
+    message = str(caught.value)
+    assert message.startswith("JOULEPILOT_REDIS_URL: ") and says in message and "\n" not in message
+    assert "write redis://HOST:PORT/DB" in message
+
+
+def test_a_password_never_reaches_a_message_or_a_run():
+    url = "redis://fleet:s3cret@cache.example:6380/2"
+    assert remote_cache.redacted(url) == "redis://fleet:***@cache.example:6380/2"
+    assert remote_cache.check_url(url, "x") == url
+    with pytest.raises(remote_cache.RemoteCacheError) as caught:
+        remote_cache.check_url("http://fleet:s3cret@cache", "x")
+    assert "s3cret" not in str(caught.value)
+    recorded = remote_cache.recorded_variables(remote_cache.worker_variables(url))
+    assert recorded[remote_cache.TORCH_URL] == "redis://fleet:***@cache.example:6380/2"
+    assert all(recorded[name] == "1" for name in remote_cache.TORCH_SWITCHES)
+
+
+def test_without_a_url_nothing_changes():
+    assert remote_cache.configured_url() is None
+    assert not set(worker_env(1)) & {remote_cache.TORCH_URL, *remote_cache.TORCH_SWITCHES}
+
+
+def test_a_server_that_does_not_answer_is_one_warning_and_the_work_goes_on(caplog):
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    with caplog.at_level(logging.WARNING, logger="joulepilot.compiler"):
+        first, second = worker_env(1, url), worker_env(2, url)
+    assert remote_cache.TORCH_URL not in first and remote_cache.TORCH_URL not in second
+    warnings = [r.getMessage() for r in caplog.records if r.name == "joulepilot.compiler"]
+    assert len(warnings) == 1, warnings  # said once, not at every job
+    assert warnings[0].startswith(f"Redis at {url} did not answer (") and "without the remote cache" in warnings[0]
+
+
+def test_the_daemon_config_takes_a_compile_cache_and_names_a_bad_one(tmp_path):
+    path = tmp_path / "daemon.toml"
+    path.write_text('[compile_cache]\nredis_url = "redis://:pw@10.0.0.5:6379/1"\n')
+    cfg = load_daemon_config(path)
+    assert cfg.compile_cache.redis_url == "redis://:pw@10.0.0.5:6379/1"
+    assert cfg.to_dict()["compile_cache"] == {"redis_url": "redis://:***@10.0.0.5:6379/1"}
+    assert load_daemon_config(None).compile_cache.redis_url == ""
+    path.write_text('[compile_cache]\nredis_url = "10.0.0.5:6379"\n')
+    with pytest.raises(DaemonConfigError) as caught:
+        load_daemon_config(path)
+    assert str(caught.value).startswith(f"{path.resolve()}: compile_cache.redis_url: '10.0.0.5:6379' is not a Redis URL")
+    path.write_text('[compile_cache]\nredis = "redis://cache:6379"\n')
+    with pytest.raises(DaemonConfigError, match="redis_url"):
+        load_daemon_config(path)
+
+
+def test_a_second_host_compiles_from_what_the_first_one_compiled(redis_server, tmp_path, monkeypatch, own_tmpdir):
+    """Two `bench` processes with homes of their own (two hosts: nothing local in common, and each worker gets
+    fresh local cache folders anyway) and the fleet's Redis: the first misses and fills the server, the second
+    hits Inductor's FX-graph and AOTAutograd caches there; neither run stores the password."""
+    monkeypatch.setenv(remote_cache.URL_ENV, redis_server.url)
+    config = CompileConfig(mode="default")
+    runs = []
+    for host in ("a", "b"):
+        (tmp_path / host).mkdir()
+        monkeypatch.setenv("JOULEPILOT_HOME", str(tmp_path / host))
+        [run] = bench("mlp", [config], device="cpu", min_seconds=0.1, db=tmp_path / host / "j.db")
+        assert run["status"] == "ok", run.get("reason")
+        runs.append(run)
+        if host == "a":
+            assert redis_server.client().dbsize() > 0
+    first, second = (r["extra"] if isinstance(r["extra"], dict) else json.loads(r["extra"]) for r in runs)
+    assert first["compile_caches"].get("fxgraph_cache_miss") == 1 and "fxgraph_cache_hit" not in first["compile_caches"]
+    assert second["compile_caches"].get("fxgraph_cache_hit") == 1 and second["compile_caches"].get("autograd_cache_hit")
+    for extra in (first, second):
+        assert extra["worker_env"][remote_cache.TORCH_URL] == redis_server.url.replace(redis_server.password, "***")
+    assert redis_server.password not in json.dumps(runs, default=str)
