@@ -128,3 +128,20 @@ def usable_variables(url: str | None) -> dict[str, str]:
             log.warning("Redis at %s answers again; compiling with the remote cache", redacted(url))
         _reachable_at[url] = checked = (now, problem)
     return {} if checked[1] else worker_variables(url)
+
+
+def use_in_this_process(url: str | None) -> bool:
+    """Compile in this process with the remote caches in `url` (a serving process's `joulepilot.compile`: its
+    torch is already imported, so its settings are set rather than its environment); True when they are on. A
+    server that does not answer leaves them as they were (one warning, as for a worker)."""
+    variables = usable_variables(url)
+    if not variables:
+        return False
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    os.environ[TORCH_URL] = variables[TORCH_URL]  # torch's Redis client reads it when it first connects
+    inductor_config.fx_graph_remote_cache = True
+    inductor_config.autotune_remote_cache = True
+    functorch_config.enable_remote_autograd_cache = True
+    return True

@@ -61,6 +61,7 @@ from joulepilot.compiler import (
 from joulepilot.compiler.generation import GenerationError, has_generate, prepare_generation
 from joulepilot.compiler.inductor import inductor_options, torch_compile_kwargs
 from joulepilot.compiler.provenance import device_name
+from joulepilot.compiler.remote_cache import RemoteCacheError, configured_url, use_in_this_process
 from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
@@ -272,6 +273,18 @@ def _apply(config: CompileConfig, model: Any, device: str, user_kwargs: dict[str
                         precompile=precompile)
 
 
+def _use_fleet_cache() -> None:
+    """With `JOULEPILOT_REDIS_URL` set, compile from (and into) the fleet's remote caches, as the daemon's workers
+    do (`compiler.remote_cache`); a bad URL or a server that does not answer is a warning, never an error here."""
+    try:
+        use_in_this_process(configured_url())
+    except RemoteCacheError as exc:
+        _warn_once(("fleet-cache", str(exc)), f"{exc}; compiling without the fleet's cache")
+    except Exception as exc:  # noqa: BLE001 - a cache must not stop a model from being served
+        _warn_once(("fleet-cache", type(exc).__name__), f"the fleet's compile cache could not be used ({exc}); "
+                   "compiling without it")
+
+
 def use_precompiled_frames(loaded: ArtifactsInfo | None, torch_compile_kwargs: dict[str, Any]) -> bool:
     """Whether to install Dynamo's precompiled frames at torch.compile: only when $JOULEPILOT_PRECOMPILE opts
     in (precompile is experimental and off by default) and the artifacts carry them; they were compiled with
@@ -357,6 +370,8 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
                    "joulepilot.compile does not pad: pad your inputs to those sizes, or the model recompiles "
                    "for each new size")
     measured_under = _note_batch_size(pol, applied, config)
+    if config.compiles:
+        _use_fleet_cache()
     fallback = None
     if pol.generates:  # warm starts of a generation are not saved yet: it compiles at its first decode step
         try:

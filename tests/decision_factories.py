@@ -131,8 +131,11 @@ with warnings.catch_warnings(record=True) as caught:
     served = joulepilot.compile(model, policy=policy, db=db)
     served(torch.randn(8, 16))
 d = served.decision
+from torch._dynamo.utils import counters
+caches = {k: v for part in ("inductor", "aot_autograd") for k, v in counters[part].items() if "cache" in k}
 print(json.dumps({"label": d.config.get("label"), "state": d.state, "source": d.source, "reason": d.reason,
-                  "warnings": [str(w.message) for w in caught if "joulepilot" in str(w.message)]}))
+                  "warnings": [str(w.message) for w in caught if "joulepilot" in str(w.message)],
+                  "compile_caches": caches}))
 """
 
 

@@ -115,3 +115,31 @@ def test_a_second_host_compiles_from_what_the_first_one_compiled(redis_server, t
     for extra in (first, second):
         assert extra["worker_env"][remote_cache.TORCH_URL] == redis_server.url.replace(redis_server.password, "***")
     assert redis_server.password not in json.dumps(runs, default=str)
+
+
+def test_a_serving_process_compiles_the_decision_from_the_fleets_cache(redis_server, tmp_path, monkeypatch):
+    """`joulepilot.compile` in two fresh processes with local cache folders of their own, `JOULEPILOT_REDIS_URL`
+    set: the first compiles the decided configuration into the fleet's Redis, the second from it."""
+    from decision_factories import hook_in_new_process, seed_runs, write_policy
+    from joulepilot.policies import load_policy, record_decision, resolve
+    from joulepilot.store import open_db
+
+    database = open_db(tmp_path / "j.db")
+    try:
+        policy = write_policy(tmp_path / "policies")
+        seed_runs(database, {("default", "fp32"): {"energy_j_per_inference": 0.01, "avg_power_w": 0.2},
+                             ("eager", "fp32"): {"energy_j_per_inference": 0.02, "avg_power_w": 0.3}})
+        record_decision(database, resolve(load_policy(policy), database, "cpu"))
+    finally:
+        database.close()
+    redis_server.client().flushdb()
+    served = []
+    for host in ("a", "b"):
+        served.append(hook_in_new_process(policy, tmp_path / "j.db", env={
+            remote_cache.URL_ENV: redis_server.url, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{host}")}))
+        if host == "a":
+            assert redis_server.client().dbsize() > 0
+    assert [s["label"] for s in served] == ["default/fp32/b8"] * 2 and not any(s["warnings"] for s in served)
+    first, second = (s["compile_caches"] for s in served)
+    assert first.get("fxgraph_cache_miss") == 1 and "fxgraph_cache_hit" not in first
+    assert second.get("fxgraph_cache_hit") == 1 and second.get("autograd_cache_hit") == 1
