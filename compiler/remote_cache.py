@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .options import ConfigError
@@ -128,6 +129,16 @@ def usable_variables(url: str | None) -> dict[str, str]:
             log.warning("Redis at %s answers again; compiling with the remote cache", redacted(url))
         _reachable_at[url] = checked = (now, problem)
     return {} if checked[1] else worker_variables(url)
+
+
+def cache_state(url: str | None) -> dict[str, Any] | None:
+    """What `status` and the exporter say of the remote cache in `url`: {'url' (redacted), 'answers',
+    'problem'}, from the last check (made now when due); None without a URL."""
+    if not url:
+        return None
+    usable_variables(url)
+    problem = _reachable_at[url][1]
+    return {"url": redacted(url), "answers": problem is None, "problem": problem}
 
 
 def use_in_this_process(url: str | None) -> bool:

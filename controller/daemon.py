@@ -253,11 +253,20 @@ class Daemon:
         # `job`: the oldest running job (what `joulepilot status` shows as the current job); `jobs`: all of them
         detail = {"doing": doing, "hostname": self.host, "interval_s": self.cfg.interval_s,
                   "job": jobs[0] if jobs else None, "jobs": jobs, "last_pass": bounded_pass(self.last_pass),
-                  "config": str(self.config_path or ""), **extra}
+                  "config": str(self.config_path or ""), "compile_cache": self._compile_cache_state(), **extra}
         try:
             write_heartbeat(self.db, state, detail)
         except Exception as exc:  # a locked or full disk must not kill the loop; the next beat retries
             log.warning("heartbeat not written: %s", as_store_error(exc, self.cfg.db) or exc)
+
+    def _compile_cache_state(self) -> dict[str, Any] | None:
+        """The fleet's remote compile cache as the heartbeat records it (`status`, the exporter), or None."""
+        from joulepilot.compiler.remote_cache import RemoteCacheError, cache_state, configured_url
+
+        try:
+            return cache_state(configured_url(self.cfg.compile_cache.redis_url or None))
+        except RemoteCacheError as exc:  # JOULEPILOT_REDIS_URL changed under a running daemon
+            return {"url": None, "answers": False, "problem": str(exc)}
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def run(self, *, once: bool = False) -> DaemonResult:

@@ -25,6 +25,7 @@ Series (base units, Prometheus naming; the README's exporter table is the refere
   joulepilot_daemon_last_heartbeat_timestamp_seconds
   joulepilot_daemon_state{state}
   joulepilot_daemon_queue_jobs{state}
+  joulepilot_compile_cache_up
   joulepilot_exporter_scrape_error
 `gpu` and `UUID` are spelled as dcgm-exporter spells them, so the series join its DCGM_FI_* series.
 """
@@ -334,7 +335,13 @@ class JoulepilotCollector(Collector):
                                   labels=["state"])
         for s, n in queue_counts(db).items():
             queue.add_metric([s], n)
-        return [last, state, queue]
+        cache = GaugeMetricFamily("joulepilot_compile_cache_up",
+                                  "1 when the fleet's remote compile cache answered the daemon's last check, 0 when "
+                                  "not; absent without one")
+        state_of_cache = hb.detail.get("compile_cache") if hb is not None else None
+        if isinstance(state_of_cache, dict):
+            cache.add_metric([], 1.0 if state_of_cache.get("answers") else 0.0)
+        return [last, state, queue, cache]
 
 
 class Exporter:

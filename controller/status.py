@@ -51,6 +51,7 @@ def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next
         "last_heartbeat_at": hb.at if hb else None,
         "last_heartbeat_age_s": round(now - hb.at, 1) if hb else None,
         "interval_s": detail.get("interval_s"),
+        "compile_cache": detail.get("compile_cache"),
     }
     if hb and hb.state == "stopped" and not held:
         daemon["doing"] = detail.get("doing") or "stopped"

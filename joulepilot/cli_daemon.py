@@ -149,6 +149,10 @@ def status_command(db: str | None, as_json: bool) -> None:
         click.echo(f"last heartbeat: {_age(d['last_heartbeat_age_s'])} ago")
     if d["doing"]:
         click.echo(f"doing: {d['doing']}")
+    cache = d.get("compile_cache")
+    if d["alive"] and cache:
+        click.echo(f"compile cache: {cache.get('url')} answers" if cache.get("answers") else
+                   f"compile cache: {cache.get('problem')}; compiling without it")
     if d["alive"] and len(d["current_jobs"]) > 1:
         click.echo("running: " + "; ".join(f"job {j.get('id')} {j.get('policy')} {j.get('config')} on {j.get('device')}"
                                            for j in d["current_jobs"]))

@@ -21,7 +21,7 @@ DOCUMENTED = {
     "joulepilot_policy_latency_p95_seconds", "joulepilot_energy_joules_total", "joulepilot_inferences_total",
     "joulepilot_deployment_power_watts", "joulepilot_violations_total", "joulepilot_daemon_up",
     "joulepilot_daemon_last_heartbeat_timestamp_seconds", "joulepilot_daemon_state", "joulepilot_daemon_queue_jobs",
-    "joulepilot_exporter_scrape_error", *(GENERATION_SERIES := {"joulepilot_tokens_total",
+    "joulepilot_compile_cache_up", "joulepilot_exporter_scrape_error", *(GENERATION_SERIES := {"joulepilot_tokens_total",
                                                                 "joulepilot_policy_energy_joules_per_token"}),
 }
 
@@ -58,7 +58,8 @@ def populate(path):
     for i in range(3):
         enqueue_job(db, policy="mlp", workload_id="w-mlp", config_id=f"c{i}", provenance_key="k")
     claim_job(db, 1)
-    write_heartbeat(db, "sweeping", {"doing": "measuring"})
+    write_heartbeat(db, "sweeping", {"doing": "measuring", "compile_cache": {
+        "url": "redis://cache:6379/0", "answers": False, "problem": "Redis at redis://cache:6379/0 did not answer"}})
     hb_at = db.execute("SELECT at FROM heartbeats ORDER BY id DESC LIMIT 1").fetchone()[0]
     db.close()
     return {"decided_at": decided_at, "heartbeat_at": hb_at, "run_id": newer, "label": cfg.label}
@@ -129,6 +130,7 @@ def test_metrics_hold_every_documented_series_with_db_values(exporter):
     assert value(families, "joulepilot_daemon_state", state="idle") == 0
     assert value(families, "joulepilot_daemon_queue_jobs", state="queued") == 2
     assert value(families, "joulepilot_daemon_queue_jobs", state="running") == 1
+    assert value(families, "joulepilot_compile_cache_up") == 0  # the heartbeat's check found it silent
 
 
 def test_values_are_read_at_scrape_time(exporter):

@@ -143,3 +143,19 @@ def test_a_serving_process_compiles_the_decision_from_the_fleets_cache(redis_ser
     first, second = (s["compile_caches"] for s in served)
     assert first.get("fxgraph_cache_miss") == 1 and "fxgraph_cache_hit" not in first
     assert second.get("fxgraph_cache_hit") == 1 and second.get("autograd_cache_hit") == 1
+
+
+def test_the_daemons_heartbeat_says_whether_the_cache_answers(redis_server, tmp_path):
+    """`status` and the exporter read the remote cache's state from the daemon's heartbeat."""
+    from joulepilot.controller.daemon import Daemon
+    from joulepilot.controller.daemon_config import parse_daemon_config
+
+    silent = f"redis://:pw@127.0.0.1:{_closed_port()}/0"
+    for url, answers in ((redis_server.url, True), (silent, False)):
+        cfg = parse_daemon_config({"db": str(tmp_path / "j.db"), "compile_cache": {"redis_url": url}}, tmp_path / "d")
+        state = Daemon(cfg)._compile_cache_state()
+        assert state["answers"] is answers and state["url"] == remote_cache.redacted(url)
+        assert "pw" not in json.dumps(state) and redis_server.password not in json.dumps(state)
+        assert (state["problem"] is None) is answers
+    no_cache = parse_daemon_config({"db": str(tmp_path / "j.db")}, tmp_path / "d")
+    assert Daemon(no_cache)._compile_cache_state() is None
