@@ -185,7 +185,13 @@ class Daemon:
 
     @classmethod
     def from_cli(cls, *, config_path: str | None, db: str | None, policies: Sequence[str]) -> Daemon:
+        from joulepilot.compiler.remote_cache import RemoteCacheError, configured_url
+
         cfg = load_daemon_config(config_path).with_overrides(db=db, policies=list(policies))
+        try:  # JOULEPILOT_REDIS_URL is read at every job: a malformed one is refused before the first
+            configured_url(cfg.compile_cache.redis_url or None)
+        except RemoteCacheError as exc:
+            raise DaemonConfigError(str(exc)) from None
         return cls(cfg, config_path=config_path, cli_db=db, cli_policies=policies)
 
     # --- signals ------------------------------------------------------------------------------------

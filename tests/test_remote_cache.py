@@ -159,3 +159,17 @@ def test_the_daemons_heartbeat_says_whether_the_cache_answers(redis_server, tmp_
         assert (state["problem"] is None) is answers
     no_cache = parse_daemon_config({"db": str(tmp_path / "j.db")}, tmp_path / "d")
     assert Daemon(no_cache)._compile_cache_state() is None
+
+
+def test_the_daemon_refuses_a_malformed_url_in_its_environment_before_starting(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from joulepilot.cli import main
+
+    monkeypatch.setenv(remote_cache.URL_ENV, "cache.example:6379")
+    result = CliRunner().invoke(main, ["daemon", "--once", "--db", str(tmp_path / "j.db")])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: JOULEPILOT_REDIS_URL: 'cache.example:6379' is not a Redis URL (scheme 'cache.example', not one of "
+        "redis, rediss, unix); write redis://HOST:PORT/DB (rediss:// for TLS, unix:///path/to/redis.sock)")
+    assert not (tmp_path / "j.db").exists()
