@@ -17,7 +17,9 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   (`compile_estimated`): counting an unmetered compile as free would favour every compiled configuration
   over eager, which compiles nothing.
 * **Energy sources** (`policies.sources`): configurations are compared on runs of one source only.
-* **Limits** (`check_limits`): average power on the upper end of its median's interval, peak power on the
+* **Limits** (`check_limits`): average power on the upper end of its median's interval (with 4 or more runs never
+  above the order-statistic bound at the same confidence, `noise.distribution_free_high`: at 4 or 5 runs, the
+  highest of them), peak power on the
   highest instant power seen, the others on the median of the counted runs, each less `[limits] margin_pct`
   (not the accuracy limit). A figure a limit needs that no run measured fails the limit. A generation's
   `max_tpot_ms` holds the p95 time per output token (every step of every call of the latency pass: a tail
@@ -61,7 +63,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from joulepilot.compiler.budget import COMPILE_OVERRUN
@@ -79,6 +81,7 @@ from .noise import (
     break_tie,
     confirmation,
     counted,
+    distribution_free_high,
     fresh_process_of,
     median,
     median_interval,
@@ -490,6 +493,13 @@ def _summarise(configs: Mapping[str, Mapping[str, Any]], runs_by_config: Mapping
                           confidence=rules.confidence)
         for config_id, interval in found.items():
             setattr(out[config_id], target, interval)
+    for config_id, verdict in out.items():
+        power = verdict.avg_power_w
+        bound = distribution_free_high(powers[config_id], confidence=rules.confidence) if power else None
+        if power is not None and bound is not None and bound < power.high:
+            # Enough runs for a bound that assumes no distribution: the envelope is not held against a power
+            # above every one of them because other configurations' runs spread more.
+            verdict.avg_power_w = replace(power, high=bound, method=f"{power.method}, at most its highest run")
     return out
 
 

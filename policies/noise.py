@@ -147,6 +147,20 @@ def median_interval(values: Sequence[float], *, confidence: float = DEFAULT_CONF
     return Interval(mid, mid - half, mid + half, n, f"{confidence:.0%} interval of the median of {n} runs")
 
 
+def distribution_free_high(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENCE) -> float | None:
+    """The upper end of an interval for the median of `values` that assumes nothing of their distribution (order
+    statistics: the k-th highest run, for the largest k whose two-sided interval still covers the median with
+    `confidence`), or None with too few runs for one (at 80%: fewer than 4; at 4 or 5 runs it is the highest)."""
+    ordered = sorted(float(v) for v in values)
+    n = len(ordered)
+    best = None
+    for k in range(1, n // 2 + 1):  # the interval [k-th lowest, k-th highest]
+        miss = 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n  # P(the median lies outside it)
+        if 1 - miss >= confidence:
+            best = ordered[n - k]
+    return best
+
+
 def typical_rel_std(runs_per_config: Sequence[Sequence[float]]) -> float:
     """The median relative spread among configurations with at least MIN_REPEATS runs (0 if none)."""
     spreads = [relative_std(v) for v in runs_per_config if len(v) >= MIN_REPEATS]

@@ -16,6 +16,7 @@ from joulepilot.policies.noise import (
     assumed_spread_rel,
     break_tie,
     counted,
+    distribution_free_high,
     median,
     median_interval,
     repeat_advice,
@@ -75,6 +76,38 @@ def test_upper_bound_is_what_the_envelope_is_checked_against():
     powers = [440.0, 452.0, 446.0]
     assert median(powers) < 450.0 < median_interval(powers).high  # median within 450 W, upper bound over it
     assert median_interval([300.0]).high == pytest.approx(300.0 * (1 + DEFAULT_SPREAD_REL))
+
+
+def test_the_distribution_free_bound_is_the_order_statistic_that_keeps_the_confidence():
+    # P(the median lies outside [k-th lowest, k-th highest] of n runs) = 2 P(Binomial(n, 1/2) < k)
+    assert distribution_free_high([1.0, 2.0, 3.0]) is None  # [min, max] of 3 covers it only 75% of the time
+    assert distribution_free_high([4.0, 1.0, 3.0, 2.0]) == 4.0  # 87.5% >= 80%
+    assert distribution_free_high([589.0, 655.0, 655.0, 589.0, 655.0]) == 655.0
+    assert distribution_free_high([float(v) for v in range(10)]) == 7.0  # [x3, x8]: 89% (x4..x7 would be 66%)
+    assert distribution_free_high([float(v) for v in range(10)], confidence=0.95) == 8.0  # [x2, x9]: 97.9%
+
+
+def test_an_envelope_is_not_held_against_a_power_above_every_one_of_enough_runs():
+    """Five runs all under 676 W, whose parametric interval (the other configurations' wider spread moderating
+    this one's) reaches over it: within the envelope, by the highest run."""
+    from joulepilot.policies.judge import Rules, judge
+    from joulepilot.policies.schema import Limits
+
+    def runs(energy, powers):
+        return [Run(ok=True, energy_j_per_inference=energy * (1 + 0.001 * i), avg_power_w=w, compile_s=10.0,
+                    compile_energy_j=1.0, max_rel_error=0.0, fresh_process=True) for i, w in enumerate(powers)]
+
+    configs = [{"id": c, "label": c, "mode": "default", "precision": "bf16", "fusion": "default", "batch_size": 32}
+               for c in ("close", "noisy", "low")]
+    measured = {"close": runs(2.8, [589.0, 655.0, 655.0, 589.0, 655.0]),
+                "noisy": runs(5.0, [300.0, 420.0, 520.0, 380.0, 610.0]),
+                "low": runs(3.1, [430.0, 436.0, 440.0])}
+    rules = Rules(objective="energy", expected_inferences=10_000_000, limits=Limits(max_avg_power_w=676.0))
+    out = judge(configs, measured, rules)
+    close = out.verdicts["close"]
+    assert close.avg_power_w.high == 655.0 and "at most its highest run" in close.avg_power_w.method
+    assert close.feasible and out.chosen.config_id == "close"
+    assert median_interval([589.0, 655.0, 655.0, 589.0, 655.0], prior_rel_std=0.2).high > 676.0
 
 
 def _entry(key, power, compile_s, mode, objective=1.0, spread=0.01):

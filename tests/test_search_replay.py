@@ -144,11 +144,10 @@ def test_oracle_regret_and_exhaustive_cost_follow_their_definitions(replays, pat
             assert s["regret"] is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "missed at seed 0 in 1 of 16 scenarios (vit_b_16 power_p50, 6.6%): the oracle default/bf16's recorded runs "
-    "(589 and 655 W) are both under the 676 W limit, but the draws repeat the 655 W run, whose median's upper "
-    "bound (677 W) the judge's envelope rule holds over the limit; see the next test"))
 def test_h200_grids_meet_the_2pct_regret_target_in_every_scenario(replays):
+    """Seed 0. (ViT-B/16 power_p50 missed by 6.6% until the envelope was checked, from 4 runs on, on no more than
+    the highest of them: its oracle's five draws, all at or under 655 W, had a parametric upper bound of 677 W
+    against the 676 W limit.)"""
     small = [s for s in replays[H200]["scenarios"] if 6 <= s["grid"] <= 10]
     assert small
     misses = {(s["workload"], s["scenario"]): s["regret"] for s in small if _regret(s["regret"]) > 0.02}
