@@ -499,7 +499,8 @@ def _summarise(configs: Mapping[str, Mapping[str, Any]], runs_by_config: Mapping
         if power is not None and bound is not None and bound < power.high:
             # Enough runs for a bound that assumes no distribution: the envelope is not held against a power
             # above every one of them because other configurations' runs spread more.
-            verdict.avg_power_w = replace(power, high=bound, method=f"{power.method}, at most its highest run")
+            which = "its highest run" if bound == max(powers[config_id]) else "an order statistic of its runs"
+            verdict.avg_power_w = replace(power, high=bound, method=f"{power.method}, at most {which}")
     return out
 
 
