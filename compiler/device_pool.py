@@ -56,7 +56,7 @@ def compile_threads(concurrent: int, cores: int | None = None) -> int:
 def worker_env(concurrent: int, remote_cache_url: str | None = None) -> dict[str, str]:
     """Variables for a worker that runs beside `concurrent - 1` others: the GPU numbering, with others beside
     it its share of the compile threads, and the remote compile caches in `remote_cache_url` (a daemon
-    config's), else in `JOULEPILOT_REDIS_URL`, when that server answers (`remote_cache`)."""
+    config's; "" or None for none), else in `JOULEPILOT_REDIS_URL`, when that server answers (`remote_cache`)."""
     from .remote_cache import configured_url, usable_variables
 
     env = {DEVICE_ORDER_ENV: "PCI_BUS_ID"}

@@ -75,7 +75,8 @@ def redacted(url: str) -> str:
 
 
 def configured_url(explicit: str | None = None) -> str | None:
-    """The Redis URL to compile with: `explicit` (a daemon config's), else `JOULEPILOT_REDIS_URL`, else None."""
+    """The Redis URL to compile with: `explicit` (a daemon config's; "" or None for none), else
+    `JOULEPILOT_REDIS_URL`, else None."""
     if explicit:
         return check_url(explicit, "[compile_cache] redis_url")
     from_env = os.environ.get(URL_ENV)

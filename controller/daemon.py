@@ -189,7 +189,7 @@ class Daemon:
 
         cfg = load_daemon_config(config_path).with_overrides(db=db, policies=list(policies))
         try:  # JOULEPILOT_REDIS_URL is read at every job: a malformed one is refused before the first
-            configured_url(cfg.compile_cache.redis_url or None)
+            configured_url(cfg.compile_cache.redis_url)
         except RemoteCacheError as exc:
             raise DaemonConfigError(str(exc)) from None
         return cls(cfg, config_path=config_path, cli_db=db, cli_policies=policies)
@@ -270,7 +270,7 @@ class Daemon:
         from joulepilot.compiler.remote_cache import RemoteCacheError, cache_state, configured_url
 
         try:
-            return cache_state(configured_url(self.cfg.compile_cache.redis_url or None))
+            return cache_state(configured_url(self.cfg.compile_cache.redis_url))
         except RemoteCacheError as exc:  # JOULEPILOT_REDIS_URL changed under a running daemon
             return {"url": None, "answers": False, "problem": str(exc)}
 
@@ -643,7 +643,7 @@ class Daemon:
         self.scheduler = scheduler
         if self.stop_event.is_set():
             scheduler.cancel_all(self.stop_reason or "stopped")
-        env = worker_env(scheduler.concurrent, self.cfg.compile_cache.redis_url or None)
+        env = worker_env(scheduler.concurrent, self.cfg.compile_cache.redis_url)
         wait_s = max(self.cfg.interval_s, self.cfg.idle.min_idle_s + self.cfg.idle.poll_s)
         plan_guided = True  # the guided searches may have a next measurement (again after each job's end)
         last_workload: dict[str, str] = {}  # each device's latest workload, whose zygote is up there
@@ -1165,7 +1165,7 @@ class Daemon:
         tracker = self._tracker(device)
         bench_cfg = self.cfg.bench
         zygotes = self._zygotes
-        env = worker_env(1, self.cfg.compile_cache.redis_url or None)
+        env = worker_env(1, self.cfg.compile_cache.redis_url)
         for role, candidate in warm_start_candidates(decision):
             artifacts, timed = run_warm_start_state(self.db, candidate.run_id)
             if not artifacts or timed is not None or not Path(artifacts).is_file():
