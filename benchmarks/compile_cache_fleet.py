@@ -86,13 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", default="convnet")
     parser.add_argument("--mode", default="default")
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=0.2)
     parser.add_argument("--redis-url", help="a server to use (flushed before each repeat); default: start one")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    config = CompileConfig(mode=args.mode, precision=args.precision)
+    config = CompileConfig(mode=args.mode, precision=args.precision, batch_size=args.batch_size)
     work = Path(tempfile.mkdtemp(prefix="joulepilot-fleet-cache-"))
     server = None
     try:
@@ -109,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 row = _one(args.spec, config, args.device, work / f"r{repeat}-{kind.replace(' ', '-')}", with_url,
                            args.min_seconds)
                 rows.append({"repeat": repeat, "kind": kind, **row})
-                print(f"[{repeat + 1}/{args.repeats}] {kind}: {row['status']}, compile {row['compile_s']:.2f} s, "
-                      f"caches {row['compile_caches']}", file=sys.stderr, flush=True)
+                reason = f" ({row['reason']})" if row["reason"] else ""
+                took = "-" if row["compile_s"] is None else f"{row['compile_s']:.2f}"
+                print(f"[{repeat + 1}/{args.repeats}] {kind}: {row['status']}{reason}, "
+                      f"compile {took} s, caches {row['compile_caches']}", file=sys.stderr, flush=True)
         summary = {kind: statistics.median(r["compile_s"] for r in rows if r["kind"] == kind and r["status"] == "ok")
                    for kind in ("cold", "fills", "from the fleet")}
         result = {"spec": args.spec, "config": config.label, "device": args.device, "redis": redacted(url),
