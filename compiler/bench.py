@@ -434,6 +434,7 @@ def measure_config(
     worker_env: dict[str, str] | None = None,
     zygotes: ZygotePool | None = None,
     windows: int = 1,
+    windows_max_rel_error: float | None = None,
     threads: int | None = None,
     model_options: Mapping[str, Any] | None = None,
     generation: Generation | None = None,
@@ -456,7 +457,8 @@ def measure_config(
     set in turn (`compiler.shapes`): the budget covers every size's first call, and the allowance grows with
     the number of sizes. On the CPU the worker runs torch with `threads` intra-op threads (default:
     `device_pool.cpu_threads`), recorded in `extra.torch_threads` with where the number came from.
-    `model_options` override the model's config; `generation` measures a generation instead of a forward pass
+    `windows` energy windows are taken in the one worker, each stored as a run of its own, unless its numerical check
+    is over `windows_max_rel_error` (the policy's limit): then one. `model_options` override the model's config; `generation` measures a generation instead of a forward pass
     (`compiler.generation`: two windows, whole generations and prefills, so a larger allowance)."""
     job_started = time.monotonic()
     device = context.device
@@ -477,7 +479,8 @@ def measure_config(
         "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
         "idle_power_w": context.idle_power_w, "sample_hz": sample_hz, "describe": describe,
         "artifacts_path": artifacts, "provenance": origin, "precompile": bool(artifacts) and precompile,
-        "windows": windows, **generation_job_fields(generation, model_options),
+        "windows": windows, "windows_max_rel_error": windows_max_rel_error,
+        **generation_job_fields(generation, model_options),
     }
     if device == "cpu":
         job["threads"], job["threads_from"] = cpu_threads(threads)

@@ -176,12 +176,18 @@ def _peak_power(measurement: Any) -> float | None:
     return max(peaks) if peaks else None
 
 
-def _windows(job: dict[str, Any]) -> int:
-    """How many energy windows the job takes in this process (`windows`, default 1)."""
+def _windows(job: dict[str, Any], max_rel_error: float | None) -> int:
+    """How many energy windows the job takes in this process (`windows`, default 1): one alone when the numerical
+    check (`max_rel_error`, one per process) is over the job's `windows_max_rel_error`, since every further window
+    would repeat a configuration the policy cannot apply."""
     try:
-        return max(1, int(job.get("windows") or 1))
+        windows = max(1, int(job.get("windows") or 1))
     except (TypeError, ValueError):
         return 1
+    bound = job.get("windows_max_rel_error")
+    if isinstance(bound, int | float) and max_rel_error is not None and max_rel_error > bound:
+        return 1
+    return windows
 
 
 def _window_fields(window: Any, calls: int, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:
@@ -369,7 +375,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
                                    warmup_max_s=float(job.get("warmup_max_s") or max(2.0, min_seconds)))
         peak_window = _peak_memory_bytes(device)
         further = []
-        for index in range(2, _windows(job) + 1) if shape_run is None else ():
+        for index in range(2, _windows(job, check.max_rel_error) + 1) if shape_run is None else ():
             # A further window of this process (a repeat the search asked for without another compile): its
             # own latencies and energy window, stored as a run of its own.
             started_at = time.time()

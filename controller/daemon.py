@@ -865,7 +865,8 @@ class Daemon:
             return measure_config(
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
                 budget_s=bench_cfg.budget_s, describe=describes, cancel=stop_check, on_start=on_start,
-                worker_env=env, zygotes=zygotes, windows=windows, **workload,
+                worker_env=env, zygotes=zygotes, windows=windows, windows_max_rel_error=policy.limits.max_rel_error,
+                **workload,
             )
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)

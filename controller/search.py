@@ -39,6 +39,8 @@ How it searches (`strategy = "guided"`):
    is verified, and both sides of a close call (two configurations that could still differ by more than
    the tolerance), each time one new worker process taking the windows still needed (`Step.windows`:
    each window is stored as a run of its own, the later ones marked as windows of the same process).
+   A process whose numerical check is over `max_rel_error` takes no further window: the check is one per
+   process, so they could only repeat a configuration the policy cannot apply.
 7. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
    after `max_measurements` measurements (each window counts as one), or when a configuration's job failed as often as it may without
    storing a run (`blocked`); a measurement predicted to overrun the budget is not started.
@@ -410,11 +412,17 @@ class GuidedSearch:
                 self.steps.append(SearchStep(len(self.steps) + 1, step.arm.id, step.arm.label, step.kind, fresh,
                                              step.why if window == 0 else f"window {window + 1} of {step.windows} "
                                              "in the same process", observation.ok, observation.wall_s))
-                if not observation.ok:
-                    break  # a process that failed takes no more windows
+                if not observation.ok or self._fails_numerics(observation):
+                    break  # a process that failed, or whose numerical check is over the limit, takes no more windows
                 if observation.wall_s > self._remaining_s():
                     break  # another window, at what this one took, would overrun budget_s
         return self.result(stop)
+
+    def _fails_numerics(self, run: Run) -> bool:
+        """Whether `run`'s numerical check (one per process) is over the limit: its worker takes no further window
+        (`compiler.bench.measure_config`'s `windows_max_rel_error`)."""
+        limit = self.rules.limits.max_rel_error
+        return limit is not None and run.max_rel_error is not None and run.max_rel_error > limit
 
     def result(self, stop: str) -> SearchResult:
         """What was measured and skipped, and the judge's decision, as the search stands (`stop`: why it

@@ -47,6 +47,29 @@ def test_a_worker_takes_the_further_windows_in_its_process(flow_worker, own_tmpd
     assert further[0]["finished_at"] <= further[1]["started_at"]
 
 
+def test_a_worker_whose_numerical_check_is_over_the_limit_takes_no_further_window(own_tmpdir):
+    """The real worker, eager bf16 (no compile): its outputs differ from the fp32 reference by far more than the bound,
+    so of the three windows asked for it takes one; the check is one per process, so the others could only repeat a
+    configuration the policy cannot apply."""
+    job = {"kind": "bench", "spec": "mlp", "device": "cpu",
+           "config": CompileConfig(mode="eager", precision="bf16").to_row(), "min_seconds": 0.2, "idle_power_w": {},
+           "windows": 3, "windows_max_rel_error": 1e-6}
+    result = run_worker_job(job, budget=worker_budget(120, 0.6))
+    assert result["status"] == "ok", result.get("reason")
+    assert result["max_rel_error"] > 1e-6 and not result.get("further_windows")
+
+
+def test_the_windows_a_worker_takes_depend_on_its_numerical_check_only_with_a_bound():
+    from joulepilot.compiler.worker import _windows
+
+    assert _windows({"windows": 3}, 0.5) == 3  # no bound: what was asked
+    assert _windows({"windows": 3, "windows_max_rel_error": 1e-2}, 1e-3) == 3
+    assert _windows({"windows": 3, "windows_max_rel_error": 1e-2}, 1e-2) == 3  # at the limit is within it
+    assert _windows({"windows": 3, "windows_max_rel_error": 1e-2}, 0.5) == 1
+    assert _windows({"windows": 3, "windows_max_rel_error": 1e-2}, None) == 3  # nothing measured: nothing known
+    assert _windows({"windows": "x"}, None) == 1
+
+
 def _first_row(started: float, finished: float) -> dict:
     return {"workload_id": FILLER_WORKLOAD["id"], "config_id": FILLER_CONFIG["id"], "host_id": host_identity()["id"],
             "device": "cpu", "status": "ok", "started_at": started, "finished_at": finished, "compile_s": 4.0,

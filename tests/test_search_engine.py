@@ -494,6 +494,23 @@ def test_a_likely_winner_takes_the_windows_it_needs_in_its_first_process():
     assert not [s for s in result.steps if s.kind == "repeat"]
 
 
+def test_a_likely_winner_whose_numerical_check_fails_takes_one_window_not_three():
+    """The same likely winner, but its numerical check is over `max_rel_error`: the check is one per process, so its
+    worker takes no further window (as `compiler.worker` does with the job's `windows_max_rel_error`), and the
+    search goes on as if it had measured a configuration outside the limits."""
+    good = row("reduce-overhead", "fp16")
+    table = {**BASELINE_RUNS, good["label"]: [figures(0.5, 380, wall_s=30, err=1.0)]}
+    bench = Bench(table)
+    rules = Rules(limits=Limits(max_rel_error=2e-2))
+    result = run_search([EAGER, STOCK, good], bench, predictor({**BASELINE_PREDICTIONS,
+                                                                good["label"]: prediction(0.5, 380)}),
+                        rules=rules, settings=GUIDED)
+    assert bench.calls.count((good["label"], True)) == 1 and (good["label"], False) not in bench.calls
+    first = next(s for s in result.steps if s.label == good["label"])
+    assert "3 windows in one process" in first.why  # asked for, as in the test above
+    assert result.chosen_label != good["label"]
+
+
 def test_a_contender_is_confirmed_by_one_new_process_taking_both_missing_windows():
     """Without a forecast the first measurement takes one window; the chosen configuration's two missing runs
     are then one new process of two windows."""
