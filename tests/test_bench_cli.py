@@ -91,7 +91,7 @@ def test_every_stored_field(sweep):
                    "compile_energy_gpu_j", "compile_energy_gpu_source"}
     for run in sweep["runs"]:
         row = rows[run["run_id"]]
-        for column in db["runs"].columns_dict:
+        for column in db.column_names("runs"):
             if column in GENERATION_RUN_COLUMNS:  # a generation's figures: none for a forward pass
                 assert row[column] is None, column
             elif column not in may_be_null:
