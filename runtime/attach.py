@@ -24,7 +24,6 @@ from joulepilot.store.catalog import config_row
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 from joulepilot.store.deployments import register_deployment
 from joulepilot.store.devicekind import device_kind as row_device_kind
-from joulepilot.store.pending import database_file
 from joulepilot.store.reports import config_labels
 
 from .guard import EnvelopeGuard, guard_from_policy, setting
@@ -56,7 +55,7 @@ def _policy_name(policy: Any) -> str | None:
 
 
 def _db_file(db: Store) -> str | None:
-    path = database_file(db)
+    path = db.file
     return str(path) if path is not None else None
 
 

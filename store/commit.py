@@ -13,11 +13,13 @@ from .daemon_state import finish_job
 from .db import transaction
 from .jsonvalues import json_object
 from .records import insert_run, upsert_config, upsert_devices, upsert_workload
+from .schema import RUN_INDEX_COLUMNS
 
 
 def run_columns(db: Store) -> set[str]:
-    """The columns of the runs table (a worker's other result keys go into `extra`)."""
-    return db.column_names("runs")
+    """The columns of the runs table that a result fills (its other keys go into `extra`; the columns indexing
+    `extra` are filled from it)."""
+    return db.column_names("runs") - set(RUN_INDEX_COLUMNS)
 
 
 def workload_needs_description(db: Store, workload_id: str) -> bool:
@@ -41,7 +43,7 @@ def _write_references(db: Store, host: Mapping[str, Any] | None,
                       devices: Iterable[Mapping[str, Any]], workload: Mapping[str, Any] | None,
                       config: Mapping[str, Any] | None) -> None:
     if host:
-        db.execute("INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
+        db.execute("INSERT INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                    [host["id"], host["hostname"], host.get("cpu"), host.get("created_at") or time.time()])
         devices = list(devices)
         if devices:

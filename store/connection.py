@@ -11,6 +11,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -55,6 +56,10 @@ class Store:
         cur = self.execute(sql, params)
         return cur.lastrowid if cur.rowcount == 1 else None
 
+    def whole_part(self, expression: str) -> str:
+        """SQL for the whole part of a number that is not negative (SQLite's CAST truncates; others round)."""
+        return f"CAST({expression} AS INTEGER)"
+
     def columns(self, table: str) -> list[Column]:
         return [Column(name, (kind or "").upper(), bool(notnull), default)
                 for _cid, name, kind, notnull, default, _pk in self.execute(f"PRAGMA table_info([{table}])")]
@@ -64,6 +69,25 @@ class Store:
 
     def table_names(self) -> list[str]:
         return [row[0] for row in self.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+
+    def schema_version(self) -> int:
+        return self.execute("PRAGMA user_version").fetchone()[0]
+
+    def set_schema_version(self, version: int) -> None:
+        """Record the schema version, inside the migration step's transaction."""
+        self.execute(f"PRAGMA user_version = {int(version)}")
+
+    @property
+    def file(self) -> Path | None:
+        """The main database file (None for an in-memory database)."""
+        for _seq, name, file in self.execute("PRAGMA database_list").fetchall():
+            if name == "main":
+                return Path(file) if file else None
+        return None
+
+    def set_lock_wait_ms(self, ms: int) -> None:
+        """How long each statement waits for a lock another connection holds (0: fail at once)."""
+        self.execute(f"PRAGMA busy_timeout = {max(0, int(ms))}")
 
     @property
     def in_transaction(self) -> bool:

@@ -145,7 +145,7 @@ def requeue_job(db: Store, job_id: int, *, count_attempt: bool = False) -> None:
     with transaction(db):
         db.execute(
             "UPDATE jobs SET state = 'queued', updated_at = ?"
-            + ("" if count_attempt else ", attempts = MAX(attempts - 1, 0)")
+            + ("" if count_attempt else ", attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END")
             + " WHERE id = ? AND state = 'running'",
             [time.time(), job_id],
         )

@@ -52,7 +52,7 @@ def default_db_path() -> Path:
 
 
 def schema_version(db: Store) -> int:
-    return db.execute("PRAGMA user_version").fetchone()[0]
+    return db.schema_version()
 
 
 def migrate(db: Store) -> int:
@@ -69,11 +69,11 @@ def migrate(db: Store) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Another process may have migrated while we waited for the write lock.
-            if conn.execute("PRAGMA user_version").fetchone()[0] != version:
+            if db.schema_version() != version:
                 conn.execute("ROLLBACK")
                 continue
-            MIGRATIONS[version](conn)
-            conn.execute(f"PRAGMA user_version = {version + 1}")
+            MIGRATIONS[version](db)
+            db.set_schema_version(version + 1)
             conn.execute("COMMIT")
         except BaseException:
             _roll_back_keeping_error(conn)
@@ -227,13 +227,13 @@ def open_for_reading(path: str | os.PathLike | None = None) -> Store:
 @functools.cache
 def joulepilot_tables(version: int) -> frozenset[str]:
     """The tables a joulepilot database of schema `version` holds (its migrations, replayed in memory)."""
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    db = Store(sqlite3.connect(":memory:", isolation_level=None))
     try:
         for step in MIGRATIONS[:version]:
-            step(conn)
-        return frozenset(row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            step(db)
+        return frozenset(db.table_names())
     finally:
-        conn.close()
+        db.close()
 
 
 def _schema_state(db: Store) -> tuple[int, list[str]]:
@@ -243,7 +243,7 @@ def _schema_state(db: Store) -> tuple[int, list[str]]:
     conn = db.conn
     conn.execute("BEGIN")
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = db.schema_version()
         names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
                                                 " ORDER BY type != 'table', name")]
     except BaseException:

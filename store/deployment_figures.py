@@ -17,7 +17,7 @@ from typing import Any
 from .connection import Store
 
 # A window's energy is (partly) an estimate when its source names `estimate` (`estimate`, `nvml+estimate`).
-_ESTIMATED = "instr(energy_source, 'estimate') > 0"
+_ESTIMATED = "energy_source LIKE '%estimate%'"
 _SHARED = "other_processes != 0"
 
 
@@ -175,11 +175,13 @@ def sample_timeline(db: Store, deployment_id: int, spans: int, *,
         return []
     t0, t1 = bounds
     width = (t1 - t0) / spans if t1 > t0 else 1.0
+    span = db.whole_part("(t_start - ?) / ?")  # never negative: t0 is the first window's start; the last span
+    # takes the windows past it
     rows = db.execute(
         "SELECT MIN(t_start), MAX(t_end), COUNT(*), SUM(energy_j), SUM(inferences), SUM(t_end - t_start), "
         "MAX(avg_power_w), MAX(peak_power_w) "
-        f"FROM deployment_samples WHERE {where} GROUP BY MIN(CAST((t_start - ?) / ? AS INTEGER), ?) "
-        "ORDER BY MIN(t_start)", [*args, t0, width, spans - 1]).fetchall()
+        f"FROM deployment_samples WHERE {where} GROUP BY CASE WHEN {span} > ? THEN ? ELSE {span} END "
+        "ORDER BY MIN(t_start)", [*args, t0, width, spans - 1, spans - 1, t0, width]).fetchall()
     out, cumulative = [], 0.0
     for start, end, windows, energy_j, inferences, duration_s, max_avg, peak in rows:
         cumulative += energy_j
@@ -212,7 +214,8 @@ def calls_progress(db: Store, deployment_id: int, config_id: str, *,
     where = "deployment_id = ? AND (config_id IS NULL OR config_id = '' OR config_id = ?)"
     args: list[Any] = [deployment_id, config_id]
     calls, metered_s = db.execute(
-        f"SELECT COALESCE(SUM(inferences), 0), COALESCE(SUM(MAX(0.0, t_end - t_start)), 0) "
+        f"SELECT COALESCE(SUM(inferences), 0), "
+        "COALESCE(SUM(CASE WHEN t_end > t_start THEN t_end - t_start ELSE 0.0 END), 0) "
         f"FROM deployment_samples WHERE {where}", args).fetchone()
     first = db.execute(f"SELECT t_start FROM deployment_samples WHERE {where} ORDER BY t_start, id LIMIT 1",
                        args).fetchone()

@@ -25,7 +25,7 @@ from .errors import ExportFormatError
 from .files import write_file_atomic
 from .importcheck import checked_row
 from .jsonvalues import json_output, row_from_json
-from .records import insert_row
+from .records import insert_row, insert_run
 
 PARTS = ("run", "workload", "config", "host")
 _TABLES = {"run": "runs", "workload": "workloads", "config": "configs", "host": "hosts"}
@@ -141,7 +141,7 @@ def import_runs(db: Store, records: Iterable[Mapping[str, Any]], *, source: str 
             ).fetchone()
             if exists:
                 continue
-            new_ids.append(insert_row(db, "runs", run))
+            new_ids.append(insert_run(db, run))
     return new_ids
 
 

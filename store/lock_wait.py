@@ -12,4 +12,4 @@ from .connection import Store
 
 def set_lock_wait_s(db: Store, seconds: float) -> None:
     """Wait at most `seconds` for a lock held by another connection (0: fail at once)."""
-    db.execute(f"PRAGMA busy_timeout = {max(0, round(seconds * 1000))}")
+    db.set_lock_wait_ms(round(seconds * 1000))

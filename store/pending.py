@@ -42,7 +42,6 @@ from .daemon_state import get_job
 from .db import transaction
 from .errors import StoreError, database_error
 from .files import write_file_atomic
-from .jsonvalues import json_object
 from .refusals import StoreRefusal, refused_line, store_refusal
 
 log = logging.getLogger(__name__)
@@ -75,16 +74,8 @@ class PendingImport:
     tried: bool = True  # False: not tried, as the database had refused another file already
 
 
-def database_file(db: Store) -> Path | None:
-    """The main database file behind `db` (None for an in-memory database)."""
-    for _seq, name, file in db.execute("PRAGMA database_list").fetchall():
-        if name == "main":
-            return Path(file) if file else None
-    return None
-
-
 def pending_dir(db: Store) -> Path | None:
-    path = database_file(db)
+    path = db.file
     return None if path is None else path.with_name(path.name + PENDING_SUFFIX)
 
 
@@ -99,7 +90,7 @@ def _failure(exc: BaseException, db: Store) -> StoreError | None:
     if not isinstance(exc, sqlite3.Error):
         return None
     try:
-        where: Any = database_file(db) or "(in memory)"
+        where: Any = db.file or "(in memory)"
     except sqlite3.Error:
         where = "(the database)"
     return database_error(where, exc)
@@ -129,7 +120,7 @@ def _keep_aside(db: Store, record: Mapping[str, Any]) -> Path:
             path = _write_side_file(folder, record)
             break
         except OSError as exc:
-            raise RunNotStored(f"the run could not be stored in {database_file(db)} ({error}) nor kept in "
+            raise RunNotStored(f"the run could not be stored in {db.file} ({error}) nor kept in "
                                f"{folder} ({exc.strerror or exc}); free space on that disk") from exc
         except BaseException as exc:
             interrupted = exc
@@ -176,7 +167,7 @@ def commit_run_or_set_aside(db: Store, run: Mapping[str, Any],
         if failure is not None:
             return StoreOutcome(None, path, error, failure)
         log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
-                    "or the daemon opens this database", database_file(db), error, path)
+                    "or the daemon opens this database", db.file, error, path)
         raise
 
 
@@ -189,16 +180,9 @@ def _with_pending_id(run: Mapping[str, Any], pending_id: str) -> dict[str, Any]:
 
 
 def _stored_pending_run(db: Store, pending_id: str) -> int | None:
-    """The run committed with this `pending_id`, if any. A run's `extra` may hold NaN (a worker's result keys),
-    which SQLite's JSON functions reject with 'malformed JSON': such rows are matched on their text and read
-    in Python instead, so that one of them neither fails the lookup nor hides a run stored before."""
-    rows = db.execute("SELECT id, CASE WHEN json_valid(extra) THEN NULL ELSE extra END FROM runs "
-                      "WHERE CASE WHEN json_valid(extra) THEN json_extract(extra, '$.pending_id') = ? "
-                      "ELSE instr(extra, ?) > 0 END ORDER BY id", [pending_id, pending_id]).fetchall()
-    for run_id, loose_extra in rows:
-        if loose_extra is None or json_object(loose_extra).get("pending_id") == pending_id:
-            return int(run_id)
-    return None
+    """The first run committed with this `pending_id` (`extra.pending_id`), if any."""
+    row = db.execute("SELECT id FROM runs WHERE pending_id = ? ORDER BY id LIMIT 1", [pending_id]).fetchone()
+    return None if row is None else int(row[0])
 
 
 def _claimed_name(path: Path) -> Path:

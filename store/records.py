@@ -13,6 +13,7 @@ from typing import Any
 
 from .connection import Store
 from .db import transaction
+from .schema import run_index_columns
 
 
 def stable_id(*parts: Any, length: int = 16) -> str:
@@ -62,7 +63,7 @@ def upsert_host(db: Store, host: Mapping[str, Any] | None = None) -> str:
     if existing is None:
         with transaction(db):
             db.execute(
-                "INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
+                "INSERT INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 [host["id"], host["hostname"], host.get("cpu"), time.time()],
             )
     return host["id"]
@@ -130,6 +131,7 @@ def insert_run(
     for key in RUN_JSON_FIELDS:
         if key in row and row[key] is not None and not isinstance(row[key], str):
             row[key] = json.dumps(row[key], sort_keys=True, default=str)
+    row.update(run_index_columns(row.get("extra")))
     columns = db.column_names("runs")
     unknown = sorted(set(row) - columns)
     if unknown:

@@ -74,6 +74,10 @@ class RunRow(StoredRow):
     tpot_ms_p95: float | None = None
     tokens_per_s: float | None = None
     tokens_match: int | None = None
+    # `extra`'s policy, first_run_id and pending_id, indexed (schema.RUN_INDEX_COLUMNS)
+    policy: str | None = None
+    first_run_id: int | None = None
+    pending_id: str | None = None
     # joined from workloads and configs
     workload: str | None = None
     config_label: str | None = None
@@ -183,19 +187,16 @@ def recent_ok_runs(db: Store, workload_id: str, provenance_key: str, min_finishe
 
 
 def daemon_runs(db: Store, policy: str | None = None) -> list[RunRow]:
-    """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first. A run whose
-    `extra` is not valid JSON names no policy."""
-    made_for = "(CASE WHEN json_valid(runs.extra) THEN json_extract(runs.extra, '$.policy') END)"
+    """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first."""
     if policy is None:
-        return _runs(db, f"{made_for} IS NOT NULL", [])
-    return _runs(db, f"{made_for} = ?", [policy])
+        return _runs(db, "runs.policy IS NOT NULL", [])
+    return _runs(db, "runs.policy = ?", [policy])
 
 
 def further_window_run_ids(db: Store, first_run_id: int) -> list[int]:
     """The runs stored as further windows of the worker process whose first run is `first_run_id`
     (`extra.first_run_id`), oldest first."""
-    rows = db.execute("SELECT id FROM runs WHERE json_valid(extra) AND json_extract(extra, '$.first_run_id') = ? "
-                      "ORDER BY id", [int(first_run_id)]).fetchall()
+    rows = db.execute("SELECT id FROM runs WHERE first_run_id = ? ORDER BY id", [int(first_run_id)]).fetchall()
     return [int(row[0]) for row in rows]
 
 
