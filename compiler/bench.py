@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-import sqlite_utils
 from joulepilot.store import (
+    Store,
     commit_run_or_set_aside,
     device_kind,
     find_ok_run,
@@ -194,8 +194,8 @@ def plan_configs(modes: Iterable[str], fusions: Iterable[str] = ("default",), pr
     return planned
 
 
-def _open(db: sqlite_utils.Database | str | os.PathLike | None) -> tuple[sqlite_utils.Database, bool]:
-    if isinstance(db, sqlite_utils.Database):
+def _open(db: Store | str | os.PathLike | None) -> tuple[Store, bool]:
+    if isinstance(db, Store):
         return db, False
     return open_db(db), True
 
@@ -533,7 +533,7 @@ def measure_config(
                        more)
 
 
-def _stored_run(database: sqlite_utils.Database, run_id: int) -> dict[str, Any]:
+def _stored_run(database: Store, run_id: int) -> dict[str, Any]:
     stored = list_runs(database, run_id=run_id)[0]
     stored["run_id"] = run_id
     stored["extra"] = json_object(stored.get("extra"))
@@ -567,7 +567,7 @@ def _default_notice(text: str) -> None:
     log.warning("%s", text)
 
 
-def flag_far_from_stored_runs(database: sqlite_utils.Database, measured: MeasuredRun) -> None:
+def flag_far_from_stored_runs(database: Store, measured: MeasuredRun) -> None:
     """Flag "repeat this run" (`measure.add_flag`) each ok run of `measured` (its further windows too) whose median
     latency is far slower (`measure.far_slower`) than the median over the configuration's unflagged ok runs
     already stored for the same workload on the same kind of device under the same torch (major.minor: another
@@ -591,7 +591,7 @@ def flag_far_from_stored_runs(database: sqlite_utils.Database, measured: Measure
                                    "before relying on its figures")
 
 
-def _store_measured(database: sqlite_utils.Database, spec: str, measured: MeasuredRun, notice: NoticeFn
+def _store_measured(database: Store, spec: str, measured: MeasuredRun, notice: NoticeFn
                     ) -> dict[str, Any]:
     """Commit one measured run (or set it aside when the commit fails); the run as `bench` returns it."""
     flag_far_from_stored_runs(database, measured)
@@ -629,7 +629,7 @@ def bench(
     devices: Sequence[str] | None = None,
     min_seconds: float | None = None,
     budget_s: float = 600.0,
-    db: sqlite_utils.Database | str | os.PathLike | None = None,
+    db: Store | str | os.PathLike | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
     image_size: int | None = None,
@@ -746,7 +746,7 @@ class _Sweep:
 
     spec: str
     configs: list[CompileConfig]
-    database: sqlite_utils.Database
+    database: Store
     force: bool
     progress: ProgressFn | None
     notice: NoticeFn

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
 from joulepilot.policies.judge import counted_rows, intervals
 from joulepilot.policies.noise import median
 from joulepilot.policies.sources import (
@@ -21,6 +20,7 @@ from joulepilot.policies.sources import (
     ranked_sources,
     uncompared_summary,
 )
+from joulepilot.store import Store
 from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.runs import RunRow, latest_per_config, ok_runs
 
@@ -140,7 +140,7 @@ def _measured_points(runs: Sequence[RunRow], latest: Mapping[str, RunRow],
     return points, notes
 
 
-def frontier(db: sqlite_utils.Database, workload: str, *, device_name: str | None = None,
+def frontier(db: Store, workload: str, *, device_name: str | None = None,
              batch_size: int | None = None, model: TradeoffModel | None = None, search: Any = None,
              predict: bool = True) -> dict[str, Any]:
     """Measured and predicted (latency p95, J/inference) points of `workload` (a spec) on one device kind; for a

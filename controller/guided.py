@@ -27,10 +27,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlite_utils
 from joulepilot.policies.batches import grid_workload_ids, workload_rows_by_batch
 from joulepilot.policies.judge import Rules, Run
 from joulepilot.policies.schema import Policy
+from joulepilot.store import Store
 from joulepilot.store.runs import RunRow, workload_runs
 
 from .planner import ordered_candidates
@@ -97,7 +97,7 @@ def search_settings(policy: Policy) -> SearchSettings:
                           max_measurements=policy.search.max_measurements, baseline_batch_size=policy.batch_size)
 
 
-def counted_runs(db: sqlite_utils.Database, workload_id: str | Collection[str], device_kind: str,
+def counted_runs(db: Store, workload_id: str | Collection[str], device_kind: str,
                  torch_version: str, *, provenance_key: str | None = None,
                  min_finished_at: float | None = None) -> list[RunRow]:
     """The runs a search rests on, oldest first (see the module docstring); `workload_id`: one, or the
@@ -115,7 +115,7 @@ def _never_measure(config: Mapping[str, Any], fresh_process: bool) -> Run:
     raise RuntimeError("plan_guided only plans; the daemon measures")
 
 
-def plan_guided(db: sqlite_utils.Database, policy: Policy, device_kind: str, model: Any = None, *,
+def plan_guided(db: Store, policy: Policy, device_kind: str, model: Any = None, *,
                 torch_version: str | None = None, provenance_key: str | None = None,
                 max_age_s: float | None = None, violated: Collection[str] = (),
                 blocked: Mapping[str, str] | None = None, now: float | None = None) -> GuidedPlan:

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-import sqlite_utils
 from joulepilot.policies.bill import bill_of, bill_text
+from joulepilot.store import Store
 from joulepilot.store.runs import runs_by_id
 
 
@@ -38,7 +38,7 @@ class PassBill:
             else:
                 self._run_ids[policy] += [run_id, *further_run_ids]
 
-    def per_policy(self, db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    def per_policy(self, db: Store) -> list[dict[str, Any]]:
         """One entry per policy that ran a job this pass, by policy name: `{policy, runs, failed_runs,
         seconds, energy_j, source, metered_j, metered_source, metered_j_by_source, estimated_j, estimated_source,
         unpriced_s, unstored_s, text}`."""

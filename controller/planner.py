@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlite_utils
 from joulepilot.policies.noise import mode_rank
+from joulepilot.store import Store
 from joulepilot.store.daemon_state import failed_out_jobs
 from joulepilot.store.decisions import DecisionRow
 from joulepilot.store.runs import recent_ok_runs
@@ -82,7 +82,7 @@ def stale_reason(
     return None
 
 
-def fresh_ok_config_ids(db: sqlite_utils.Database, workload_id: str | Iterable[str], provenance_key: str,
+def fresh_ok_config_ids(db: Store, workload_id: str | Iterable[str], provenance_key: str,
                         min_finished_at: float) -> set[str]:
     """Configurations with an ok run of this workload (or of these, one per batch size of a grid) under this
     provenance, recent enough to trust.
@@ -131,7 +131,7 @@ class Plan:
 
 
 def plan_policy(
-    db: sqlite_utils.Database, policy: Any, *, reason: str, provenance_key: str, max_age_s: float,
+    db: Store, policy: Any, *, reason: str, provenance_key: str, max_age_s: float,
     violated: Iterable[str] = (), now: float | None = None,
 ) -> Plan:
     from joulepilot.policies.batches import grid_workload_ids
@@ -172,7 +172,7 @@ class RepeatPlan:
     repeats: list[Repeat] = field(default_factory=list)
 
 
-def repeat_blocked(db: sqlite_utils.Database, policy: Any, provenance_key: str, max_attempts: int) -> dict[str, str]:
+def repeat_blocked(db: Store, policy: Any, provenance_key: str, max_attempts: int) -> dict[str, str]:
     """config_id -> why it is not measured again: its job (of any batch size of the grid, under this
     provenance) failed `max_attempts` times, so the queue takes it no more."""
     from joulepilot.policies.batches import grid_workload_ids
@@ -181,7 +181,7 @@ def repeat_blocked(db: sqlite_utils.Database, policy: Any, provenance_key: str, 
     return {config_id: f"its job failed {attempts} times" for config_id, attempts in failed.items()}
 
 
-def plan_repeats(db: sqlite_utils.Database, policy: Any, device_kind: str, *, provenance_key: str,
+def plan_repeats(db: Store, policy: Any, device_kind: str, *, provenance_key: str,
                  max_attempts: int, violated: Iterable[str] = ()) -> RepeatPlan:
     """The contenders of an exhaustive policy to measure again, as the decision made now would list them
     (`Decision.confirm`; the trade-off model plays no part in which measured configuration is chosen)."""

@@ -35,10 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import sqlite_utils
 from joulepilot.policies.bill import NEVER, PAYS_BACK, payback_progress
 from joulepilot.policies.sources import UNKNOWN_SOURCE, ranked_sources, source_key
-from joulepilot.store import get_deployment, list_deployments, list_violations
+from joulepilot.store import Store, get_deployment, list_deployments, list_violations
 from joulepilot.store import reports as store_reports
 from joulepilot.store.catalog import config_row, workload_row
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
@@ -498,7 +497,7 @@ def _details(dep: Mapping[str, Any]) -> Mapping[str, Any]:
     return details if isinstance(details, Mapping) else {}
 
 
-def _device_kind(db: sqlite_utils.Database, dep: Mapping[str, Any]) -> str:
+def _device_kind(db: Store, dep: Mapping[str, Any]) -> str:
     if _details(dep).get("device_kind"):
         return str(_details(dep)["device_kind"])
     device = str(dep.get("device") or "")
@@ -507,7 +506,7 @@ def _device_kind(db: sqlite_utils.Database, dep: Mapping[str, Any]) -> str:
     return device_kind({"device": dep.get("device"), "device_name": name})
 
 
-def _decision(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> DecisionRow | None:
+def _decision(db: Store, dep: Mapping[str, Any], kind: str) -> DecisionRow | None:
     """The newest decision of the deployment's policy on its device kind: one for the configuration it
     serves when there is one, else any."""
     if not dep.get("policy"):
@@ -530,7 +529,7 @@ def _baseline_workload_id(dep: Mapping[str, Any], decision: DecisionRow | None) 
     return str(decided) if decided else dep.get("workload_id")
 
 
-def _served_batch_size(db: sqlite_utils.Database, dep: Mapping[str, Any],
+def _served_batch_size(db: Store, dep: Mapping[str, Any],
                        workload: Mapping[str, Any] | None) -> int | None:
     """Samples per call the deployment serves: as `attach` recorded it (the decided configuration's batch
     size), else the batch size of the configuration it serves, else its workload's."""
@@ -565,7 +564,7 @@ def _limits(dep: Mapping[str, Any], decision: DecisionRow | None,
     return {}, None
 
 
-def _baseline(db: sqlite_utils.Database, key: str, workload_id: str | None, kind: str,
+def _baseline(db: Store, key: str, workload_id: str | None, kind: str,
               deployment_j: float | None, inferences: int, source: str, served: set[str],
               served_batch: int | None = None, totals: Totals | None = None) -> Baseline:
     out = Baseline(label=BASELINE_LABELS[key], served_batch_size=served_batch)
@@ -680,7 +679,7 @@ def _totals(sums: SampleTotals) -> Totals:
     )
 
 
-def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: DecisionRow | None,
+def _configuration(db: Store, dep: Mapping[str, Any], decision: DecisionRow | None,
                    shares: Sequence[ConfigTotals], kind: str) -> Configuration:
     served = sorted({c.config_id for c in shares} | ({dep["config_id"]} if dep.get("config_id") else set()))
     labels = store_reports.config_labels(db, served)
@@ -697,7 +696,7 @@ def _configuration(db: sqlite_utils.Database, dep: Mapping[str, Any], decision: 
         decided_at=iso(decision.decided_at if decision else None), served_config_ids=served, history=history)
 
 
-def _graph_breaks(db: sqlite_utils.Database, dep: Mapping[str, Any], workload: Mapping[str, Any] | None,
+def _graph_breaks(db: Store, dep: Mapping[str, Any], workload: Mapping[str, Any] | None,
                   configuration: Configuration, kind: str) -> None:
     """Fill the configuration's graph breaks from the latest ok run of the served configuration."""
     from joulepilot.compiler.graph_breaks import break_summary, doctor_command, run_breaks
@@ -732,7 +731,7 @@ def _cannot_be_met(decision: DecisionRow | None, totals: Totals | None = None,
     return text
 
 
-def _envelope(db: sqlite_utils.Database, dep_id: int, limits: Mapping[str, float], limits_from: str | None,
+def _envelope(db: Store, dep_id: int, limits: Mapping[str, float], limits_from: str | None,
               sums: SampleTotals, violations: Sequence[Mapping[str, Any]],
               decision: DecisionRow | None = None, totals: Totals | None = None) -> Envelope:
     labels = store_reports.config_labels(db, (v.get("config_id") for v in violations))
@@ -813,7 +812,7 @@ def _notes(totals: Totals, sharing: Sharing, baselines: Mapping[str, Baseline], 
     return notes
 
 
-def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Payback:
+def _payback(db: Store, dep: Mapping[str, Any], kind: str) -> Payback:
     """The payback section (see `Payback`): the newest decision that applies the configuration served."""
     served = dep.get("config_id")
     decision = latest_decision(db, dep["policy"], kind, states=APPLICABLE_STATES, config_id=served) \
@@ -851,7 +850,7 @@ def _payback(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str) -> Pa
     return out
 
 
-def _served_vs_benchmarked(db: sqlite_utils.Database, dep: Mapping[str, Any], kind: str, totals: Totals,
+def _served_vs_benchmarked(db: Store, dep: Mapping[str, Any], kind: str, totals: Totals,
                            shares: Sequence[ConfigTotals], sharing: Sharing) -> ServedVsBenchmarked:
     """The served configuration's J per call against its benchmark runs (see `ServedVsBenchmarked`)."""
     from joulepilot.policies.judge import counted_rows, intervals
@@ -929,7 +928,7 @@ def _break_notes(configuration: Configuration) -> list[str]:
             f"{configuration.graph_break_summary}"]
 
 
-def build_report(db: sqlite_utils.Database, deployment: str, since: float | str | None = None, *,
+def build_report(db: Store, deployment: str, since: float | str | None = None, *,
                  grid_gco2_per_kwh: float | str | None = None, windows: int = DEFAULT_WINDOWS,
                  timeline_spans: int = TIMELINE_SPANS) -> DeploymentReport:
     """Every figure of one deployment's report (see the module docstring).
@@ -991,7 +990,7 @@ def build_report(db: sqlite_utils.Database, deployment: str, since: float | str 
     )
 
 
-def build_summary(db: sqlite_utils.Database, since: float | str | None = None, *,
+def build_summary(db: Store, since: float | str | None = None, *,
                   grid_gco2_per_kwh: float | str | None = None) -> Summary:
     """One row per deployment with its headline figures (the same figures as its full report)."""
     grid_intensity(grid_gco2_per_kwh)  # a bad figure is refused even when there is no deployment yet

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import sqlite_utils
 from joulepilot.policies.bill import bill_of, bill_text
+from joulepilot.store import Store
 from joulepilot.store.daemon_state import latest_heartbeat, list_jobs, queue_counts, unhandled_requests
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.runs import daemon_runs
@@ -29,7 +29,7 @@ def _pid_alive(pid: int | None) -> bool | None:
         return False
 
 
-def daemon_status(db: sqlite_utils.Database, db_path: str | os.PathLike, *, next_jobs: int = 5) -> dict[str, Any]:
+def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) -> dict[str, Any]:
     """A snapshot of the daemon serving `db` (read-only; safe while the daemon runs)."""
     now = time.time()
     lock = lock_path_for(db_path)
@@ -116,7 +116,7 @@ def missing_policy_folders(last_pass: dict[str, Any]) -> dict[str, Any] | None:
                        f"per model: see examples/policies), or {where}; the next pass reads it"}
 
 
-def measuring_per_policy(db: sqlite_utils.Database, last_pass: dict[str, Any]) -> list[dict[str, Any]]:
+def measuring_per_policy(db: Store, last_pass: dict[str, Any]) -> list[dict[str, Any]]:
     """Per policy, what the daemon spent measuring for it: every run it made for the policy (`extra.policy`)
     priced by `policies.bill`, and the last pass's share (`last_pass`: that pass's entry, or None when it
     measured nothing for the policy)."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import sqlite_utils
+from joulepilot.store import Store
 from joulepilot.store.catalog import workload_rows
 from joulepilot.store.runs import ok_runs
 
@@ -122,7 +122,7 @@ class Sample:
     task: str = "forward"  # GENERATE: learnt by the generation model, on its own features and targets
 
 
-def training_samples(db: sqlite_utils.Database) -> list[Sample]:
+def training_samples(db: Store) -> list[Sample]:
     """Every ok run of the store, joined with its workload row."""
     workloads = workload_rows(db)
     samples = []
@@ -242,7 +242,7 @@ def _fit_task(samples: Sequence[Sample], task: str) -> TradeoffModel:
                          sorted({s.device for s in samples}), compile_cpu_sources=cpu_sources)
 
 
-def fit(db: sqlite_utils.Database) -> TradeoffModel:
+def fit(db: Store) -> TradeoffModel:
     """Fit every target on the store's ok runs."""
     return fit_samples(training_samples(db))
 
@@ -309,7 +309,7 @@ def _cross_validate_task(samples: Sequence[Sample], task: str, n_splits: int) ->
     }
 
 
-def cross_validate(db: sqlite_utils.Database, n_splits: int = 5) -> dict[str, dict[str, Any]]:
+def cross_validate(db: Store, n_splits: int = 5) -> dict[str, dict[str, Any]]:
     """Per target: MAPE, median APE, R² of log values, holding out whole workloads (GroupKFold by spec)."""
     return cross_validate_samples(training_samples(db), n_splits)
 

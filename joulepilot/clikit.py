@@ -11,7 +11,6 @@ import math
 import os
 import re
 import shutil
-import sqlite3
 import sys
 import textwrap
 import threading
@@ -22,9 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-import sqlite_utils
 
-from joulepilot.store import StoreError, database_error, default_db_path, open_for_reading, parse_since
+from joulepilot.store import Store, as_store_error, default_db_path, open_for_reading, parse_since
 from joulepilot.store.jsonvalues import json_output
 from joulepilot.store.timevalues import SINCE_HELP
 
@@ -203,7 +201,7 @@ def since_option(what: str) -> Any:
 
 
 @contextmanager
-def reading_store(db: str | None) -> Iterator[sqlite_utils.Database]:
+def reading_store(db: str | None) -> Iterator[Store]:
     """The database for a command that only reads: a missing file is refused, read-only files are read."""
     database = open_for_reading(db)
     try:
@@ -237,10 +235,9 @@ def os_error_message(exc: OSError) -> str:
 
 def known_error_message(exc: BaseException, db_path: str | None) -> str | None:
     """One line for an error that a user can fix, or None for a bug (which keeps its traceback)."""
-    if isinstance(exc, StoreError):
-        return str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.ProgrammingError):
-        return str(database_error(db_path or str(default_db_path()), exc))
+    store_error = as_store_error(exc, db_path or str(default_db_path()))
+    if store_error is not None:
+        return str(store_error)
     if isinstance(exc, OSError):
         return os_error_message(exc)
     from joulepilot.policies import PolicyError

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import sqlite_utils
+from joulepilot.store import Store
 from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.runs import RunRow, workload_runs
 
@@ -55,7 +55,7 @@ def grid_workload_ids(policy: Policy) -> dict[int, str]:
     return {batch: batch_workload_id(policy, batch) for batch in grid_batch_sizes(policy)}
 
 
-def grid_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str | None = None,
+def grid_runs(db: Store, policy: Policy, device_kind: str | None = None,
               torch_version: str | None = None) -> list[RunRow]:
     """Every run (ok or failed) of the policy's workload at each batch size of its grid, newest first;
     `device_kind` and `torch_version` (major.minor) as in `store.workload_runs`."""
@@ -66,7 +66,7 @@ def grid_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str | None
     return sorted(runs, key=lambda r: -int(r.id or 0))
 
 
-def workload_rows_by_batch(db: sqlite_utils.Database, policy: Policy) -> dict[int, dict[str, Any] | None]:
+def workload_rows_by_batch(db: Store, policy: Policy) -> dict[int, dict[str, Any] | None]:
     """batch size -> the workloads row the trade-off model predicts a configuration of that batch size with.
 
     The stored row of that batch size's workload when it was described (it has FLOPs or parameters), else one

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import sqlite_utils
+from joulepilot.store import Store
 from joulepilot.store.runs import RunRow, workload_runs
 
 from .judge import counted_rows, intervals
@@ -329,7 +329,7 @@ def _saving_noise(ok_by_config: Mapping[str, Sequence[RunRow]], baseline_id: str
             f"{energy_text(base.median * scale)} +- {base.half_width_rel:.0%}")
 
 
-def tuning_bill(db: sqlite_utils.Database, decision: Any) -> dict[str, Any]:
+def tuning_bill(db: Store, decision: Any) -> dict[str, Any]:
     """The tuning bill of a `policies.resolve.Decision`: the search (every run of its workload on its
     device kind and torch, ok or failed, by the daemon or by `bench`) and its payback against the
     baseline (see the module docstring). A dict, as the decision keeps it in its details."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
+from joulepilot.store import Store
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, newest_decisions
 from joulepilot.store.deployments import violated_config_ids
 
@@ -40,13 +40,13 @@ class Decided:
     lock_error: str | None = None
 
 
-def violated_configs(db: sqlite_utils.Database, policy: str, device_kind: str) -> set[str]:
+def violated_configs(db: Store, policy: str, device_kind: str) -> set[str]:
     """Configurations that broke `policy`'s envelope in a deployment on this device kind (any torch)."""
     return violated_config_ids(db, policy, device_kind)
 
 
 def decide(
-    db: sqlite_utils.Database,
+    db: Store,
     policy: Policy,
     device_kind: str,
     model: Any = None,
@@ -94,7 +94,7 @@ def decide(
     return outcome
 
 
-def _record_with_search(db: sqlite_utils.Database, decision: Decision, search: dict[str, Any], *,
+def _record_with_search(db: Store, decision: Decision, search: dict[str, Any], *,
                         provenance_key: str | None, decided_by: str, reason: str) -> None:
     """`record_decision`, with the search summary in the details."""
     from joulepilot.store import transaction, upsert_config
@@ -142,7 +142,7 @@ def _first_sound(policy: Policy, rows: list[DecisionRow], refused: list[tuple[De
     return None
 
 
-def newest_sound_decision(db: sqlite_utils.Database, policy: Policy, device_kind: str,
+def newest_sound_decision(db: Store, policy: Policy, device_kind: str,
                           torch_version: str | None = None, *, now: float | None = None,
                           ) -> tuple[DecisionRow | None, list[tuple[DecisionRow, Refusal]]]:
     """The newest stored decision of any state (`violated` too) that is not refused, and the rows passed over;
@@ -152,7 +152,7 @@ def newest_sound_decision(db: sqlite_utils.Database, policy: Policy, device_kind
     return _first_sound(policy, rows, refused, now), refused
 
 
-def applicable_decision(db: sqlite_utils.Database, policy: Policy, device_kind: str, torch_version: str, *,
+def applicable_decision(db: Store, policy: Policy, device_kind: str, torch_version: str, *,
                         now: float | None = None) -> Applicable:
     """The decision to apply for (policy, device kind, torch major.minor); see the module docstring."""
     newest, refused = newest_sound_decision(db, policy, device_kind, torch_version, now=now)
@@ -166,7 +166,7 @@ def applicable_decision(db: sqlite_utils.Database, policy: Policy, device_kind: 
                       refused=refused)
 
 
-def sync_lock(db: sqlite_utils.Database, policy: Policy, device_kind: str, *, torch_version: str | None = None,
+def sync_lock(db: Store, policy: Policy, device_kind: str, *, torch_version: str | None = None,
               lock_dir: str | os.PathLike | None = None) -> Path | None:
     """Make the policy's lock file hold its applicable stored decision (made for its current content), if
     it does not already: a lock write that failed earlier is retried this way, and an entry the hook would

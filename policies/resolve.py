@@ -47,7 +47,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import sqlite_utils
+from joulepilot.store import Store
 from joulepilot.store.catalog import workload_row as stored_workload
 from joulepilot.store.coverage import run_coverage
 from joulepilot.store.decisions import APPLICABLE_STATES, DecisionRow, latest_decision
@@ -319,7 +319,7 @@ class _Scan:
     all_by_config: dict[str, list[RunRow]]  # every run, ok or failed, newest first (the repeat cap counts them all)
 
 
-def _scan_runs(db: sqlite_utils.Database, policy: Policy, device_kind: str, torch_version: str) -> _Scan:
+def _scan_runs(db: Store, policy: Policy, device_kind: str, torch_version: str) -> _Scan:
     """The runs of the policy's workload at each batch size of its grid, sorted per configuration."""
     runs = grid_runs(db, policy, device_kind, torch_version)  # newest first
     flagged: dict[str, int] = {}
@@ -423,7 +423,7 @@ def _order(cand: Candidate) -> tuple:
     return (cand.score if cand.score is not None else math.inf, cand.figures.get("compile_s") or 0.0, cand.label)
 
 
-def resolve(policy: Policy, db: sqlite_utils.Database, device_name: str, model: Any = None, *,
+def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
             torch_version: str | None = None, exclude: Collection[str] = (),
             no_repeat: Mapping[str, str] | None = None) -> Decision:
     """The decision for `policy` on device kind `device_name` ('cpu' or the GPU's name) and torch
@@ -723,7 +723,7 @@ def decision_from_record(row: DecisionRow) -> Decision:
     return Decision.from_dict(data)
 
 
-def record_decision(db: sqlite_utils.Database, decision: Decision, *, provenance_key: str | None = None,
+def record_decision(db: Store, decision: Decision, *, provenance_key: str | None = None,
                     decided_by: str | None = None, reason: str = "") -> int:
     """Store the decision (and its configuration row) and return its id. `provenance_key`, `decided_by`
     and `reason` (why it was re-decided) go into its details."""
@@ -737,7 +737,7 @@ def record_decision(db: sqlite_utils.Database, decision: Decision, *, provenance
     return decision.id
 
 
-def stored_decision(db: sqlite_utils.Database, policy: str, device_kind: str,
+def stored_decision(db: Store, policy: str, device_kind: str,
                     torch_version: str) -> Decision | None:
     """The newest stored decision that names a configuration (a `violated` row does not)."""
     row = latest_decision(db, policy, device_kind, torch_version, states=APPLICABLE_STATES)

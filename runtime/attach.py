@@ -15,17 +15,15 @@ from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
 from joulepilot.compiler import CompileConfig, ShapeSet, apply_config
 from joulepilot.compiler.workloads import workload_id as spec_workload_id
 from joulepilot.policies.batches import batch_workload_id
 from joulepilot.policies.schema import Policy, name_problem
-from joulepilot.store import default_db_path, open_db, upsert_devices, upsert_host
+from joulepilot.store import Store, default_db_path, open_db, upsert_devices, upsert_host
 from joulepilot.store.catalog import config_row
 from joulepilot.store.decisions import APPLICABLE_STATES, latest_decision
 from joulepilot.store.deployments import register_deployment
 from joulepilot.store.devicekind import device_kind as row_device_kind
-from joulepilot.store.pending import database_file
 from joulepilot.store.reports import config_labels
 
 from .guard import EnvelopeGuard, guard_from_policy, setting
@@ -56,8 +54,8 @@ def _policy_name(policy: Any) -> str | None:
     return setting(policy, "name")
 
 
-def _db_file(db: sqlite_utils.Database) -> str | None:
-    path = database_file(db)
+def _db_file(db: Store) -> str | None:
+    path = db.file
     return str(path) if path is not None else None
 
 
@@ -91,7 +89,7 @@ def _decided_config(decision: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return {}
 
 
-def _served_batch_size(db: sqlite_utils.Database | None, policy: Any, decision: Mapping[str, Any] | None,
+def _served_batch_size(db: Store | None, policy: Any, decision: Mapping[str, Any] | None,
                        config_id: str | None) -> int | None:
     """Samples per call the deployment serves: the batch size of the configuration served (the decided one; the
     batch-size lever may decide another than the policy's), else the policy's (`db` None: no store to look in)."""
@@ -122,7 +120,7 @@ def _served_workload_id(policy: Any, batch: int | None) -> str | None:
     return _policy_workload_id(policy, spec, batch)
 
 
-def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
+def _workload_id(db: Store, policy: Any, decision: Mapping[str, Any] | None) -> str | None:
     """The decision's workload, else the policy's at its own batch size: where the policy's baselines are."""
     details = (decision or {}).get("details") or {}
     if isinstance(details, Mapping) and details.get("workload_id"):
@@ -136,7 +134,7 @@ def _workload_id(db: sqlite_utils.Database, policy: Any, decision: Mapping[str, 
     return _policy_workload_id(policy, spec, int(batch))
 
 
-def _config_label(db: sqlite_utils.Database, config_id: str | None) -> str | None:
+def _config_label(db: Store, config_id: str | None) -> str | None:
     if not config_id:
         return None
     return config_labels(db, [config_id]).get(config_id)
@@ -171,7 +169,7 @@ class Registered:
     config_label: str | None
 
 
-def _register(store: sqlite_utils.Database, deployment_name: str, *, policy: Any, policy_name: str | None,
+def _register(store: Store, deployment_name: str, *, policy: Any, policy_name: str | None,
               decision_row: dict[str, Any] | None, config_id: str | None, device_kind: str | None,
               torch_device: str, meter: Any, workload_id: str | None, interval_s: float) -> Registered:
     """Everything `attach` writes before the first window: the host, its devices and the deployment."""
@@ -205,7 +203,7 @@ def attach(
     *,
     policy: Any = None,
     decision: Any = None,
-    db: sqlite_utils.Database | str | os.PathLike | None = None,
+    db: Store | str | os.PathLike | None = None,
     device: str | None = None,
     interval_s: float = DEFAULT_INTERVAL_S,
     meter: Any = None,
@@ -241,7 +239,7 @@ def attach(
     problem = name_problem(deployment_name, "deployment")
     if problem is not None:  # the name becomes a Prometheus label value, a log line and a report's title
         raise ValueError(problem)
-    if isinstance(db, sqlite_utils.Database):
+    if isinstance(db, Store):
         store, db_path = db, _db_file(db)
     elif register_on_thread:
         store, db_path = None, str(_path_of(db))  # opened by the metering thread only
@@ -263,7 +261,7 @@ def attach(
         device_kind = (decision_row or {}).get("device_kind") or row_device_kind(
             {"device": torch_device, "device_name": gpu_names[0] if gpu_names else None})
 
-    def register(on: sqlite_utils.Database) -> Registered:
+    def register(on: Store) -> Registered:
         return _register(on, deployment_name, policy=policy, policy_name=policy_name, decision_row=decision_row,
                          config_id=config_id, device_kind=device_kind, torch_device=torch_device, meter=meter,
                          workload_id=workload_id, interval_s=interval_s)
@@ -292,7 +290,7 @@ def attach(
         decision=registered.decision_row if registered else decision_row, device_kind=device_kind, guard=guard,
         fallback=fallback, register=None if registered else register,
     )
-    if store is not None and db_path and not isinstance(db, sqlite_utils.Database):
+    if store is not None and db_path and not isinstance(db, Store):
         store.close()
     if flush_on_sigterm:
         install_sigterm_flush()

@@ -45,7 +45,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sqlite3
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -66,7 +65,7 @@ from joulepilot.compiler.warmstart import precompile_opted_in
 from joulepilot.policies.batches import batch_note, config_workload_id
 from joulepilot.policies.resolve import fallback_config
 from joulepilot.policies.schema import Policy, name_problem
-from joulepilot.store import StoreError, database_error, host_identity, is_busy, open_db
+from joulepilot.store import DRIVER_ERRORS, StoreError, database_error, host_identity, is_busy, open_db
 from joulepilot.store.daemon_state import add_host_request
 from joulepilot.store.safeio import shorten
 
@@ -104,7 +103,7 @@ def _write_database(db: Any) -> Any:
 
 def _store_problem(db: Any, exc: BaseException) -> str:
     """One line for an error met using the store, naming the file."""
-    if isinstance(exc, sqlite3.Error):
+    if isinstance(exc, DRIVER_ERRORS):
         where = db_path(db) if db is None or isinstance(db, str | os.PathLike) else "(the store passed as db=)"
         return str(database_error(where, exc, busy_timeout_ms=SERVING_BUSY_TIMEOUT_MS))
     return str(exc)
@@ -401,7 +400,7 @@ def compile(  # noqa: A001 - the public name mirrors torch.compile on purpose
         try:
             # The hook's own connection (short busy timeout): the metering thread opens the file again for itself.
             return _with_decision(attach(compiled, deployment, db=_write_database(db), **attach_kwargs), applied)
-        except (StoreError, sqlite3.Error, OSError) as exc:
+        except (StoreError, *DRIVER_ERRORS, OSError) as exc:
             if not _busy(exc):  # serve unmetered rather than not at all
                 _warn_once(("deployment", deployment),
                            f"deployment {deployment!r} is not metered: {_store_problem(db, exc)}")

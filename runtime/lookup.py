@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from joulepilot.policies.load import find_policy, load_policy
 from joulepilot.policies.lock import default_lock_dir, find_locked
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Policy
-from joulepilot.store import StoreError, database_error, default_db_path, is_busy, open_db
+from joulepilot.store import DRIVER_ERRORS, StoreError, database_error, default_db_path, is_busy, open_db
 from joulepilot.store.db import opened_immutable
 
 # How long the serving path waits for another process's lock on the store, per statement (the store's own
@@ -202,7 +201,7 @@ def _from_store(policy: Policy, kind: str, torch_version: str, db: Any, found: L
         return None
     try:
         applicable = applicable_decision(database, policy, kind, torch_version)
-    except sqlite3.Error as exc:  # a truncated or damaged file is often found only when read
+    except DRIVER_ERRORS as exc:  # a truncated or damaged file is often found only when read
         found.notes.append(_locked_note(where) if is_busy(exc) else str(database_error(where, exc)))
         found.store_unusable = True
         found.store_busy = is_busy(exc)

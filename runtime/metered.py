@@ -52,9 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
 from joulepilot.policies.resolve import torch_minor
-from joulepilot.store import as_store_error, is_busy, open_db, transaction
+from joulepilot.store import Store, as_store_error, is_busy, open_db, transaction
 from joulepilot.store.deployment_side_files import (
     deployment_side_file,
     describe_deployment_imports,
@@ -153,7 +152,7 @@ class MeteredModel:
         *,
         deployment_id: int | None,
         db_path: str | None,
-        shared_db: sqlite_utils.Database | None,
+        shared_db: Store | None,
         meter: Any,
         own_meter: bool,
         device: str,
@@ -166,7 +165,7 @@ class MeteredModel:
         device_kind: str | None,
         guard: EnvelopeGuard | None,
         fallback: Fallback | Callable[[], Fallback | None] | None,
-        register: Callable[[sqlite_utils.Database], Any] | None = None,
+        register: Callable[[Store], Any] | None = None,
         generates: bool = False,
     ) -> None:
         self._fn = fn
@@ -202,7 +201,7 @@ class MeteredModel:
         self._own_meter = own_meter
         self._db_path = db_path
         self._shared_db = shared_db
-        self._db: sqlite_utils.Database | None = None
+        self._db: Store | None = None
         self._buffer: list[dict[str, Any]] = []  # windows taken, not yet in the store
         self._pending_trips: list[dict[str, Any]] = []  # trips whose rows are not yet in the store
         # The main thread takes the buffer and write locks only inside `_SIGTERM_DEFERRAL.busy()` (flush, close): the
@@ -328,7 +327,7 @@ class MeteredModel:
             return None
         return float(sum(readings.values())) if readings else None
 
-    def _database(self) -> sqlite_utils.Database:
+    def _database(self) -> Store:
         if self._db is None:
             if not self._db_path:
                 self._db = self._shared_db
@@ -344,7 +343,7 @@ class MeteredModel:
                 self._db = db
         return self._db
 
-    def _registered(self, db: sqlite_utils.Database) -> int:
+    def _registered(self, db: Store) -> int:
         """The deployment's id, registering it first when `attach` left that to this thread (raises as the store)."""
         if self.deployment_id is None and self._register is not None:
             registered = self._register(db)

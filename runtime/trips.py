@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import sqlite_utils
+from joulepilot.store import Store
 from joulepilot.store.deployment_writes import record_violation
 
 from .guard import EnvelopeWarning, Trip, trip_message
@@ -69,7 +69,7 @@ def warn_trip(message: str, *, stacklevel: int = 3) -> None:
     log.warning(message)
 
 
-def write_trip(db: sqlite_utils.Database, rows: Mapping[str, Any]) -> dict[str, Any]:
+def write_trip(db: Store, rows: Mapping[str, Any]) -> dict[str, Any]:
     """Write the rows of `trip_rows` (once: writing them again adds nothing); returns the ids written."""
     written: dict[str, Any] = {"message": rows["message"], "violation_id": None, "decision_id": None}
     if rows.get("violation") is not None:
@@ -78,7 +78,7 @@ def write_trip(db: sqlite_utils.Database, rows: Mapping[str, Any]) -> dict[str, 
     return written
 
 
-def record_trip(db: sqlite_utils.Database, trip: Trip, **fields: Any) -> dict[str, Any]:
+def record_trip(db: Store, trip: Trip, **fields: Any) -> dict[str, Any]:
     """Write the violation and a `violated` decision (`fields` as `trip_rows` takes them), and warn; returns the
     ids written. Without a policy it only warns."""
     rows = trip_rows(trip, **fields)

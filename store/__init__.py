@@ -1,4 +1,4 @@
-"""SQLite store: schema, migrations, typed reads and writes."""
+"""The store: schema, migrations, typed reads and writes, behind its own connection handle (`Store`)."""
 
 from .catalog import config_row, workload_row, workload_rows
 from .commit import (
@@ -10,6 +10,7 @@ from .commit import (
     workload_needs_description,
 )
 from .compile_energy import compile_energy_sources, compile_energy_text, complete_compile_energy_j
+from .connection import Store
 from .daemon_state import (
     HeartbeatRow,
     JobRow,
@@ -61,6 +62,7 @@ from .deployments import (
 )
 from .devicekind import device_kind
 from .errors import (
+    DRIVER_ERRORS,
     DatabaseCorrupt,
     DatabaseMissing,
     DiskFull,
@@ -107,6 +109,7 @@ from .timevalues import iso_utc, parse_since
 from .torchversion import torch_major_minor
 
 __all__ = [
+    "Store",
     "complete_compile_energy_j",
     "compile_energy_sources",
     "compile_energy_text",
@@ -179,6 +182,7 @@ __all__ = [
     "GENERATION_RUN_COLUMNS",
     "SCHEMA_VERSION",
     "StoreError",
+    "DRIVER_ERRORS",
     "DatabaseCorrupt",
     "DiskFull",
     "DatabaseMissing",

@@ -8,24 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlite_utils
+from .connection import Store
 
 
-def _first(db: sqlite_utils.Database, sql: str, args: list[Any]) -> dict[str, Any] | None:
+def _first(db: Store, sql: str, args: list[Any]) -> dict[str, Any] | None:
     rows = list(db.query(sql, args))
     return rows[0] if rows else None
 
 
-def workload_row(db: sqlite_utils.Database, workload_id: str | None) -> dict[str, Any] | None:
+def workload_row(db: Store, workload_id: str | None) -> dict[str, Any] | None:
     """The workloads row with this id, or None."""
     return _first(db, "SELECT * FROM workloads WHERE id = ?", [workload_id]) if workload_id else None
 
 
-def workload_rows(db: sqlite_utils.Database) -> dict[str, dict[str, Any]]:
+def workload_rows(db: Store) -> dict[str, dict[str, Any]]:
     """Every workloads row, by id."""
     return {row["id"]: row for row in db.query("SELECT * FROM workloads")}
 
 
-def config_row(db: sqlite_utils.Database, config_id: str | None) -> dict[str, Any] | None:
+def config_row(db: Store, config_id: str | None) -> dict[str, Any] | None:
     """The configs row with this id, or None."""
     return _first(db, "SELECT * FROM configs WHERE id = ?", [config_id]) if config_id else None

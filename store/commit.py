@@ -8,26 +8,27 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .daemon_state import finish_job
 from .db import transaction
 from .jsonvalues import json_object
 from .records import insert_run, upsert_config, upsert_devices, upsert_workload
+from .schema import RUN_INDEX_COLUMNS
 
 
-def run_columns(db: sqlite_utils.Database) -> set[str]:
-    """The columns of the runs table (a worker's other result keys go into `extra`)."""
-    return set(db["runs"].columns_dict)
+def run_columns(db: Store) -> set[str]:
+    """The columns of the runs table that a result fills (its other keys go into `extra`; the columns indexing
+    `extra` are filled from it)."""
+    return db.column_names("runs") - set(RUN_INDEX_COLUMNS)
 
 
-def workload_needs_description(db: sqlite_utils.Database, workload_id: str) -> bool:
+def workload_needs_description(db: Store, workload_id: str) -> bool:
     """True when the workload is unknown or stored without its description (parameters, FLOPs)."""
     row = db.execute("SELECT params, flops_per_inference FROM workloads WHERE id = ?", [workload_id]).fetchone()
     return row is None or (row[0] is None and row[1] is None)
 
 
-def find_ok_run(db: sqlite_utils.Database, *, workload_id: str, config_id: str, provenance_key: str,
+def find_ok_run(db: Store, *, workload_id: str, config_id: str, provenance_key: str,
                 device: str) -> int | None:
     """The newest ok run of this workload and configuration on `device` under `provenance_key`."""
     row = db.execute(
@@ -38,11 +39,11 @@ def find_ok_run(db: sqlite_utils.Database, *, workload_id: str, config_id: str, 
     return None if row is None else int(row[0])
 
 
-def _write_references(db: sqlite_utils.Database, host: Mapping[str, Any] | None,
+def _write_references(db: Store, host: Mapping[str, Any] | None,
                       devices: Iterable[Mapping[str, Any]], workload: Mapping[str, Any] | None,
                       config: Mapping[str, Any] | None) -> None:
     if host:
-        db.execute("INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
+        db.execute("INSERT INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                    [host["id"], host["hostname"], host.get("cpu"), host.get("created_at") or time.time()])
         devices = list(devices)
         if devices:
@@ -57,7 +58,7 @@ def _write_references(db: sqlite_utils.Database, host: Mapping[str, Any] | None,
             upsert_config(db, config)
 
 
-def commit_run(db: sqlite_utils.Database, run: Mapping[str, Any], samples: Sequence[Sequence[Any]] = (), *,
+def commit_run(db: Store, run: Mapping[str, Any], samples: Sequence[Sequence[Any]] = (), *,
                host: Mapping[str, Any] | None = None, devices: Iterable[Mapping[str, Any]] = (),
                workload: Mapping[str, Any] | None = None, config: Mapping[str, Any] | None = None,
                job_id: int | None = None,
@@ -80,13 +81,13 @@ def commit_run(db: sqlite_utils.Database, run: Mapping[str, Any], samples: Seque
     return run_id
 
 
-def run_warm_start_state(db: sqlite_utils.Database, run_id: int) -> tuple[str | None, float | None]:
+def run_warm_start_state(db: Store, run_id: int) -> tuple[str | None, float | None]:
     """(artifacts_path, warm_start_s) of a stored run; (None, None) for a run that does not exist."""
     row = db.execute("SELECT artifacts_path, warm_start_s FROM runs WHERE id = ?", [int(run_id)]).fetchone()
     return (None, None) if row is None else (row[0], row[1])
 
 
-def record_warm_start(db: sqlite_utils.Database, run_id: int, warm_start_s: float | None,
+def record_warm_start(db: Store, run_id: int, warm_start_s: float | None,
                       details: Mapping[str, Any]) -> bool:
     """Set a stored run's `warm_start_s` (None when the warm start failed) and merge `details` into its
     `extra`, in one transaction; False when the run does not exist."""

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .devicekind import device_kind
 from .torchversion import torch_major_minor
 
 
-def ok_run_groups(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def ok_run_groups(db: Store) -> list[dict[str, Any]]:
     """Ok runs counted per workload, device, device name and torch version (raw values, as stored)."""
     cur = db.execute(
         "SELECT workload_id, device, device_name, torch_version, COUNT(*) AS runs FROM runs WHERE status = 'ok' "
@@ -29,7 +28,7 @@ class RunCoverage:
     workload_pairs: list[dict[str, Any]]
 
 
-def run_coverage(db: sqlite_utils.Database, workload_id: str) -> RunCoverage:
+def run_coverage(db: Store, workload_id: str) -> RunCoverage:
     kinds: set[str] = set()
     pairs: dict[tuple[str, str], int] = {}
     for group in ok_run_groups(db):

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .db import transaction
 from .jsonvalues import json_column
 from .records import upsert_host
@@ -49,12 +48,12 @@ class JobRow(StoredRow):
     workload: str | None = None
 
 
-def _jobs(db: sqlite_utils.Database, sql: str, args: list[Any] | None = None) -> list[JobRow]:
+def _jobs(db: Store, sql: str, args: list[Any] | None = None) -> list[JobRow]:
     return [JobRow.from_columns(row) for row in db.query(sql, args or [])]
 
 
 def enqueue_job(
-    db: sqlite_utils.Database, *, policy: str, workload_id: str, config_id: str, provenance_key: str,
+    db: Store, *, policy: str, workload_id: str, config_id: str, provenance_key: str,
     max_attempts: int = 3,
 ) -> tuple[int, bool]:
     """Queue one measurement; returns (job id, queued now).
@@ -79,15 +78,14 @@ def enqueue_job(
                 )
                 return job_id, True
             return job_id, False
-        cur = db.execute(
+        return db.insert_id(
             "INSERT INTO jobs (policy, workload_id, config_id, provenance_key, state, attempts, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?)",
             [policy, workload_id, config_id, provenance_key, now, now],
-        )
-        return cur.lastrowid, True
+        ), True
 
 
-def drop_queued_jobs(db: sqlite_utils.Database, policy: str, keep_ids: Iterable[int] = ()) -> int:
+def drop_queued_jobs(db: Store, policy: str, keep_ids: Iterable[int] = ()) -> int:
     """Remove a policy's queued jobs that its current plan no longer wants (the file changed)."""
     keep = list(keep_ids)
     with transaction(db):
@@ -97,7 +95,7 @@ def drop_queued_jobs(db: sqlite_utils.Database, policy: str, keep_ids: Iterable[
         return db.execute(sql, [policy, *keep]).rowcount
 
 
-def failed_out_jobs(db: sqlite_utils.Database, workload_ids: Iterable[str], provenance_key: str,
+def failed_out_jobs(db: Store, workload_ids: Iterable[str], provenance_key: str,
                     max_attempts: int) -> dict[str, int]:
     """config_id -> attempts, for the jobs of these workloads under this provenance that failed `max_attempts`
     times or more: `enqueue_job` queues them no more."""
@@ -112,12 +110,12 @@ def failed_out_jobs(db: sqlite_utils.Database, workload_ids: Iterable[str], prov
     return {config_id: int(attempts) for config_id, attempts in rows}
 
 
-def get_job(db: sqlite_utils.Database, job_id: int) -> JobRow | None:
+def get_job(db: Store, job_id: int) -> JobRow | None:
     rows = _jobs(db, "SELECT * FROM jobs WHERE id = ?", [job_id])
     return rows[0] if rows else None
 
 
-def queued_jobs(db: sqlite_utils.Database, limit: int | None = None) -> list[JobRow]:
+def queued_jobs(db: Store, limit: int | None = None) -> list[JobRow]:
     """Queued jobs in the order they will run (oldest first, the planner enqueues cheapest first)."""
     sql = "SELECT * FROM jobs WHERE state = 'queued' ORDER BY id"
     if limit:
@@ -125,13 +123,13 @@ def queued_jobs(db: sqlite_utils.Database, limit: int | None = None) -> list[Job
     return _jobs(db, sql)
 
 
-def has_open_jobs(db: sqlite_utils.Database, policy: str) -> bool:
+def has_open_jobs(db: Store, policy: str) -> bool:
     """True while a job of this policy is queued or running (its sweep is unfinished)."""
     return db.execute("SELECT 1 FROM jobs WHERE policy = ? AND state IN ('queued', 'running') LIMIT 1",
                       [policy]).fetchone() is not None
 
 
-def claim_job(db: sqlite_utils.Database, job_id: int) -> bool:
+def claim_job(db: Store, job_id: int) -> bool:
     """Move a queued job to running; False when it is no longer queued."""
     with transaction(db):
         cur = db.execute(
@@ -142,18 +140,18 @@ def claim_job(db: sqlite_utils.Database, job_id: int) -> bool:
         return cur.rowcount == 1
 
 
-def requeue_job(db: sqlite_utils.Database, job_id: int, *, count_attempt: bool = False) -> None:
+def requeue_job(db: Store, job_id: int, *, count_attempt: bool = False) -> None:
     """Put a running job back in the queue (stopped, or paused for production load)."""
     with transaction(db):
         db.execute(
             "UPDATE jobs SET state = 'queued', updated_at = ?"
-            + ("" if count_attempt else ", attempts = MAX(attempts - 1, 0)")
+            + ("" if count_attempt else ", attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END")
             + " WHERE id = ? AND state = 'running'",
             [time.time(), job_id],
         )
 
 
-def finish_job(db: sqlite_utils.Database, job_id: int, *, state: str, run_id: int | None) -> None:
+def finish_job(db: Store, job_id: int, *, state: str, run_id: int | None) -> None:
     """Mark a job done or failed, linked to its run. Call inside the transaction that wrote the run."""
     if state not in ("done", "failed"):
         raise ValueError(f"a finished job is 'done' or 'failed', not {state!r}")
@@ -162,7 +160,7 @@ def finish_job(db: sqlite_utils.Database, job_id: int, *, state: str, run_id: in
                    [state, run_id, time.time(), job_id])
 
 
-def fail_queued_jobs(db: sqlite_utils.Database, *, workload_id: str, provenance_key: str) -> int:
+def fail_queued_jobs(db: Store, *, workload_id: str, provenance_key: str) -> int:
     """Mark failed, without running them, the queued jobs of one workload under one provenance (its workload
     could not be built, which every one of its configurations would meet): each counts the attempt it would
     have failed, as `claim_job` would have counted it, so `enqueue_job` treats them as it treats jobs that ran
@@ -175,7 +173,7 @@ def fail_queued_jobs(db: sqlite_utils.Database, *, workload_id: str, provenance_
         ).rowcount
 
 
-def recover_orphaned_jobs(db: sqlite_utils.Database) -> list[int]:
+def recover_orphaned_jobs(db: Store) -> list[int]:
     """Jobs left `running` by a daemon that died go back to `queued`; returns their ids.
 
     Only the holder of the daemon's instance lock runs jobs, so once the lock is ours every
@@ -189,14 +187,14 @@ def recover_orphaned_jobs(db: sqlite_utils.Database) -> list[int]:
     return ids
 
 
-def queue_counts(db: sqlite_utils.Database) -> dict[str, int]:
+def queue_counts(db: Store) -> dict[str, int]:
     counts = dict.fromkeys(JOB_STATES, 0)
     for state, n in db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall():
         counts[state] = n
     return counts
 
 
-def list_jobs(db: sqlite_utils.Database, *, state: str | None = None, limit: int | None = None
+def list_jobs(db: Store, *, state: str | None = None, limit: int | None = None
               ) -> list[JobRow]:
     """Jobs with their configuration label and workload spec, in queue order."""
     sql = ("SELECT jobs.*, configs.label AS config_label, workloads.spec AS workload FROM jobs "
@@ -236,7 +234,7 @@ class HeartbeatRow(StoredRow):
 
 
 def write_heartbeat(
-    db: sqlite_utils.Database, state: str, detail: Mapping[str, Any] | None = None, *,
+    db: Store, state: str, detail: Mapping[str, Any] | None = None, *,
     pid: int | None = None, host_id: str | None = None, keep: int = 1000,
 ) -> int:
     """Record what the daemon is doing now; old heartbeats beyond `keep` are pruned.
@@ -246,25 +244,24 @@ def write_heartbeat(
     if state not in HEARTBEAT_STATES:
         raise ValueError(f"heartbeat state {state!r} is not one of {HEARTBEAT_STATES}")
     with transaction(db):
-        cur = db.execute(
+        hb_id = db.insert_id(
             "INSERT INTO heartbeats (pid, host_id, at, state, detail) VALUES (?, ?, ?, ?, ?)",
             [pid if pid is not None else os.getpid(), host_id, time.time(), state,
              bounded_json_text(dict(detail or {}), max_bytes=HEARTBEAT_DETAIL_BYTES, max_str=1000,
                                max_items=50)],
         )
-        hb_id = cur.lastrowid
         if keep:
             db.execute("DELETE FROM heartbeats WHERE id <= ?", [hb_id - keep])
     return hb_id
 
 
-def latest_heartbeat(db: sqlite_utils.Database, state: str | None = None) -> HeartbeatRow | None:
+def latest_heartbeat(db: Store, state: str | None = None) -> HeartbeatRow | None:
     sql = "SELECT * FROM heartbeats" + (" WHERE state = ?" if state else "") + " ORDER BY id DESC LIMIT 1"
     rows = list(db.query(sql, [state] if state else []))
     return HeartbeatRow.from_columns(rows[0]) if rows else None
 
 
-def list_heartbeats(db: sqlite_utils.Database, limit: int = 20) -> list[HeartbeatRow]:
+def list_heartbeats(db: Store, limit: int = 20) -> list[HeartbeatRow]:
     """The newest heartbeats, newest first."""
     return [HeartbeatRow.from_columns(r) for r in db.query(
         "SELECT * FROM heartbeats ORDER BY id DESC LIMIT ?", [int(limit)])]
@@ -273,21 +270,20 @@ def list_heartbeats(db: sqlite_utils.Database, limit: int = 20) -> list[Heartbea
 # --- requests -------------------------------------------------------------------------------------
 
 
-def add_request(db: sqlite_utils.Database, policy: str, *, workload: str | None = None,
+def add_request(db: Store, policy: str, *, workload: str | None = None,
                 host_id: str | None = None, note: str | None = None) -> int:
     """Ask the daemon to (re)benchmark a policy; an unhandled request for the same policy is reused."""
     with transaction(db):
         row = db.execute("SELECT id FROM requests WHERE policy = ? AND handled_at IS NULL", [policy]).fetchone()
         if row is not None:
             return row[0]
-        cur = db.execute(
+        return db.insert_id(
             "INSERT INTO requests (policy, workload, host_id, requested_at, note) VALUES (?, ?, ?, ?, ?)",
             [policy, workload, host_id, time.time(), note],
         )
-        return cur.lastrowid
 
 
-def add_host_request(db: sqlite_utils.Database, policy: str, *, workload: str | None,
+def add_host_request(db: Store, policy: str, *, workload: str | None,
                      host: Mapping[str, Any], note: Mapping[str, Any]) -> int | None:
     """A serving process asks the daemon to benchmark `policy` for its host (recorded too), unless an
     unhandled request for that policy and host is waiting; returns the new request's id, or None."""
@@ -297,18 +293,17 @@ def add_host_request(db: sqlite_utils.Database, policy: str, *, workload: str | 
                              [policy, host_id]).fetchone()
         if waiting is not None:
             return None
-        cur = db.execute(
+        return db.insert_id(
             "INSERT INTO requests (policy, workload, host_id, requested_at, note) VALUES (?, ?, ?, ?, ?)",
             [policy, workload, host_id, time.time(), json.dumps(dict(note), sort_keys=True)],
         )
-        return cur.lastrowid
 
 
-def unhandled_requests(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def unhandled_requests(db: Store) -> list[dict[str, Any]]:
     return list(db.query("SELECT * FROM requests WHERE handled_at IS NULL ORDER BY id"))
 
 
-def mark_requests_handled(db: sqlite_utils.Database, ids: Iterable[int]) -> None:
+def mark_requests_handled(db: Store, ids: Iterable[int]) -> None:
     """Requests answered by a decision (their `note`, the hook's JSON, is left as written)."""
     ids = list(ids)
     if not ids:

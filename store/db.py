@@ -5,13 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
-import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import sqlite_utils
-
+from .connection import Store
 from .errors import (
     DatabaseCorrupt,
     DatabaseMissing,
@@ -52,11 +51,11 @@ def default_db_path() -> Path:
     return default_home() / "joulepilot.db"
 
 
-def schema_version(db: sqlite_utils.Database) -> int:
-    return db.execute("PRAGMA user_version").fetchone()[0]
+def schema_version(db: Store) -> int:
+    return db.schema_version()
 
 
-def migrate(db: sqlite_utils.Database) -> int:
+def migrate(db: Store) -> int:
     """Bring the database to SCHEMA_VERSION; each step commits with its version number, so a step that
     fails (a full disk) leaves the database whole at the version before it, and raises its own error."""
     conn = db.conn
@@ -70,11 +69,11 @@ def migrate(db: sqlite_utils.Database) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Another process may have migrated while we waited for the write lock.
-            if conn.execute("PRAGMA user_version").fetchone()[0] != version:
+            if db.schema_version() != version:
                 conn.execute("ROLLBACK")
                 continue
-            MIGRATIONS[version](conn)
-            conn.execute(f"PRAGMA user_version = {version + 1}")
+            MIGRATIONS[version](db)
+            db.set_schema_version(version + 1)
             conn.execute("COMMIT")
         except BaseException:
             _roll_back_keeping_error(conn)
@@ -94,36 +93,32 @@ def _roll_back_keeping_error(conn: sqlite3.Connection) -> None:
         pass
 
 
-class _ImmutableConnection(sqlite3.Connection):
-    """A connection opened with `immutable=1`: it sees the file as it was, not what the WAL holds."""
-
-
-def opened_immutable(db: sqlite_utils.Database) -> bool:
+def opened_immutable(db: Store) -> bool:
     """Whether `open_db(read_only=True)` had to open this database immutable (a WAL database in a folder this
     user cannot write): such a connection never sees later commits, so keep it for one read, not longer."""
-    return isinstance(db.conn, _ImmutableConnection)
+    return db.immutable
 
 
-def _connect(target: Path, *, read_only: bool, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite3.Connection:
+def _connect(target: Path, *, read_only: bool, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Store:
     timeout = busy_timeout_ms / 1000
     if not read_only:
-        return sqlite3.connect(str(target), timeout=timeout, isolation_level=None, check_same_thread=False)
+        return Store(sqlite3.connect(str(target), timeout=timeout, isolation_level=None, check_same_thread=False))
     uri = Path(os.path.realpath(target)).as_uri()
     try:
         conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, isolation_level=None,
                                check_same_thread=False)
         conn.execute("PRAGMA user_version").fetchone()
-        return conn
+        return Store(conn)
     except sqlite3.OperationalError as exc:
         if is_busy(exc):  # locked by a writer: immutable would read around the lock (and the WAL); say so
             raise
         # A WAL database in a folder we cannot write (no -shm to create): read it as immutable.
-        return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, isolation_level=None,
-                               check_same_thread=False, factory=_ImmutableConnection)
+        return Store(sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=timeout, isolation_level=None,
+                                     check_same_thread=False), immutable=True)
 
 
 def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = True, must_exist: bool = False,
-            read_only: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> sqlite_utils.Database:
+            read_only: bool = False, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> Store:
     """Open the joulepilot database at `path` or the default location.
 
     By default the file is created if needed and migrated to this version's schema. `must_exist`
@@ -140,16 +135,16 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
     if not read_only:
         make_db_folder(target)
     try:
-        conn = _connect(target, read_only=read_only, busy_timeout_ms=busy_timeout_ms)
+        db = _connect(target, read_only=read_only, busy_timeout_ms=busy_timeout_ms)
     except sqlite3.DatabaseError as exc:
         raise database_error(target, exc, busy_timeout_ms=busy_timeout_ms) from exc
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"cannot open database {target}: {exc}; pass --db or set JOULEPILOT_DB") from exc
+    conn = db.conn
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         if read_only:
             conn.execute("PRAGMA query_only = ON")
-        db = sqlite_utils.Database(conn)
         # Before anything is written (WAL, migrations): another program's database is left as it was.
         version = _check_is_joulepilot(db, target, empty_ok=not (read_only or must_exist))
         if version > SCHEMA_VERSION:
@@ -207,7 +202,7 @@ def _quick_check(conn: sqlite3.Connection, target: Path) -> None:
     _found_whole.add(state)
 
 
-def open_for_reading(path: str | os.PathLike | None = None) -> sqlite_utils.Database:
+def open_for_reading(path: str | os.PathLike | None = None) -> Store:
     """Open the database for a command that only reads.
 
     A missing file is refused (DatabaseMissing), and the file is opened read-only, so a database that
@@ -232,23 +227,23 @@ def open_for_reading(path: str | os.PathLike | None = None) -> sqlite_utils.Data
 @functools.cache
 def joulepilot_tables(version: int) -> frozenset[str]:
     """The tables a joulepilot database of schema `version` holds (its migrations, replayed in memory)."""
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    db = Store(sqlite3.connect(":memory:", isolation_level=None))
     try:
         for step in MIGRATIONS[:version]:
-            step(conn)
-        return frozenset(row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            step(db)
+        return frozenset(db.table_names())
     finally:
-        conn.close()
+        db.close()
 
 
-def _schema_state(db: sqlite_utils.Database) -> tuple[int, list[str]]:
+def _schema_state(db: Store) -> tuple[int, list[str]]:
     """The file's schema version and the names of what its schema holds, tables first (SQLite's own left
     out), read in one snapshot so that a migration committing in another process is seen whole or not at
     all."""
     conn = db.conn
     conn.execute("BEGIN")
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        version = db.schema_version()
         names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
                                                 " ORDER BY type != 'table', name")]
     except BaseException:
@@ -263,7 +258,7 @@ def _listed(names: list[str], most: int = 4) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def _check_is_joulepilot(db: sqlite_utils.Database, target: Path, *, empty_ok: bool) -> int:
+def _check_is_joulepilot(db: Store, target: Path, *, empty_ok: bool) -> int:
     """The schema version of a joulepilot database; DatabaseCorrupt for a SQLite file that holds something
     else, and for an empty one unless `empty_ok` (a command that may create the database)."""
     version, names = _schema_state(db)
@@ -285,30 +280,55 @@ def _check_is_joulepilot(db: sqlite_utils.Database, target: Path, *, empty_ok: b
     return version
 
 
-def _write_lock(db: sqlite_utils.Database) -> threading.RLock:
-    """The lock that makes one connection's transactions take turns between this process's threads."""
-    return db.__dict__.setdefault("_joulepilot_write_lock", threading.RLock())  # dict.setdefault is atomic
+LOCK_SLICE_MS = 200  # the longest a signal waits to be handled while a write waits for the lock (`stop`)
+
+
+def _waits_for_lock(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused because another connection holds the lock (worth waiting for)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _begin_write(conn: sqlite3.Connection, stop: Callable[[], bool] | None) -> None:
+    """BEGIN IMMEDIATE, waiting for another process's write lock as long as the connection's busy timeout
+    allows, slice by slice: SQLite waits in C code, where Python cannot run a signal handler, so between slices
+    Python handles signals, and `stop()` returning True ends the wait (raising SQLite's 'database is locked')."""
+    total_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    deadline = time.monotonic() + total_ms / 1000
+    conn.execute(f"PRAGMA busy_timeout = {min(LOCK_SLICE_MS, total_ms)}")
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _waits_for_lock(exc) or time.monotonic() >= deadline or (stop is not None and stop()):
+                    raise
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {total_ms}")
 
 
 @contextmanager
-def transaction(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
+def transaction(db: Store, stop: Callable[[], bool] | None = None) -> Iterator[Store]:
     """One logical write: everything inside commits together or not at all.
 
     A connection used from several threads (the daemon measuring on several GPUs) runs their transactions
     one after another: without the lock a second thread would find the first one's transaction open and
-    write into it, to be committed or rolled back with work that is not its own."""
+    write into it, to be committed or rolled back with work that is not its own. The wait for another
+    process's write lock is taken in slices (see `_begin_write`), which `stop()` returning True ends."""
     conn = db.conn
-    with _write_lock(db):
+    with db.write_lock:
         if conn.in_transaction:
             yield db  # nested: the outer transaction (this thread's, as we hold the lock) owns the commit
             return
-        conn.execute("BEGIN IMMEDIATE")
+        _begin_write(conn, stop)
         try:
             yield db
+            conn.execute("COMMIT")
         except BaseException:
             # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR); keep the original error.
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _roll_back_keeping_error(conn)
             raise
-        else:
-            conn.execute("COMMIT")

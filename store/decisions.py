@@ -15,8 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .db import transaction
 from .jsonvalues import json_object, strict_json_text
 from .rows import StoredRow
@@ -63,23 +62,22 @@ class DecisionSummary(DecisionRow):
     precision: str | None = None
 
 
-def write_decision(db: sqlite_utils.Database, record: Mapping[str, Any]) -> int:
+def write_decision(db: Store, record: Mapping[str, Any]) -> int:
     """Insert one decision row; returns its id."""
     row = {k: record.get(k) for k in DECISION_COLUMNS}
     if row["details"] is not None and not isinstance(row["details"], str):
         row["details"] = strict_json_text(row["details"], sort_keys=True, default=str)
     with transaction(db):
-        cur = db.execute(f"INSERT INTO decisions ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+        return db.insert_id(f"INSERT INTO decisions ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
                          list(row.values()))
-    return cur.lastrowid
 
 
-def _rows(db: sqlite_utils.Database, sql: str, args: list[Any]) -> list[DecisionRow]:
+def _rows(db: Store, sql: str, args: list[Any]) -> list[DecisionRow]:
     return [DecisionRow.from_columns(row) for row in db.query(sql, args)]
 
 
 def latest_decision(
-    db: sqlite_utils.Database,
+    db: Store,
     policy: str,
     device_kind: str,
     torch_version: str | None = None,
@@ -101,7 +99,7 @@ def latest_decision(
 
 
 def newest_decisions(
-    db: sqlite_utils.Database,
+    db: Store,
     policy: str,
     device_kind: str,
     torch_version: str | None = None,
@@ -131,7 +129,7 @@ def newest_decisions(
     return _rows(db, f"{sql} ORDER BY {NEWEST_FIRST} LIMIT ?", [*args, int(limit)])
 
 
-def list_decisions(db: sqlite_utils.Database, policy: str | None = None, *, latest_only: bool = False,
+def list_decisions(db: Store, policy: str | None = None, *, latest_only: bool = False,
                    limit: int | None = None) -> list[DecisionRow]:
     """Decisions newest first; `latest_only` keeps the one in force per (policy, device_kind, torch)."""
     sql = "SELECT * FROM decisions" + (" WHERE policy = ?" if policy else "") + f" ORDER BY {NEWEST_FIRST}"
@@ -157,7 +155,7 @@ ORDER BY d.policy, d.device_kind
 """
 
 
-def latest_decisions(db: sqlite_utils.Database) -> list[DecisionSummary]:
+def latest_decisions(db: Store) -> list[DecisionSummary]:
     """The latest decision of every (policy, device kind), any torch version and any state, with its
     configuration's label and knobs; by policy, then device kind."""
     return [DecisionSummary.from_columns(row) for row in db.query(LATEST_DECISIONS_SQL)]

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import sqlite_utils
+from .connection import Store
 
 # A window's energy is (partly) an estimate when its source names `estimate` (`estimate`, `nvml+estimate`).
-_ESTIMATED = "instr(energy_source, 'estimate') > 0"
+_ESTIMATED = "energy_source LIKE '%estimate%'"
 _SHARED = "other_processes != 0"
 
 
@@ -68,7 +68,7 @@ class SampleTotals:
         return self.token_energy_j / self.tokens if self.tokens else None
 
 
-def sample_totals(db: sqlite_utils.Database, deployment_id: int, *, since: float | None = None,
+def sample_totals(db: Store, deployment_id: int, *, since: float | None = None,
                   max_avg_power_w: float | None = None, max_peak_power_w: float | None = None) -> SampleTotals:
     """The sums of `SampleTotals` over the period."""
     where, args = _period(deployment_id, since)
@@ -108,7 +108,7 @@ class ConfigTotals:
     tokens: int | None = None  # a generation's (None: forward calls)
 
 
-def config_totals(db: sqlite_utils.Database, deployment_id: int, *,
+def config_totals(db: Store, deployment_id: int, *,
                   since: float | None = None) -> list[ConfigTotals]:
     """Per configuration the windows recorded as served with it, by config id (windows recording none left out)."""
     where, args = _period(deployment_id, since)
@@ -117,7 +117,7 @@ def config_totals(db: sqlite_utils.Database, deployment_id: int, *,
         f"WHERE {where} AND config_id IS NOT NULL AND config_id != '' GROUP BY config_id ORDER BY config_id", args)]
 
 
-def recent_samples(db: sqlite_utils.Database, deployment_id: int, limit: int, *,
+def recent_samples(db: Store, deployment_id: int, limit: int, *,
                    since: float | None = None) -> tuple[list[dict[str, Any]], float]:
     """The last `limit` windows of the period in time order, and the energy of the period's windows before them
     (0.0 when none is left out), from which their cumulative energy counts."""
@@ -163,7 +163,7 @@ class TimelineSpan:
         return getattr(self, key, default)
 
 
-def sample_timeline(db: sqlite_utils.Database, deployment_id: int, spans: int, *,
+def sample_timeline(db: Store, deployment_id: int, spans: int, *,
                     since: float | None = None) -> list[TimelineSpan]:
     """The period cut into at most `spans` equal stretches of time by window start, each with its windows summed;
     stretches with no window are left out."""
@@ -175,11 +175,13 @@ def sample_timeline(db: sqlite_utils.Database, deployment_id: int, spans: int, *
         return []
     t0, t1 = bounds
     width = (t1 - t0) / spans if t1 > t0 else 1.0
+    span = db.whole_part("(t_start - ?) / ?")  # never negative: t0 is the first window's start; the last span
+    # takes the windows past it
     rows = db.execute(
         "SELECT MIN(t_start), MAX(t_end), COUNT(*), SUM(energy_j), SUM(inferences), SUM(t_end - t_start), "
         "MAX(avg_power_w), MAX(peak_power_w) "
-        f"FROM deployment_samples WHERE {where} GROUP BY MIN(CAST((t_start - ?) / ? AS INTEGER), ?) "
-        "ORDER BY MIN(t_start)", [*args, t0, width, spans - 1]).fetchall()
+        f"FROM deployment_samples WHERE {where} GROUP BY CASE WHEN {span} > ? THEN ? ELSE {span} END "
+        "ORDER BY MIN(t_start)", [*args, t0, width, spans - 1, spans - 1, t0, width]).fetchall()
     out, cumulative = [], 0.0
     for start, end, windows, energy_j, inferences, duration_s, max_avg, peak in rows:
         cumulative += energy_j
@@ -205,14 +207,15 @@ class CallsProgress:
     crossing: tuple[float, float, int, int] | None
 
 
-def calls_progress(db: sqlite_utils.Database, deployment_id: int, config_id: str, *,
+def calls_progress(db: Store, deployment_id: int, config_id: str, *,
                    calls_needed: float | None = None) -> CallsProgress:
     """Every window of the deployment served with `config_id` (or recording no configuration), whatever its
     time, summed; and where the running count of their calls reached `calls_needed`."""
     where = "deployment_id = ? AND (config_id IS NULL OR config_id = '' OR config_id = ?)"
     args: list[Any] = [deployment_id, config_id]
     calls, metered_s = db.execute(
-        f"SELECT COALESCE(SUM(inferences), 0), COALESCE(SUM(MAX(0.0, t_end - t_start)), 0) "
+        f"SELECT COALESCE(SUM(inferences), 0), "
+        "COALESCE(SUM(CASE WHEN t_end > t_start THEN t_end - t_start ELSE 0.0 END), 0) "
         f"FROM deployment_samples WHERE {where}", args).fetchone()
     first = db.execute(f"SELECT t_start FROM deployment_samples WHERE {where} ORDER BY t_start, id LIMIT 1",
                        args).fetchone()
@@ -228,7 +231,7 @@ def calls_progress(db: sqlite_utils.Database, deployment_id: int, config_id: str
                          crossing=crossing)  # type: ignore[arg-type]
 
 
-def sources_at(db: sqlite_utils.Database, deployment_id: int, moments: Iterable[float]) -> dict[float, str]:
+def sources_at(db: Store, deployment_id: int, moments: Iterable[float]) -> dict[float, str]:
     """{moment: the energy source of the window it falls in} (t_start < moment <= t_end: a guard trip's time is
     the end of the window that tripped it; where windows overlap, the one that started last); moments in no
     window are left out. One index seek per moment."""

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
+from .db import transaction
 from .deployment_writes import record_violation, store_samples
 from .deployments import get_deployment, register_deployment
 from .files import write_file_atomic
 from .pending import (
     PENDING_SUFFIX,
-    _write_transaction,
     claimable_files,
     import_claimed_files,
 )
@@ -73,7 +72,7 @@ def drop_deployment_side_file(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def deployment_side_files(db: sqlite_utils.Database) -> list[Path]:
+def deployment_side_files(db: Store) -> list[Path]:
     """The deployment side files beside `db` to import: those nobody claimed, then stale claims."""
     return claimable_files(db, SIDE_FILE_PREFIX)
 
@@ -105,7 +104,7 @@ def _read_side_file(path: Path) -> tuple[str, list[dict[str, Any]], list[dict[st
     return record["deployment"], samples, violations
 
 
-def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
+def _import_claimed(db: Store, claimed: Path, name: Path,
                     stop: Callable[[], bool] | None) -> DeploymentImport:
     """What importing the claimed file did."""
     try:
@@ -114,7 +113,7 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
         return DeploymentImport(name, None, error=f"unreadable side file: {exc}")
     item = DeploymentImport(name, deployment)
     try:
-        with _write_transaction(db, stop):
+        with transaction(db, stop):
             row = get_deployment(db, deployment)
             deployment_id = row["id"] if row is not None else register_deployment(db, deployment)
             stored = store_samples(db, deployment_id, samples)
@@ -129,7 +128,7 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path,
     return item
 
 
-def import_deployment_side_files(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None, *,
+def import_deployment_side_files(db: Store, stop: Callable[[], bool] | None = None, *,
                                  refused: StoreRefusal | None = None) -> list[DeploymentImport]:
     """Store every deployment side file beside `db` and remove it; returns what happened to each. A file that
     cannot be imported now (the store is locked, the file is damaged) is kept and tried again next time.

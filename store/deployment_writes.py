@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-import sqlite_utils
-
+from .connection import Store
 from .db import transaction
 from .deployments import insert_samples, insert_violation, mark_decision_violated
 
@@ -31,7 +30,7 @@ class SamplesStored(NamedTuple):
         return self.inserted + self.extended
 
 
-def store_samples(db: sqlite_utils.Database, deployment_id: int, samples: Iterable[Mapping[str, Any]]
+def store_samples(db: Store, deployment_id: int, samples: Iterable[Mapping[str, Any]]
                   ) -> SamplesStored:
     """Write the windows not stored yet, and extend those stored shorter, in one transaction."""
     new: list[Mapping[str, Any]] = []
@@ -55,7 +54,7 @@ def store_samples(db: sqlite_utils.Database, deployment_id: int, samples: Iterab
     return SamplesStored(inserted, extended, already, calls)
 
 
-def record_violation(db: sqlite_utils.Database, decision: Mapping[str, Any] | None,
+def record_violation(db: Store, decision: Mapping[str, Any] | None,
                      violation: Mapping[str, Any]) -> tuple[int, int | None, bool]:
     """Store an envelope violation and, when given, the `violated` decision it comes with (the keyword
     arguments of `mark_decision_violated` and `insert_violation`), both or neither. A violation without a

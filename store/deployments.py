@@ -7,8 +7,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .db import transaction
 from .jsonvalues import json_column
 
@@ -27,12 +26,12 @@ SAMPLE_FIELDS = (
 )
 
 
-def _has_column(db: sqlite_utils.Database, table: str, column: str) -> bool:
-    return column in db[table].columns_dict
+def _has_column(db: Store, table: str, column: str) -> bool:
+    return column in db.column_names(table)
 
 
 def register_deployment(
-    db: sqlite_utils.Database,
+    db: Store,
     name: str,
     *,
     policy: str | None = None,
@@ -61,11 +60,10 @@ def register_deployment(
         row = db.execute("SELECT id FROM deployments WHERE name = ?", [name]).fetchone()
         if row is None:
             cols = ["name", "created_at", *fields]
-            cur = db.execute(
+            return db.insert_id(
                 f"INSERT INTO deployments ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                 [name, time.time(), *fields.values()],
             )
-            return int(cur.lastrowid)
         present = {k: v for k, v in fields.items() if v is not None}
         if present:
             assignments = ", ".join(f"{k} = ?" for k in present)
@@ -73,13 +71,13 @@ def register_deployment(
         return int(row[0])
 
 
-def set_deployment_config(db: sqlite_utils.Database, deployment_id: int, config_id: str | None) -> None:
+def set_deployment_config(db: Store, deployment_id: int, config_id: str | None) -> None:
     """Record the configuration now serving (after a fallback swap)."""
     with transaction(db):
         db.execute("UPDATE deployments SET config_id = ? WHERE id = ?", [config_id, deployment_id])
 
 
-def get_deployment(db: sqlite_utils.Database, name: str) -> dict[str, Any] | None:
+def get_deployment(db: Store, name: str) -> dict[str, Any] | None:
     rows = list(db.query("SELECT * FROM deployments WHERE name = ?", [name]))
     return _decode_details(rows[0]) if rows else None
 
@@ -90,7 +88,7 @@ def _decode_details(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def list_deployments(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def list_deployments(db: Store) -> list[dict[str, Any]]:
     """Every deployment with the sums of its samples, by name."""
     sql = """
     SELECT d.*, COUNT(s.id) AS samples, MIN(s.t_start) AS first_t, MAX(s.t_end) AS last_t,
@@ -103,7 +101,7 @@ def list_deployments(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     return [_decode_details(r) for r in db.query(sql)]
 
 
-def insert_samples(db: sqlite_utils.Database, deployment_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
+def insert_samples(db: Store, deployment_id: int, samples: Iterable[Mapping[str, Any]]) -> int:
     """Write a batch of samples in one transaction; returns how many were written."""
     rows = [
         tuple([deployment_id] + [s.get(k) if k != "other_processes" else int(s.get(k) or 0) for k in SAMPLE_FIELDS])
@@ -114,12 +112,12 @@ def insert_samples(db: sqlite_utils.Database, deployment_id: int, samples: Itera
     cols = ", ".join(("deployment_id",) + SAMPLE_FIELDS)
     marks = ", ".join("?" for _ in range(len(SAMPLE_FIELDS) + 1))
     with transaction(db):
-        db.conn.executemany(f"INSERT INTO deployment_samples ({cols}) VALUES ({marks})", rows)
+        db.executemany(f"INSERT INTO deployment_samples ({cols}) VALUES ({marks})", rows)
     return len(rows)
 
 
 def read_samples(
-    db: sqlite_utils.Database, deployment_id: int, *, since: float | None = None
+    db: Store, deployment_id: int, *, since: float | None = None
 ) -> list[dict[str, Any]]:
     """Samples in time order; `since` (epoch seconds) keeps windows that end after it."""
     sql = "SELECT * FROM deployment_samples WHERE deployment_id = ?"
@@ -131,7 +129,7 @@ def read_samples(
 
 
 def insert_violation(
-    db: sqlite_utils.Database,
+    db: Store,
     *,
     policy: str,
     deployment: str,
@@ -143,17 +141,16 @@ def insert_violation(
     at: float | None = None,
 ) -> int:
     with transaction(db):
-        cur = db.execute(
+        return db.insert_id(
             "INSERT INTO violations (decision_id, policy, deployment, config_id, limit_name, limit_value, "
             "measured_value, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [decision_id, policy, deployment, config_id, limit_name, limit_value, measured_value,
              at if at is not None else time.time()],
         )
-        return int(cur.lastrowid)
 
 
 def list_violations(
-    db: sqlite_utils.Database, *, deployment: str | None = None, since: float | None = None
+    db: Store, *, deployment: str | None = None, since: float | None = None
 ) -> list[dict[str, Any]]:
     clauses, args = [], []
     if deployment is not None:
@@ -167,7 +164,7 @@ def list_violations(
 
 
 def violated_config_ids(
-    db: sqlite_utils.Database, policy: str, device_kind: str, *, torch_version: str | None = None
+    db: Store, policy: str, device_kind: str, *, torch_version: str | None = None
 ) -> set[str]:
     """Configurations that broke `policy`'s envelope in a deployment on `device_kind`.
 
@@ -196,7 +193,7 @@ def violated_config_ids(
 
 
 def mark_decision_violated(
-    db: sqlite_utils.Database,
+    db: Store,
     *,
     policy: str,
     policy_hash: str,

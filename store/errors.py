@@ -33,6 +33,9 @@ class ExportFormatError(StoreError):
     """A runs export file that cannot be read or imported; the message names the file, record and field."""
 
 
+# What the database driver raises (`database_error` maps them): other parts catch them by this name.
+DRIVER_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,)
+
 # Errors that carry no result code, matched on their message.
 _CODES_BY_TEXT = (("locked", sqlite3.SQLITE_BUSY), ("busy", sqlite3.SQLITE_BUSY),
                   ("disk is full", sqlite3.SQLITE_FULL), ("readonly", sqlite3.SQLITE_READONLY),

@@ -18,15 +18,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-from sqlite_utils.db import Column
-
 from .compile_energy import has_parts, legacy_parts
+from .connection import Column, Store
 from .db import transaction
 from .errors import ExportFormatError
 from .files import write_file_atomic
 from .importcheck import checked_row
 from .jsonvalues import json_output, row_from_json
+from .records import insert_row, insert_run
 
 PARTS = ("run", "workload", "config", "host")
 _TABLES = {"run": "runs", "workload": "workloads", "config": "configs", "host": "hosts"}
@@ -37,7 +36,7 @@ HOW_TO_EXPORT = "write one with `joulepilot runs export FILE`"
 ConfigCheck = Callable[[dict[str, Any]], object]
 
 
-def export_runs(db: sqlite_utils.Database, where: str | None = None, params: Iterable[Any] = (), *,
+def export_runs(db: Store, where: str | None = None, params: Iterable[Any] = (), *,
                 workload: str | None = None, since: float | None = None) -> list[dict]:
     """Runs with their workload, config and host rows, oldest first, as stored.
 
@@ -57,7 +56,7 @@ def export_runs(db: sqlite_utils.Database, where: str | None = None, params: Ite
 
     def row(table: str, key: Any) -> Any:
         if (table, key) not in cache:
-            cache[(table, key)] = db[table].get(key)
+            cache[(table, key)] = next(db.query(f"SELECT * FROM {table} WHERE id = ?", [key]), None)
         return cache[(table, key)]
 
     return [{"run": run, "workload": row("workloads", run["workload_id"]), "config": row("configs", run["config_id"]),
@@ -116,7 +115,7 @@ def _normalised(tables: Mapping[str, Sequence[Column]], rec: Any, index: int, so
     return out
 
 
-def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]], *, source: str = "import",
+def import_runs(db: Store, records: Iterable[Mapping[str, Any]], *, source: str = "import",
                 check_config: ConfigCheck | None = None) -> list[int]:
     """Insert exported records in one transaction; returns the new run ids (skipped ones omitted).
 
@@ -127,14 +126,13 @@ def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]],
     raises ExportFormatError naming `source`, the record's index and run id, the field and the problem, and
     nothing is imported.
     """
-    tables = {table: db[table].columns for table in _TABLES.values()}
+    tables = {table: db.columns(table) for table in _TABLES.values()}
     normalised = [_normalised(tables, rec, i, source, check_config) for i, rec in enumerate(records)]
     new_ids: list[int] = []
     with transaction(db):
         for rec in normalised:
-            db["hosts"].insert(rec["host"], pk="id", ignore=True)
-            db["workloads"].insert(rec["workload"], pk="id", ignore=True)
-            db["configs"].insert(rec["config"], pk="id", ignore=True)
+            for part in ("host", "workload", "config"):
+                insert_row(db, _TABLES[part], rec[part], on_conflict="nothing")
             run = {k: v for k, v in rec["run"].items() if k != "id"}
             exists = db.execute(
                 "SELECT 1 FROM runs WHERE workload_id = ? AND config_id = ? AND host_id = ? AND started_at = ?"
@@ -143,10 +141,7 @@ def import_runs(db: sqlite_utils.Database, records: Iterable[Mapping[str, Any]],
             ).fetchone()
             if exists:
                 continue
-            cols = ", ".join(run)
-            cur = db.execute(f"INSERT INTO runs ({cols}) VALUES ({', '.join('?' for _ in run)})",
-                             list(run.values()))
-            new_ids.append(cur.lastrowid)
+            new_ids.append(insert_run(db, run))
     return new_ids
 
 

@@ -13,8 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlite_utils.db import Column
-
+from .connection import Column
 from .jsonvalues import FLAG_KEYS, JSON_TEXT_KEYS
 
 RUN_STATUSES = ("ok", "failed")

@@ -7,9 +7,9 @@ refused for a later try instead.
 
 from __future__ import annotations
 
-import sqlite_utils
+from .connection import Store
 
 
-def set_lock_wait_s(db: sqlite_utils.Database, seconds: float) -> None:
+def set_lock_wait_s(db: Store, seconds: float) -> None:
     """Wait at most `seconds` for a lock held by another connection (0: fail at once)."""
-    db.execute(f"PRAGMA busy_timeout = {max(0, round(seconds * 1000))}")
+    db.set_lock_wait_ms(round(seconds * 1000))

@@ -11,8 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .db import schema_version
 from .decisions import DecisionRow
 from .devicekind import device_kind
@@ -26,7 +25,7 @@ class SchemaTooOld(StoreError):
     """A read-only reader met a database that no writer has migrated to this version yet."""
 
 
-def require_current_schema(db: sqlite_utils.Database, path: str | os.PathLike) -> None:
+def require_current_schema(db: Store, path: str | os.PathLike) -> None:
     """Refuse a database older than this joulepilot: a read-only reader cannot migrate it."""
     version = schema_version(db)
     if version < SCHEMA_VERSION:
@@ -35,7 +34,7 @@ def require_current_schema(db: sqlite_utils.Database, path: str | os.PathLike) -
 
 
 @contextmanager
-def read_snapshot(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
+def read_snapshot(db: Store) -> Iterator[Store]:
     """All reads inside see the same committed state (one WAL read transaction)."""
     conn = db.conn
     if conn.in_transaction:
@@ -48,7 +47,7 @@ def read_snapshot(db: sqlite_utils.Database) -> Iterator[sqlite_utils.Database]:
         conn.execute("ROLLBACK")
 
 
-def decision_workload_id(db: sqlite_utils.Database, decision: DecisionRow) -> str | None:
+def decision_workload_id(db: Store, decision: DecisionRow) -> str | None:
     """The workload a decision is about: recorded in its details, else the daemon's jobs for the policy."""
     recorded = decision.details.get("workload_id")
     if recorded:
@@ -86,7 +85,7 @@ class DecidedFigures:
     run_id: int | None = None
 
 
-def decided_figures(db: sqlite_utils.Database, decision: DecisionRow) -> DecidedFigures | None:
+def decided_figures(db: Store, decision: DecisionRow) -> DecidedFigures | None:
     """The measured figures of the decided configuration on the decision's device kind and torch (None: none).
 
     A decision made by the resolver records the figures it was made from (`details.measured`), and those
@@ -114,7 +113,7 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _own_device_run(db: sqlite_utils.Database, decision: DecisionRow) -> dict[str, Any] | None:
+def _own_device_run(db: Store, decision: DecisionRow) -> dict[str, Any] | None:
     """The newest ok run of the decided configuration and workload on the decision's device kind and torch
     major.minor; one under the decision's provenance key (when it recorded one) before any other."""
     workload_ids = [str(w) for w in decision.details.get("workload_ids") or [] if w]
@@ -136,7 +135,7 @@ def _own_device_run(db: sqlite_utils.Database, decision: DecisionRow) -> dict[st
     return runs[0] if runs else None
 
 
-def deployment_totals(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def deployment_totals(db: Store) -> list[dict[str, Any]]:
     """Per deployment: its row (details decoded), energy by source, inferences, and its latest sample.
 
     Keys: id, name, policy, device, host_id, details (dict), energy_by_source ({source: joules}),
@@ -167,7 +166,7 @@ def deployment_totals(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     return list(deployments.values())
 
 
-def recorded_gpu(db: sqlite_utils.Database, host_id: str | None, device_id: str) -> dict[str, Any] | None:
+def recorded_gpu(db: Store, host_id: str | None, device_id: str) -> dict[str, Any] | None:
     """The devices row for `device_id` ('gpu:N') on a host: name, uuid, ... (None when not recorded)."""
     if not host_id:
         return None
@@ -175,7 +174,7 @@ def recorded_gpu(db: sqlite_utils.Database, host_id: str | None, device_id: str)
     return rows[0] if rows else None
 
 
-def violation_counts(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def violation_counts(db: Store) -> list[dict[str, Any]]:
     """How many envelope violations each (policy, deployment) has recorded."""
     return list(db.query("SELECT policy, deployment, COUNT(*) AS n FROM violations "
                          "GROUP BY policy, deployment ORDER BY policy, deployment"))

@@ -14,7 +14,7 @@ importer wins and the others skip the file. A claim whose process is gone, or ol
 claimed again by the next importer; the run's `pending_id` is looked up inside the import's transaction, so
 an importer that was only slow, or a copy of the file, stores nothing a second time.
 
-The wait for another process's write lock is taken in slices of LOCK_SLICE_MS, up to the connection's busy
+The wait for another process's write lock is taken in slices of `db.LOCK_SLICE_MS`, up to the connection's busy
 timeout in all: SQLite waits in C code, where Python cannot run a signal handler, so one long wait would
 hold off a SIGTERM until it ended. Once the database refuses one file for a reason every file would meet (the
 lock still held after that wait, a full disk, a read-only file: `refusals.store_refusal`), the others are not
@@ -31,26 +31,22 @@ import secrets
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import sqlite_utils
-
 from .commit import commit_run
+from .connection import Store
 from .daemon_state import get_job
-from .db import _write_lock
+from .db import transaction
 from .errors import StoreError, database_error
 from .files import write_file_atomic
-from .jsonvalues import json_object
 from .refusals import StoreRefusal, refused_line, store_refusal
 
 log = logging.getLogger(__name__)
 
 PENDING_SUFFIX = ".pending"
-LOCK_SLICE_MS = 200  # the longest a signal waits to be handled while a commit waits for the write lock
 CLAIM_MARK = ".claimed-"  # run-X.json.claimed-<pid>-<unix time>-<token>: being imported by that process
 CLAIM_STALE_S = 600.0  # a claim this old is taken over even if its pid is alive (a reused pid, a hung importer)
 
@@ -78,16 +74,8 @@ class PendingImport:
     tried: bool = True  # False: not tried, as the database had refused another file already
 
 
-def database_file(db: sqlite_utils.Database) -> Path | None:
-    """The main database file behind `db` (None for an in-memory database)."""
-    for _seq, name, file in db.execute("PRAGMA database_list").fetchall():
-        if name == "main":
-            return Path(file) if file else None
-    return None
-
-
-def pending_dir(db: sqlite_utils.Database) -> Path | None:
-    path = database_file(db)
+def pending_dir(db: Store) -> Path | None:
+    path = db.file
     return None if path is None else path.with_name(path.name + PENDING_SUFFIX)
 
 
@@ -97,63 +85,12 @@ def _write_side_file(folder: Path, record: Mapping[str, Any]) -> Path:
     return write_file_atomic(target, json.dumps(record, default=str).encode("utf-8"))
 
 
-def _waits_for_lock(exc: sqlite3.Error) -> bool:
-    """Whether SQLite refused because another connection holds the lock (worth waiting for)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
-def _begin_write(conn: sqlite3.Connection, stop: Callable[[], bool] | None) -> None:
-    """BEGIN IMMEDIATE, waiting for another process's write lock as long as the connection's busy timeout
-    allows, slice by slice: between slices Python handles signals, and `stop()` returning True ends the wait
-    (raising SQLite's 'database is locked')."""
-    total_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
-    deadline = time.monotonic() + total_ms / 1000
-    conn.execute(f"PRAGMA busy_timeout = {min(LOCK_SLICE_MS, total_ms)}")
-    try:
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not _waits_for_lock(exc) or time.monotonic() >= deadline or (stop is not None and stop()):
-                    raise
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {total_ms}")
-
-
-@contextmanager
-def _write_transaction(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None) -> Iterator[None]:
-    """`store.transaction`, but its wait for the write lock is taken in slices (see `_begin_write`); the
-    writes inside (commit_run's own transaction) join it."""
-    conn = db.conn
-    with _write_lock(db):
-        if conn.in_transaction:  # inside the caller's transaction, which owns the commit
-            yield
-            return
-        _begin_write(conn, stop)
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            # SQLite may have rolled back already (SQLITE_FULL, SQLITE_IOERR); keep the original error.
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            raise
-
-
-def _failure(exc: BaseException, db: sqlite_utils.Database) -> StoreError | None:
+def _failure(exc: BaseException, db: Store) -> StoreError | None:
     """SQLite's refusal of the commit as the store's error, naming the file and the fix; None for anything else."""
     if not isinstance(exc, sqlite3.Error):
         return None
     try:
-        where: Any = database_file(db) or "(in memory)"
+        where: Any = db.file or "(in memory)"
     except sqlite3.Error:
         where = "(the database)"
     return database_error(where, exc)
@@ -169,7 +106,7 @@ def _why(exc: BaseException, failure: StoreError | None) -> str:
     return f"{type(exc).__name__} during the commit: {exc}"
 
 
-def _keep_aside(db: sqlite_utils.Database, record: Mapping[str, Any]) -> Path:
+def _keep_aside(db: Store, record: Mapping[str, Any]) -> Path:
     """Write the side file. A second interruption while it is written (Ctrl-C twice) is held back until the
     file is whole, then raised."""
     error = record["error"]
@@ -183,7 +120,7 @@ def _keep_aside(db: sqlite_utils.Database, record: Mapping[str, Any]) -> Path:
             path = _write_side_file(folder, record)
             break
         except OSError as exc:
-            raise RunNotStored(f"the run could not be stored in {database_file(db)} ({error}) nor kept in "
+            raise RunNotStored(f"the run could not be stored in {db.file} ({error}) nor kept in "
                                f"{folder} ({exc.strerror or exc}); free space on that disk") from exc
         except BaseException as exc:
             interrupted = exc
@@ -195,7 +132,7 @@ def _keep_aside(db: sqlite_utils.Database, record: Mapping[str, Any]) -> Path:
     return path
 
 
-def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
+def commit_run_or_set_aside(db: Store, run: Mapping[str, Any],
                             samples: Sequence[Sequence[Any]] = (), *, host: Mapping[str, Any] | None = None,
                             devices: Iterable[Mapping[str, Any]] = (), workload: Mapping[str, Any] | None = None,
                             config: Mapping[str, Any] | None = None, job_id: int | None = None,
@@ -215,7 +152,7 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
     samples = [list(s) for s in samples]
     further = [(_with_pending_id(more, pending_id), [list(x) for x in more_samples]) for more, more_samples in further]
     try:
-        with _write_transaction(db, stop):
+        with transaction(db, stop):
             run_id = commit_run(db, run, samples, host=host, devices=devices, workload=workload, config=config,
                                 job_id=job_id, further=further)
         return StoreOutcome(run_id)
@@ -230,7 +167,7 @@ def commit_run_or_set_aside(db: sqlite_utils.Database, run: Mapping[str, Any],
         if failure is not None:
             return StoreOutcome(None, path, error, failure)
         log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
-                    "or the daemon opens this database", database_file(db), error, path)
+                    "or the daemon opens this database", db.file, error, path)
         raise
 
 
@@ -242,17 +179,10 @@ def _with_pending_id(run: Mapping[str, Any], pending_id: str) -> dict[str, Any]:
     return {**run, "extra": {**extra, "pending_id": pending_id}}
 
 
-def _stored_pending_run(db: sqlite_utils.Database, pending_id: str) -> int | None:
-    """The run committed with this `pending_id`, if any. A run's `extra` may hold NaN (a worker's result keys),
-    which SQLite's JSON functions reject with 'malformed JSON': such rows are matched on their text and read
-    in Python instead, so that one of them neither fails the lookup nor hides a run stored before."""
-    rows = db.execute("SELECT id, CASE WHEN json_valid(extra) THEN NULL ELSE extra END FROM runs "
-                      "WHERE CASE WHEN json_valid(extra) THEN json_extract(extra, '$.pending_id') = ? "
-                      "ELSE instr(extra, ?) > 0 END ORDER BY id", [pending_id, pending_id]).fetchall()
-    for run_id, loose_extra in rows:
-        if loose_extra is None or json_object(loose_extra).get("pending_id") == pending_id:
-            return int(run_id)
-    return None
+def _stored_pending_run(db: Store, pending_id: str) -> int | None:
+    """The first run committed with this `pending_id` (`extra.pending_id`), if any."""
+    row = db.execute("SELECT id FROM runs WHERE pending_id = ? ORDER BY id LIMIT 1", [pending_id]).fetchone()
+    return None if row is None else int(row[0])
 
 
 def _claimed_name(path: Path) -> Path:
@@ -286,12 +216,12 @@ def _claim_is_stale(path: Path, now: float) -> bool:
         return False
 
 
-def pending_files(db: sqlite_utils.Database) -> list[Path]:
+def pending_files(db: Store) -> list[Path]:
     """The side files waiting to be imported: those nobody claimed, then stale claims (their importer died)."""
     return claimable_files(db, "run-")
 
 
-def claimable_files(db: sqlite_utils.Database, prefix: str) -> list[Path]:
+def claimable_files(db: Store, prefix: str) -> list[Path]:
     """The side files `<prefix>*.json` beside `db` that an importer may claim: those nobody claimed, then
     stale claims."""
     folder = pending_dir(db)
@@ -335,7 +265,7 @@ def _give_back(claimed: Path, name: Path) -> None:
         return
 
 
-def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: Callable[[], bool] | None
+def _import_claimed(db: Store, claimed: Path, name: Path, stop: Callable[[], bool] | None
                     ) -> PendingImport:
     try:
         record = json.loads(claimed.read_text())
@@ -345,7 +275,7 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: 
         return PendingImport(name, None, error=f"unreadable side file: {exc}")
     job_id = record.get("job_id")
     try:
-        with _write_transaction(db, stop):
+        with transaction(db, stop):
             # In the transaction: another importer of the same run (a copy of the file, a claim taken over
             # from a slow importer) may have committed it while this one waited for the write lock.
             existing = _stored_pending_run(db, pending_id)
@@ -363,7 +293,7 @@ def _import_claimed(db: sqlite_utils.Database, claimed: Path, name: Path, stop: 
     return PendingImport(name, run_id, job_id)
 
 
-def import_pending_runs(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None, *,
+def import_pending_runs(db: Store, stop: Callable[[], bool] | None = None, *,
                         refused: StoreRefusal | None = None) -> list[PendingImport]:
     """Commit every side file left by an earlier failed commit and remove it; returns what happened to each.
 

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
+from .connection import Store
 from .db import transaction
+from .schema import run_index_columns
 
 
 def stable_id(*parts: Any, length: int = 16) -> str:
@@ -40,19 +40,36 @@ def host_identity() -> dict[str, Any]:
     }
 
 
-def upsert_host(db: sqlite_utils.Database, host: Mapping[str, Any] | None = None) -> str:
+def _insert_sql(table: str, columns: Sequence[str], on_conflict: str | None) -> str:
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
+    if on_conflict == "nothing":
+        return sql + " ON CONFLICT DO NOTHING"
+    if on_conflict == "update":  # the row's columns replace the stored ones; the others are kept
+        updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c != "id")
+        return sql + f" ON CONFLICT (id) DO UPDATE SET {updates}"
+    return sql
+
+
+def insert_row(db: Store, table: str, row: Mapping[str, Any], *, on_conflict: str | None = None) -> int | None:
+    """Insert one row of `table` (column -> value); `on_conflict`: None (a duplicate id is an error), "nothing"
+    (a row with that id stays as it is) or "update" (its columns take the row's values). Returns the id of a new
+    row of a table with integer ids, else None."""
+    return db.insert_id(_insert_sql(table, list(row), on_conflict), list(row.values()))
+
+
+def upsert_host(db: Store, host: Mapping[str, Any] | None = None) -> str:
     host = dict(host or host_identity())
     existing = db.execute("SELECT id FROM hosts WHERE id = ?", [host["id"]]).fetchone()
     if existing is None:
         with transaction(db):
             db.execute(
-                "INSERT OR IGNORE INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?)",
+                "INSERT INTO hosts (id, hostname, cpu, created_at) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 [host["id"], host["hostname"], host.get("cpu"), time.time()],
             )
     return host["id"]
 
 
-def upsert_devices(db: sqlite_utils.Database, host_id: str, devices: Iterable[Mapping[str, Any]]) -> None:
+def upsert_devices(db: Store, host_id: str, devices: Iterable[Mapping[str, Any]]) -> None:
     """Record metered devices (dicts shaped like telemetry.DeviceInfo.to_dict())."""
     rows = []
     for d in devices:
@@ -72,10 +89,10 @@ def upsert_devices(db: sqlite_utils.Database, host_id: str, devices: Iterable[Ma
         )
     if rows:
         with transaction(db):
-            db["devices"].upsert_all(rows, pk="id")
+            db.executemany(_insert_sql("devices", list(rows[0]), "update"), [list(r.values()) for r in rows])
 
 
-def upsert_workload(db: sqlite_utils.Database, workload: Mapping[str, Any]) -> str:
+def upsert_workload(db: Store, workload: Mapping[str, Any]) -> str:
     """Insert a workload description (keys as in the workloads table); returns its id."""
     row = dict(workload)
     for key in ("op_mix", "inputs"):
@@ -83,18 +100,18 @@ def upsert_workload(db: sqlite_utils.Database, workload: Mapping[str, Any]) -> s
             row[key] = json.dumps(row[key], sort_keys=True)
     row.setdefault("created_at", time.time())
     with transaction(db):
-        db["workloads"].upsert(row, pk="id")
+        insert_row(db, "workloads", row, on_conflict="update")
     return row["id"]
 
 
-def upsert_config(db: sqlite_utils.Database, config: Mapping[str, Any]) -> str:
+def upsert_config(db: Store, config: Mapping[str, Any]) -> str:
     """Insert a configuration (keys as in the configs table); returns its id."""
     row = dict(config)
     if not isinstance(row.get("options"), str):
         row["options"] = json.dumps(row.get("options") or {}, sort_keys=True)
     row["dynamic"] = int(bool(row.get("dynamic")))
     with transaction(db):
-        db["configs"].upsert(row, pk="id")
+        insert_row(db, "configs", row, on_conflict="update")
     return row["id"]
 
 
@@ -102,7 +119,7 @@ RUN_JSON_FIELDS = ("extra",)
 
 
 def insert_run(
-    db: sqlite_utils.Database,
+    db: Store,
     run: Mapping[str, Any],
     power_samples: Sequence[tuple[float, str, float]] = (),
 ) -> int:
@@ -114,17 +131,15 @@ def insert_run(
     for key in RUN_JSON_FIELDS:
         if key in row and row[key] is not None and not isinstance(row[key], str):
             row[key] = json.dumps(row[key], sort_keys=True, default=str)
-    columns = set(db["runs"].columns_dict)
+    row.update(run_index_columns(row.get("extra")))
+    columns = db.column_names("runs")
     unknown = sorted(set(row) - columns)
     if unknown:
         raise ValueError(f"unknown run fields {unknown}; known fields are {sorted(columns)}")
     with transaction(db):
-        cols = ", ".join(row)
-        marks = ", ".join("?" for _ in row)
-        cur = db.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", list(row.values()))
-        run_id = cur.lastrowid
+        run_id = insert_row(db, "runs", row)
         if power_samples:
-            db.conn.executemany(
+            db.executemany(
                 "INSERT INTO power_samples (run_id, t_s, device, power_w) VALUES (?, ?, ?, ?)",
                 [(run_id, t, dev, p) for t, dev, p in power_samples],
             )
@@ -143,7 +158,7 @@ JOIN configs ON configs.id = runs.config_id
 
 
 def list_runs(
-    db: sqlite_utils.Database,
+    db: Store,
     *,
     workload: str | None = None,
     workload_id: str | None = None,
@@ -182,6 +197,6 @@ def list_runs(
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def power_samples(db: sqlite_utils.Database, run_id: int) -> list[dict[str, Any]]:
+def power_samples(db: Store, run_id: int) -> list[dict[str, Any]]:
     return list(db.query("SELECT t_s, device, power_w FROM power_samples WHERE run_id = ? ORDER BY t_s",
                          [run_id]))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-import sqlite_utils
+from .connection import Store
 
 
-def runs_with_rows(db: sqlite_utils.Database, run_ids: Collection[int] | None = None) -> list[dict[str, Any]]:
+def runs_with_rows(db: Store, run_ids: Collection[int] | None = None) -> list[dict[str, Any]]:
     """Runs (all statuses, oldest first), each as {"run", "workload", "config", "host"} rows as stored;
     only those in `run_ids` when it is given."""
     workloads = {row["id"]: row for row in db.query("SELECT * FROM workloads")}

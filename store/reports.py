@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import sqlite_utils
+from .connection import Store
 
 # The baselines a deployment is compared with, as filters on the `configs` row of a run.
 # A generation's baselines are eager and the stock compile with the dynamic cache and the prompt uncompiled (what
@@ -23,23 +23,23 @@ BASELINE_FILTERS = {
 }
 
 
-def _first(db: sqlite_utils.Database, sql: str, args: list[Any]) -> dict[str, Any] | None:
+def _first(db: Store, sql: str, args: list[Any]) -> dict[str, Any] | None:
     rows = list(db.query(sql, args))
     return rows[0] if rows else None
 
 
-def device_name(db: sqlite_utils.Database, host_id: str | None, meter_device: str) -> str | None:
+def device_name(db: Store, host_id: str | None, meter_device: str) -> str | None:
     """The recorded name of a metered device (`gpu:0`, `cpu:0`) on a host, or None."""
     row = _first(db, "SELECT name FROM devices WHERE host_id = ? AND device = ?", [host_id, meter_device])
     return row["name"] if row else None
 
 
-def hostname(db: sqlite_utils.Database, host_id: str | None) -> str | None:
+def hostname(db: Store, host_id: str | None) -> str | None:
     row = _first(db, "SELECT hostname FROM hosts WHERE id = ?", [host_id]) if host_id else None
     return row["hostname"] if row else None
 
 
-def config_labels(db: sqlite_utils.Database, config_ids: Iterable[str | None]) -> dict[str, str]:
+def config_labels(db: Store, config_ids: Iterable[str | None]) -> dict[str, str]:
     """{config id: label} for the ids that the store knows."""
     ids = sorted({c for c in config_ids if c})
     if not ids:
@@ -48,7 +48,7 @@ def config_labels(db: sqlite_utils.Database, config_ids: Iterable[str | None]) -
     return {r["id"]: r["label"] for r in db.query(f"SELECT id, label FROM configs WHERE id IN ({marks})", ids)}
 
 
-def baseline_runs(db: sqlite_utils.Database, workload_id: str, baseline: str) -> list[dict[str, Any]]:
+def baseline_runs(db: Store, workload_id: str, baseline: str) -> list[dict[str, Any]]:
     """Successful runs of `workload_id` under the baseline configuration `baseline` (a key of
     BASELINE_FILTERS) that measured energy per inference, oldest first, on every device; each with its
     configuration's `batch_size` (samples per call)."""

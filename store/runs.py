@@ -11,9 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlite_utils
-
 from .compile_energy import complete_compile_energy_j
+from .connection import Store
 from .devicekind import device_kind as kind_of
 from .jsonvalues import json_object
 from .records import RUN_LIST_SQL
@@ -75,6 +74,10 @@ class RunRow(StoredRow):
     tpot_ms_p95: float | None = None
     tokens_per_s: float | None = None
     tokens_match: int | None = None
+    # `extra`'s policy, first_run_id and pending_id, indexed (schema.RUN_INDEX_COLUMNS)
+    policy: str | None = None
+    first_run_id: int | None = None
+    pending_id: str | None = None
     # joined from workloads and configs
     workload: str | None = None
     config_label: str | None = None
@@ -119,21 +122,21 @@ class RunRow(StoredRow):
         return self.status == "ok"
 
 
-def _runs(db: sqlite_utils.Database, where: str, args: list[Any]) -> list[RunRow]:
+def _runs(db: Store, where: str, args: list[Any]) -> list[RunRow]:
     """Runs newest first (highest id first)."""
     cur = db.execute(f"{RUN_LIST_SQL} WHERE {where} ORDER BY runs.id DESC", args)
     names = [c[0] for c in cur.description]
     return [RunRow.from_columns(dict(zip(names, values, strict=True))) for values in cur.fetchall()]
 
 
-def ok_runs(db: sqlite_utils.Database, *, workload: str | None = None) -> list[RunRow]:
+def ok_runs(db: Store, *, workload: str | None = None) -> list[RunRow]:
     """Every ok run, newest first; `workload`: only runs of this workload spec (any batch or shape)."""
     if workload is None:
         return _runs(db, "runs.status = 'ok'", [])
     return _runs(db, "runs.status = 'ok' AND workloads.spec = ?", [workload])
 
 
-def workload_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str | None = None,
+def workload_runs(db: Store, workload_id: str, device_kind: str | None = None,
                   torch_version: str | None = None) -> list[RunRow]:
     """Every run (ok or failed) of one workload, newest first; `device_kind` ('cpu' or a GPU's name) and
     `torch_version` (major.minor) keep the runs on that kind and torch when given."""
@@ -156,7 +159,7 @@ def latest_per_config(runs: Iterable[RunRow], *, failed_if_no_ok: bool = False) 
     return latest
 
 
-def ok_runs_per_config(db: sqlite_utils.Database, workload_id: str, device_kind: str,
+def ok_runs_per_config(db: Store, workload_id: str, device_kind: str,
                        torch_version: str | None = None) -> dict[str, list[RunRow]]:
     """config_id -> every ok run of the workload on `device_kind` under torch major.minor `torch_version`
     (None: any torch), newest first: each repeat of a configuration, not only its latest."""
@@ -167,7 +170,7 @@ def ok_runs_per_config(db: sqlite_utils.Database, workload_id: str, device_kind:
     return grouped
 
 
-def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, torch_version: str | None = None,
+def latest_runs(db: Store, workload_id: str, device_kind: str, torch_version: str | None = None,
                 *, failed_if_no_ok: bool = False) -> dict[str, RunRow]:
     """config_id -> the latest ok run of the workload on `device_kind` under torch major.minor
     `torch_version` (None: any torch); `failed_if_no_ok` as in `latest_per_config`."""
@@ -175,7 +178,7 @@ def latest_runs(db: sqlite_utils.Database, workload_id: str, device_kind: str, t
                              failed_if_no_ok=failed_if_no_ok)
 
 
-def recent_ok_runs(db: sqlite_utils.Database, workload_id: str, provenance_key: str, min_finished_at: float
+def recent_ok_runs(db: Store, workload_id: str, provenance_key: str, min_finished_at: float
                    ) -> list[RunRow]:
     """Ok runs of a workload under one provenance finished since `min_finished_at`, newest first."""
     return _runs(db, "runs.workload_id = ? AND runs.provenance_key = ? AND runs.status = 'ok' "
@@ -183,24 +186,21 @@ def recent_ok_runs(db: sqlite_utils.Database, workload_id: str, provenance_key: 
                  [workload_id, provenance_key, min_finished_at])
 
 
-def daemon_runs(db: sqlite_utils.Database, policy: str | None = None) -> list[RunRow]:
-    """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first. A run whose
-    `extra` is not valid JSON names no policy."""
-    made_for = "(CASE WHEN json_valid(runs.extra) THEN json_extract(runs.extra, '$.policy') END)"
+def daemon_runs(db: Store, policy: str | None = None) -> list[RunRow]:
+    """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first."""
     if policy is None:
-        return _runs(db, f"{made_for} IS NOT NULL", [])
-    return _runs(db, f"{made_for} = ?", [policy])
+        return _runs(db, "runs.policy IS NOT NULL", [])
+    return _runs(db, "runs.policy = ?", [policy])
 
 
-def further_window_run_ids(db: sqlite_utils.Database, first_run_id: int) -> list[int]:
+def further_window_run_ids(db: Store, first_run_id: int) -> list[int]:
     """The runs stored as further windows of the worker process whose first run is `first_run_id`
     (`extra.first_run_id`), oldest first."""
-    rows = db.execute("SELECT id FROM runs WHERE json_valid(extra) AND json_extract(extra, '$.first_run_id') = ? "
-                      "ORDER BY id", [int(first_run_id)]).fetchall()
+    rows = db.execute("SELECT id FROM runs WHERE first_run_id = ? ORDER BY id", [int(first_run_id)]).fetchall()
     return [int(row[0]) for row in rows]
 
 
-def runs_by_id(db: sqlite_utils.Database, run_ids: Iterable[int]) -> list[RunRow]:
+def runs_by_id(db: Store, run_ids: Iterable[int]) -> list[RunRow]:
     """The stored runs among `run_ids`, newest first (ids not stored are left out)."""
     ids = sorted({int(i) for i in run_ids})
     if not ids:

@@ -1,11 +1,13 @@
-"""Table definitions and the ordered list of migrations; `PRAGMA user_version` holds the version."""
+"""Table definitions and the ordered list of migrations; the store records the version (`Store.schema_version`)."""
 
 from __future__ import annotations
 
-import sqlite3
+import json
 from collections.abc import Callable
+from typing import Any
 
 from .compile_energy import PART_COLUMNS, legacy_parts
+from .connection import Store
 
 # Version 1 is the first layout ever written; later versions are reached only through MIGRATIONS,
 # so a database from any earlier release opens and is brought forward in place.
@@ -246,30 +248,69 @@ V9 = """
 ALTER TABLE deployment_samples ADD COLUMN tokens INTEGER;
 """
 
-Migration = Callable[[sqlite3.Connection], None]
+# Version 10: what the store looks runs up by, from `extra` into indexed columns (before, only SQLite's JSON
+# functions could find them): the policy the daemon measured a run for, the first run of the worker whose further
+# window a run is, and the id of the side file a run was committed under (`store.pending`). `extra` keeps them
+# too; `run_index_columns` fills them from it on every insert, and the migration for the runs stored before.
+RUN_INDEX_COLUMNS = {"policy": str, "first_run_id": int, "pending_id": str}
+V10 = """
+ALTER TABLE runs ADD COLUMN policy TEXT;
+ALTER TABLE runs ADD COLUMN first_run_id INTEGER;
+ALTER TABLE runs ADD COLUMN pending_id TEXT;
+CREATE INDEX runs_policy ON runs(policy);
+CREATE INDEX runs_first_run ON runs(first_run_id);
+CREATE INDEX runs_pending ON runs(pending_id)
+"""
+
+
+def run_index_columns(extra: Any) -> dict[str, Any]:
+    """The RUN_INDEX_COLUMNS of a run from its `extra` (JSON text or a dict): None where it holds no value of the
+    column's type. Python's JSON reads the NaN a worker's result may leave in `extra`, which SQLite's refused."""
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except (ValueError, RecursionError):
+            extra = None
+    if not isinstance(extra, dict):
+        extra = {}
+    return {name: value if isinstance(value, kind) and not isinstance(value, bool) else None
+            for name, kind in RUN_INDEX_COLUMNS.items() for value in [extra.get(name)]}
+
+
+Migration = Callable[[Store], None]
 
 
 def _script(sql: str) -> Migration:
-    def apply(conn: sqlite3.Connection) -> None:
+    def apply(db: Store) -> None:
         for statement in sql.split(";"):
             if statement.strip():
-                conn.execute(statement)
+                db.execute(statement)
 
     return apply
 
 
-def _v5(conn: sqlite3.Connection) -> None:
-    _script(V5)(conn)
-    rows = conn.execute("SELECT id, device, compile_energy_j, energy_source FROM runs"
+def _v10(db: Store) -> None:
+    _script(V10)(db)
+    updates = []
+    for run_id, extra in db.execute("SELECT id, extra FROM runs WHERE extra IS NOT NULL").fetchall():
+        values = run_index_columns(extra)
+        if any(v is not None for v in values.values()):
+            updates.append([*values.values(), run_id])
+    db.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in RUN_INDEX_COLUMNS)} WHERE id = ?", updates)
+
+
+def _v5(db: Store) -> None:
+    _script(V5)(db)
+    rows = db.execute("SELECT id, device, compile_energy_j, energy_source FROM runs"
                         " WHERE compile_energy_j IS NOT NULL").fetchall()
     updates = []
     for run_id, device, compile_energy_j, energy_source in rows:
         parts = legacy_parts(device, compile_energy_j, energy_source)
         updates.append([parts[c] for c in PART_COLUMNS] + [run_id])
-    conn.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in PART_COLUMNS)} WHERE id = ?", updates)
+    db.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in PART_COLUMNS)} WHERE id = ?", updates)
 
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
 MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6), _script(V7),
-                              _script(V8), _script(V9)]
+                              _script(V8), _script(V9), _v10]
 SCHEMA_VERSION = len(MIGRATIONS)

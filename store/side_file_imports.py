@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import sqlite_utils
-
+from .connection import Store
 from .deployment_side_files import DeploymentImport, describe_deployment_import, import_deployment_side_files
 from .pending import PendingImport, describe_import, import_pending_runs
 from .refusals import refused_line
@@ -36,7 +35,7 @@ class SideFileImports:
         return notes
 
 
-def import_side_files(db: sqlite_utils.Database, stop: Callable[[], bool] | None = None) -> SideFileImports:
+def import_side_files(db: Store, stop: Callable[[], bool] | None = None) -> SideFileImports:
     """Import the run side files, then the deployment side files, beside `db` (see `import_pending_runs` and
     `import_deployment_side_files`); once the database refuses one file for a reason every file would meet,
     none after it is tried. `stop()` returning True ends a wait for the write lock and the import."""

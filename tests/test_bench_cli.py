@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from joulepilot.store import GENERATION_RUN_COLUMNS, list_runs, open_db, power_samples
+from joulepilot.store import GENERATION_RUN_COLUMNS, json_object, list_runs, open_db, power_samples
+from joulepilot.store.schema import RUN_INDEX_COLUMNS
 
 from joulepilot.cli import main
 
@@ -91,9 +92,11 @@ def test_every_stored_field(sweep):
                    "compile_energy_gpu_j", "compile_energy_gpu_source"}
     for run in sweep["runs"]:
         row = rows[run["run_id"]]
-        for column in db["runs"].columns_dict:
+        for column in db.column_names("runs"):
             if column in GENERATION_RUN_COLUMNS:  # a generation's figures: none for a forward pass
                 assert row[column] is None, column
+            elif column in RUN_INDEX_COLUMNS:  # `extra`'s, indexed (none of them in a bench run's)
+                assert row[column] == json_object(row["extra"]).get(column), column
             elif column not in may_be_null:
                 assert row[column] is not None, column
         assert row["device"] == "cpu" and row["device_name"]

@@ -182,11 +182,11 @@ def test_job_lifecycle_and_recovery(db):
     job, _ = _job(db)
     assert claim_job(db, job) and not claim_job(db, job)
     requeue_job(db, job)  # stopped: back in the queue, the attempt not counted
-    row = db["jobs"].get(job)
+    row = next(db.query("SELECT * FROM jobs WHERE id = ?", [job]))
     assert row["state"] == "queued" and row["attempts"] == 0
     assert claim_job(db, job)
     assert recover_orphaned_jobs(db) == [job]  # a daemon died with it running: the attempt counts
-    row = db["jobs"].get(job)
+    row = next(db.query("SELECT * FROM jobs WHERE id = ?", [job]))
     assert row["state"] == "queued" and row["attempts"] == 1
     claim_job(db, job)
     finish_job(db, job, state="failed", run_id=None)
@@ -211,14 +211,14 @@ def test_heartbeats_and_requests(db):
         write_heartbeat(db, "sweeping", {"doing": "measuring"}, keep=3)
     hb = latest_heartbeat(db)
     assert hb["state"] == "sweeping" and hb["detail"]["doing"] == "measuring" and hb["pid"] == os.getpid()
-    assert db["heartbeats"].count == 3
+    assert db.execute("SELECT COUNT(*) FROM heartbeats").fetchone()[0] == 3
     with pytest.raises(ValueError, match="heartbeat state"):
         write_heartbeat(db, "dancing")
     r1 = add_request(db, "mlp", workload="mlp")
     assert add_request(db, "mlp") == r1  # one open request per policy
     mark_requests_handled(db, [r1])
     assert unhandled_requests(db) == []
-    assert db["requests"].get(r1)["handled_at"] is not None
+    assert next(db.query("SELECT * FROM requests WHERE id = ?", [r1]))["handled_at"] is not None
 
 
 # --- planner ----------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def test_every_command_prints_the_same_shape(store):
 def test_the_shape_is_idempotent_and_reversible(store):
     db = open_db(store / "jp.db", read_only=True)
     for table in ("runs", "configs", "workloads", "hosts"):
-        columns = db[table].columns_dict
+        columns = db.column_names(table)
         for row in db.query(f"SELECT * FROM {table}"):
             shaped = json.loads(json.dumps(json_output(row)))
             assert json_output(shaped) == shaped  # shaping shaped data changes nothing

@@ -87,7 +87,7 @@ def test_bench_devices_measures_on_both_gpus_at_once_each_on_its_own_counter(tmp
     again = _bench(db, "--devices", "cuda:0,cuda:1", "--json")
     assert again.exit_code == 0, again.output
     assert all(r.get("skipped") for r in json.loads(again.stdout))
-    assert open_db(db)["runs"].count == 2
+    assert open_db(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 2
 
 
 def test_a_workload_that_cannot_be_built_stops_the_sweep_on_every_gpu(tmp_path, two_gpus, flow_worker):
@@ -99,7 +99,7 @@ def test_a_workload_that_cannot_be_built_stops_the_sweep_on_every_gpu(tmp_path, 
     runs = json.loads(result.stdout)
     # the first configuration on each GPU started at once; at most both failed building it, the other two never ran
     assert 1 <= len(runs) <= 2 and all(r["status"] == "failed" and r["extra"]["phase"] == "load" for r in runs), runs
-    assert open_db(db)["runs"].count == len(runs)
+    assert open_db(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == len(runs)
     stops = [line for line in result.stderr.splitlines() if "stopped: the workload could not be built" in line]
     assert len(stops) == 1 and "were not measured" in stops[0], result.stderr
 
@@ -173,4 +173,4 @@ def test_sigterm_stops_every_gpu_worker_and_leaves_no_scratch(tmp_path, two_gpus
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive  # both killed before bench exited
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"joulepilot-run-{os.getpid()}-*"))
-    assert open_db(tmp_path / "j.db")["runs"].count == 0  # nothing half-written
+    assert open_db(tmp_path / "j.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0  # nothing half-written

@@ -75,7 +75,7 @@ def test_disk_full_commit_keeps_the_run_and_the_next_bench_imports_it(tmp_path, 
     assert any(n.startswith(f"imported run {again['run_id']} kept in {side_file}") for n in notes), notes
     assert not side_file.exists()
     check = open_db(path)
-    stored = check["runs"].get(again["run_id"])
+    stored = next(check.query("SELECT * FROM runs WHERE id = ?", [again["run_id"]]))
     assert stored["energy_j_per_inference"] == pytest.approx(run["energy_j_per_inference"])
     assert stored["latency_ms_p50"] == pytest.approx(run["latency_ms_p50"])
     assert [s["power_w"] for s in power_samples(check, again["run_id"])] == [s[2] for s in kept_samples]

@@ -57,7 +57,7 @@ def test_decisions_table_keeps_the_latest(tmp_path, db):
     again = stored_decision(db, "resnet50", "NVIDIA H200", "2.11")
     assert again.config == second.config and again.candidates[0].label == second.candidates[0].label
     assert len(list_decisions(db, "resnet50")) == 2 and len(list_decisions(db, latest_only=True)) == 1
-    assert db["configs"].get(second.config_id)["label"] == second.label
+    assert next(db.query("SELECT * FROM configs WHERE id = ?", [second.config_id]))["label"] == second.label
 
 
 def test_cli_explain_and_lock(tmp_path, db):

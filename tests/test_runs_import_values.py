@@ -97,5 +97,5 @@ def test_the_store_checks_types_itself_and_configurations_through_the_callers_ch
     unknown_mode[INDEX]["config"]["mode"] = "bogus"
     with pytest.raises(ExportFormatError, match="unknown mode 'bogus'"):
         import_runs(db, unknown_mode, source="sweep", check_config=CompileConfig.from_row)
-    assert db["runs"].count == 0
+    assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
     assert len(import_runs(db, records, source="sweep", check_config=CompileConfig.from_row)) == len(records)

@@ -17,7 +17,7 @@ from joulepilot.compiler import CompileConfig, bench
 from joulepilot.controller.daemon import Daemon
 from joulepilot.runtime import attach, metered
 from joulepilot.store import commit_run_or_set_aside, import_pending_runs, open_db
-from joulepilot.store import pending as pending_module
+from joulepilot.store import db as db_module
 from joulepilot.store.deployment_side_files import (
     deployment_side_file,
     deployment_side_files,
@@ -37,15 +37,16 @@ LOCKED = "the database is locked by another process"
 @pytest.fixture
 def lock_waits(monkeypatch) -> list[int]:
     """One entry each time a write starts to wait for the write lock: one per side file an import tries (the
-    tests clear it once their side files are written, as the commits that left them waited too)."""
+    tests clear it once their side files are written, as the commits that left them, and any other write,
+    waited too)."""
     waits: list[int] = []
-    real_begin_write = pending_module._begin_write
+    real_begin_write = db_module._begin_write
 
     def counted(conn, stop):
         waits.append(len(waits))
         return real_begin_write(conn, stop)
 
-    monkeypatch.setattr(pending_module, "_begin_write", counted)
+    monkeypatch.setattr(db_module, "_begin_write", counted)
     return waits
 
 
@@ -201,6 +202,7 @@ def test_an_attach_whose_import_found_the_store_locked_imports_later(tmp_path, m
     open_db(path).close()
     sides = _deployment_side_files(path, ["gone-a", "gone-b", "gone-c"])
     dep = attach(busy_work, "serving", db=path, device="cpu", interval_s=60.0, flush_interval_s=3600)
+    lock_waits.clear()  # the registration's own write
     with caplog.at_level(logging.WARNING, logger="joulepilot.deployment"), write_lock_held(path):
         dep._import_side_files()  # as after a flush, the store locked meanwhile
     assert len(lock_waits) == 1 and side_files(path) == sides

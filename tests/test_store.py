@@ -72,7 +72,7 @@ def test_unknown_run_field_is_refused_and_nothing_written(db):
     with pytest.raises(ValueError, match="energy_mj"):
         insert_run(db, {"workload_id": "w1", "config_id": "c1", "host_id": "h1", "device": "cpu",
                         "status": "ok", "started_at": 1.0, "energy_mj": 3})
-    assert db["runs"].count == 1
+    assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
 
 
 def test_failed_transaction_leaves_no_partial_run(db):
@@ -82,7 +82,7 @@ def test_failed_transaction_leaves_no_partial_run(db):
             db.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at)"
                        " VALUES ('w1', 'c1', 'h1', 'cpu', 'ok', 5.0)")
             raise RuntimeError("killed mid-write")
-    assert db["runs"].count == 1
+    assert db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
 
 
 def test_migration_from_version_1_keeps_rows(tmp_path):
