@@ -17,7 +17,9 @@ import logging
 import os
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from joulepilot.store.urls import redacted
 
 from .options import ConfigError
 
@@ -58,20 +60,6 @@ def check_url(url: str, where: str) -> str:
     if port == 0:
         raise RemoteCacheError(f"{where}: {redacted(url)!r} has port 0; {fix}")
     return url.strip()
-
-
-def redacted(url: str) -> str:
-    """`url` with its password, if any, replaced by '***' (URLs are logged and stored in runs)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<a malformed URL>"
 
 
 def configured_url(explicit: str | None = None) -> str | None:

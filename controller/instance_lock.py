@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from joulepilot.store import side_path
+
 PROBE_RETRIES = 20
 PROBE_RETRY_S = 0.05
 
@@ -29,7 +31,7 @@ class DaemonAlreadyRunning(RuntimeError):
 def lock_path_for(db_path: str | os.PathLike) -> Path:
     """The lock file beside the database, found through any symlinks, so that two paths to one database
     (a symlink, a relative and an absolute path) share one lock."""
-    db_path = Path(os.path.realpath(Path(db_path).expanduser()))  # never raises on a link that loops
+    db_path = Path(os.path.realpath(side_path(db_path)))  # never raises on a link that loops
     return db_path.with_name(db_path.name + ".daemon.lock")
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
 from joulepilot.policies.bill import bill_of, bill_text
-from joulepilot.store import Store
+from joulepilot.store import Store, shown
 from joulepilot.store.daemon_state import latest_heartbeat, list_jobs, queue_counts, unhandled_requests
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.runs import daemon_runs
@@ -75,7 +74,7 @@ def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) 
     last_pass = detail.get("last_pass") or {}
     no_folder = missing_policy_folders(last_pass)
     return {
-        "db": str(Path(db_path)),
+        "db": shown(db_path),
         "daemon": daemon,
         "last_pass": last_pass,
         "no_policy_folder": no_folder,

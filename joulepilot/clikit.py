@@ -22,7 +22,15 @@ from typing import Any, TextIO
 
 import click
 
-from joulepilot.store import Store, as_store_error, default_db_path, open_for_reading, parse_since
+from joulepilot.store import (
+    Store,
+    as_store_error,
+    default_db_path,
+    is_postgres_url,
+    open_for_reading,
+    parse_since,
+    redacted,
+)
 from joulepilot.store.jsonvalues import json_output
 from joulepilot.store.timevalues import SINCE_HELP
 
@@ -88,6 +96,10 @@ def _resolve_db(ctx: click.Context, param: click.Parameter, value: str | None) -
     --db. The file is remembered for the error boundary, which names it when SQLite fails in the middle of a
     command."""
     text_value(ctx, param, value)
+    given = value or os.environ.get(DB_ENV)
+    if is_postgres_url(given):
+        ctx.meta[DB_META_KEY] = redacted(given)
+        return given
     path, setting = db_setting(value)
     # A config file given to the command (the daemon's --config) may name the database in place of the default.
     # click processes the options given on the command line before those left out, so it is known here.
@@ -102,7 +114,8 @@ db_option = click.option(
     "--db",
     type=click.Path(),
     callback=_resolve_db,
-    help="SQLite database (default: $JOULEPILOT_DB, else joulepilot.db under $JOULEPILOT_HOME).",
+    help="SQLite database file, or a postgresql:// URL (default: $JOULEPILOT_DB, else joulepilot.db under "
+         "$JOULEPILOT_HOME).",
 )
 
 

@@ -39,6 +39,8 @@ from .db import (
     open_db,
     open_for_reading,
     schema_version,
+    shown,
+    side_path,
     transaction,
 )
 from .decisions import (
@@ -107,9 +109,14 @@ from .runs import (
 from .schema import GENERATION_RUN_COLUMNS, SCHEMA_VERSION
 from .timevalues import iso_utc, parse_since
 from .torchversion import torch_major_minor
+from .urls import is_postgres_url, redacted
 
 __all__ = [
     "Store",
+    "shown",
+    "side_path",
+    "is_postgres_url",
+    "redacted",
     "complete_compile_energy_j",
     "compile_energy_sources",
     "compile_energy_text",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +21,7 @@ from .errors import (
     is_busy,
 )
 from .schema import MIGRATIONS, SCHEMA_VERSION
+from .urls import is_postgres_url, redacted
 
 BUSY_TIMEOUT_MS = 30_000
 # Opening a database file of at most this size runs SQLite's `PRAGMA quick_check` (each page's structure, not the
@@ -51,6 +52,30 @@ def default_db_path() -> Path:
     return default_home() / "joulepilot.db"
 
 
+def database_target(path: str | os.PathLike | None = None) -> Path | str:
+    """The database `path` names, else JOULEPILOT_DB, else the default file: a Path, or a postgresql:// URL."""
+    if path:
+        return str(path) if is_postgres_url(str(path)) else Path(path).expanduser()
+    env = os.environ.get("JOULEPILOT_DB")
+    return env if is_postgres_url(env) else default_db_path()
+
+
+def side_path(target: str | os.PathLike) -> Path:
+    """The path whose siblings hold a database's side files (`<path>.pending/`, the daemon's `<path>.daemon.lock`):
+    a SQLite file's own path; for a PostgreSQL database, a name under JOULEPILOT_HOME/postgresql (created here)
+    from a hash of its URL without the password, so hosts' processes on one database and one home share them."""
+    if not is_postgres_url(str(target)):
+        return Path(target).expanduser()
+    folder = default_home() / "postgresql"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{hashlib.sha256(redacted(str(target)).encode()).hexdigest()[:16]}.db"
+
+
+def shown(target: str | os.PathLike) -> str:
+    """How messages and outputs name a database: its path, or its URL without the password."""
+    return redacted(str(target)) if is_postgres_url(str(target)) else str(Path(target))
+
+
 def schema_version(db: Store) -> int:
     return db.schema_version()
 
@@ -58,7 +83,6 @@ def schema_version(db: Store) -> int:
 def migrate(db: Store) -> int:
     """Bring the database to SCHEMA_VERSION; each step commits with its version number, so a step that
     fails (a full disk) leaves the database whole at the version before it, and raises its own error."""
-    conn = db.conn
     current = schema_version(db)
     if current > SCHEMA_VERSION:
         raise SchemaTooNew(
@@ -66,31 +90,11 @@ def migrate(db: Store) -> int:
             f"({SCHEMA_VERSION}); upgrade joulepilot or point --db at another file"
         )
     for version in range(current, SCHEMA_VERSION):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            # Another process may have migrated while we waited for the write lock.
-            if db.schema_version() != version:
-                conn.execute("ROLLBACK")
-                continue
-            MIGRATIONS[version](db)
-            db.set_schema_version(version + 1)
-            conn.execute("COMMIT")
-        except BaseException:
-            _roll_back_keeping_error(conn)
-            raise
+        with transaction(db):
+            if db.schema_version() == version:  # else another process migrated while we waited for the lock
+                MIGRATIONS[version](db)
+                db.set_schema_version(version + 1)
     return schema_version(db)
-
-
-def _roll_back_keeping_error(conn: sqlite3.Connection) -> None:
-    """Undo a failed migration step without hiding why it failed: SQLite may already have rolled the
-    transaction back itself (a full disk, an I/O error at COMMIT), and a ROLLBACK that fails in turn is
-    not the error to report (closing the connection rolls back what is left)."""
-    if not conn.in_transaction:
-        return
-    try:
-        conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass
 
 
 def opened_immutable(db: Store) -> bool:
@@ -128,7 +132,10 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
     message names the file and the fix. `busy_timeout_ms`: how long each statement waits for another
     process's lock (the serving hook waits less than the default, see `runtime.lookup`).
     """
-    target = Path(path).expanduser() if path else default_db_path()
+    target = database_target(path)
+    if isinstance(target, str):
+        return _open_postgres(target, migrate_schema=migrate_schema, must_exist=must_exist, read_only=read_only,
+                              busy_timeout_ms=busy_timeout_ms)
     if (must_exist or read_only) and not target.is_file():
         raise DatabaseMissing(f"database {target} does not exist; check --db / JOULEPILOT_DB (a new database "
                               f"is created by `joulepilot bench`, `joulepilot runs import` or the daemon)")
@@ -162,6 +169,25 @@ def open_db(path: str | os.PathLike | None = None, *, migrate_schema: bool = Tru
         raise database_error(target, exc, busy_timeout_ms=busy_timeout_ms) from exc
     except StoreError:
         conn.close()
+        raise
+    return db
+
+
+def _open_postgres(url: str, *, migrate_schema: bool, must_exist: bool, read_only: bool,
+                   busy_timeout_ms: int) -> Store:
+    """`open_db` for a PostgreSQL database: the same checks, without a file's (WAL, quick_check, its folder)."""
+    from .postgres import open_postgres
+
+    db = open_postgres(url, read_only=read_only, busy_timeout_ms=busy_timeout_ms)
+    try:
+        version = _check_is_joulepilot(db, redacted(url), empty_ok=not (read_only or must_exist))
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(f"database {redacted(url)} has schema version {version}, newer than this joulepilot "
+                               f"understands ({SCHEMA_VERSION}); upgrade joulepilot or point --db at another database")
+        if migrate_schema and not read_only:
+            migrate(db)
+    except BaseException:
+        db.close()
         raise
     return db
 
@@ -209,7 +235,7 @@ def open_for_reading(path: str | os.PathLike | None = None) -> Store:
     this user may only read (file or folder) works and nothing is written. A database from an older
     joulepilot is brought to this schema first when it can be written; otherwise the error says so.
     """
-    target = Path(path).expanduser() if path else default_db_path()
+    target = database_target(path)
     db = open_db(target, read_only=True)
     version = schema_version(db)
     if version >= SCHEMA_VERSION:
@@ -218,7 +244,7 @@ def open_for_reading(path: str | os.PathLike | None = None) -> Store:
     try:
         return open_db(target, must_exist=True)
     except StoreError as exc:
-        raise StoreError(f"database {target} has schema version {version}, older than this joulepilot's "
+        raise StoreError(f"database {redacted(str(target))} has schema version {version}, older than this joulepilot's "
                          f"({SCHEMA_VERSION}), and cannot be upgraded here ({exc.__cause__ or exc}); run one "
                          f"joulepilot command as a user who may write it, or read it with the joulepilot "
                          f"that wrote it") from exc
@@ -240,16 +266,14 @@ def _schema_state(db: Store) -> tuple[int, list[str]]:
     """The file's schema version and the names of what its schema holds, tables first (SQLite's own left
     out), read in one snapshot so that a migration committing in another process is seen whole or not at
     all."""
-    conn = db.conn
-    conn.execute("BEGIN")
+    db.begin_read()
     try:
         version = db.schema_version()
-        names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
-                                                " ORDER BY type != 'table', name")]
+        names = db.schema_names()
     except BaseException:
-        _roll_back_keeping_error(conn)  # a COMMIT here would hide why the read failed behind "no transaction"
+        db.rollback_quietly()  # a COMMIT here would hide why the read failed behind "no transaction"
         raise
-    conn.execute("COMMIT")
+    db.commit()
     return version, names
 
 
@@ -262,10 +286,11 @@ def _check_is_joulepilot(db: Store, target: Path, *, empty_ok: bool) -> int:
     """The schema version of a joulepilot database; DatabaseCorrupt for a SQLite file that holds something
     else, and for an empty one unless `empty_ok` (a command that may create the database)."""
     version, names = _schema_state(db)
+    what = "SQLite file" if db.dialect == "sqlite" else "database"
     if not names and version == 0:
         if empty_ok:
             return version
-        raise DatabaseCorrupt(f"{target} is an empty SQLite file, not a joulepilot database (no tables); check "
+        raise DatabaseCorrupt(f"{target} is an empty {what}, not a joulepilot database (no tables); check "
                               f"--db / JOULEPILOT_DB (a new database is created by `joulepilot bench`, "
                               f"`joulepilot runs import` or the daemon)")
     # Each migration step commits its tables with its version, so a joulepilot file of version N holds
@@ -280,37 +305,6 @@ def _check_is_joulepilot(db: Store, target: Path, *, empty_ok: bool) -> int:
     return version
 
 
-LOCK_SLICE_MS = 200  # the longest a signal waits to be handled while a write waits for the lock (`stop`)
-
-
-def _waits_for_lock(exc: sqlite3.Error) -> bool:
-    """Whether SQLite refused because another connection holds the lock (worth waiting for)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
-def _begin_write(conn: sqlite3.Connection, stop: Callable[[], bool] | None) -> None:
-    """BEGIN IMMEDIATE, waiting for another process's write lock as long as the connection's busy timeout
-    allows, slice by slice: SQLite waits in C code, where Python cannot run a signal handler, so between slices
-    Python handles signals, and `stop()` returning True ends the wait (raising SQLite's 'database is locked')."""
-    total_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
-    deadline = time.monotonic() + total_ms / 1000
-    conn.execute(f"PRAGMA busy_timeout = {min(LOCK_SLICE_MS, total_ms)}")
-    try:
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not _waits_for_lock(exc) or time.monotonic() >= deadline or (stop is not None and stop()):
-                    raise
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {total_ms}")
-
-
 @contextmanager
 def transaction(db: Store, stop: Callable[[], bool] | None = None) -> Iterator[Store]:
     """One logical write: everything inside commits together or not at all.
@@ -318,17 +312,15 @@ def transaction(db: Store, stop: Callable[[], bool] | None = None) -> Iterator[S
     A connection used from several threads (the daemon measuring on several GPUs) runs their transactions
     one after another: without the lock a second thread would find the first one's transaction open and
     write into it, to be committed or rolled back with work that is not its own. The wait for another
-    process's write lock is taken in slices (see `_begin_write`), which `stop()` returning True ends."""
-    conn = db.conn
+    process's write lock is taken in slices (see `Store.begin_write`), which `stop()` returning True ends."""
     with db.write_lock:
-        if conn.in_transaction:
+        if db.in_transaction:
             yield db  # nested: the outer transaction (this thread's, as we hold the lock) owns the commit
             return
-        _begin_write(conn, stop)
+        db.begin_write(stop)
         try:
             yield db
-            conn.execute("COMMIT")
+            db.commit()
         except BaseException:
-            # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR); keep the original error.
-            _roll_back_keeping_error(conn)
+            db.rollback_quietly()  # SQLite may already have rolled back (SQLITE_FULL, SQLITE_IOERR)
             raise

@@ -224,7 +224,7 @@ def calls_progress(db: Store, deployment_id: int, config_id: str, *,
         row = db.execute(
             "SELECT t_start, t_end, inferences, running - inferences FROM ("
             "SELECT t_start, t_end, inferences, id, SUM(inferences) OVER (ORDER BY t_start, id) AS running "
-            f"FROM deployment_samples WHERE {where}) WHERE inferences != 0 AND running >= ? "
+            f"FROM deployment_samples WHERE {where}) AS windows WHERE inferences != 0 AND running >= ? "
             "ORDER BY t_start, id LIMIT 1", [*args, calls_needed]).fetchone()
         crossing = tuple(row) if row else None
     return CallsProgress(calls=calls, metered_s=metered_s, first_t_start=first[0] if first else None,

@@ -1,6 +1,7 @@
-"""Errors raised by the store, and the one place where SQLite's errors become them (`database_error`): every
-message names the database file and what to do. A damaged file says so with the fix, a full disk says which
-disk, whichever command, the daemon, the exporter or the hook met it."""
+"""Errors raised by the store, and the one place where SQLite's and PostgreSQL's errors become them
+(`database_error`): every message names the database file (or URL, without its password) and what to do. A
+damaged file says so with the fix, a full disk says which disk, whichever command, the daemon, the exporter or
+the hook met it."""
 
 from __future__ import annotations
 
@@ -68,9 +69,49 @@ def sqlite_code(exc: BaseException) -> int | None:
     return next((c for needle, c in _CODES_BY_TEXT if needle in text), code)
 
 
+# PostgreSQL's SQLSTATEs that mean another transaction holds what this one waits for: lock_not_available,
+# deadlock_detected, serialization_failure, query_canceled (a statement timeout).
+_PG_BUSY = ("55P03", "40P01", "40001", "57014")
+
+
 def is_busy(exc: BaseException) -> bool:
-    """Whether a sqlite error means another connection holds a lock (SQLITE_BUSY / SQLITE_LOCKED)."""
+    """Whether a database error means another connection holds a lock (SQLITE_BUSY / SQLITE_LOCKED, or
+    PostgreSQL's lock SQLSTATEs)."""
+    if getattr(exc, "sqlstate", None) in _PG_BUSY:
+        return True
     return sqlite_code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _postgres_error(target: str, exc: BaseException, busy_timeout_ms: int | None) -> StoreError:
+    """The StoreError for an error psycopg raised (its SQLSTATE, or for a connection that failed, libpq's text)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    text = " ".join(str(exc).split())
+    lowered = text.lower()
+    if state == "3D000" or (not state and "does not exist" in lowered and "database" in lowered):
+        return DatabaseMissing(f"database {target} does not exist ({text}); create it (createdb, or CREATE DATABASE "
+                               f"as its owner) or check --db / JOULEPILOT_DB")
+    if state in ("28P01", "28000") or "authentication failed" in lowered or "no password supplied" in lowered:
+        return StoreError(f"database {target} refused the login ({text}); check the user and password "
+                          f"(the URL, PGPASSWORD or ~/.pgpass)")
+    if state.startswith("08") or not state:
+        return StoreError(f"cannot reach database {target} ({text}); check that the server runs and the URL's host "
+                          f"and port, or pass --db / set JOULEPILOT_DB")
+    if state == "53100":
+        return DiskFull(f"the disk of database {target} is full ({text}); free space on the server and retry")
+    if state == "25006":
+        return StoreError(f"database {target} is read-only here ({text}); this command needs to write: use a "
+                          f"role and server that may write")
+    if state == "42501":
+        return StoreError(f"database {target}: permission denied ({text}); grant this role the right to create and "
+                          f"write tables in the database's schema")
+    if state in _PG_BUSY:
+        waited = f"for {busy_timeout_ms / 1000:g} s" if busy_timeout_ms is not None else "past its lock timeout"
+        return StoreError(f"database {target} stayed locked {waited} ({text}); another process holds a long "
+                          f"write; retry")
+    if state.startswith("XX"):
+        return DatabaseCorrupt(f"database {target} reports damage ({text}); restore it from a backup, or point "
+                               f"--db / JOULEPILOT_DB at another database")
+    return StoreError(f"database {target}: {text}")
 
 
 def _recovered_path(target: str | os.PathLike) -> str:
@@ -88,6 +129,8 @@ def damaged_message(target: str | os.PathLike, detail: str) -> str:
 def database_error(target: str | os.PathLike, exc: BaseException, *, busy_timeout_ms: int | None = None) -> StoreError:
     """The StoreError for an error SQLite raised on the database `target`, naming the file and the fix
     (`busy_timeout_ms`: how long the connection waited for a lock, when known)."""
+    if not isinstance(exc, sqlite3.Error) and hasattr(exc, "sqlstate"):
+        return _postgres_error(str(target), exc, busy_timeout_ms)
     exc = original_error(exc)
     text = str(exc)
     code = sqlite_code(exc)

@@ -36,15 +36,14 @@ def require_current_schema(db: Store, path: str | os.PathLike) -> None:
 @contextmanager
 def read_snapshot(db: Store) -> Iterator[Store]:
     """All reads inside see the same committed state (one WAL read transaction)."""
-    conn = db.conn
-    if conn.in_transaction:
+    if db.in_transaction:
         yield db
         return
-    conn.execute("BEGIN")
+    db.begin_read()
     try:
         yield db
     finally:
-        conn.execute("ROLLBACK")
+        db.rollback_quietly()
 
 
 def decision_workload_id(db: Store, decision: DecisionRow) -> str | None:

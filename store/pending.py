@@ -14,7 +14,7 @@ importer wins and the others skip the file. A claim whose process is gone, or ol
 claimed again by the next importer; the run's `pending_id` is looked up inside the import's transaction, so
 an importer that was only slow, or a copy of the file, stores nothing a second time.
 
-The wait for another process's write lock is taken in slices of `db.LOCK_SLICE_MS`, up to the connection's busy
+The wait for another process's write lock is taken in slices of `connection.LOCK_SLICE_MS`, up to the connection's busy
 timeout in all: SQLite waits in C code, where Python cannot run a signal handler, so one long wait would
 hold off a SIGTERM until it ended. Once the database refuses one file for a reason every file would meet (the
 lock still held after that wait, a full disk, a read-only file: `refusals.store_refusal`), the others are not
@@ -75,7 +75,7 @@ class PendingImport:
 
 
 def pending_dir(db: Store) -> Path | None:
-    path = db.file
+    path = db.side_path
     return None if path is None else path.with_name(path.name + PENDING_SUFFIX)
 
 
@@ -87,6 +87,8 @@ def _write_side_file(folder: Path, record: Mapping[str, Any]) -> Path:
 
 def _failure(exc: BaseException, db: Store) -> StoreError | None:
     """SQLite's refusal of the commit as the store's error, naming the file and the fix; None for anything else."""
+    if isinstance(exc, StoreError):  # PostgreSQL's, mapped where it was raised
+        return exc
     if not isinstance(exc, sqlite3.Error):
         return None
     try:
@@ -120,7 +122,7 @@ def _keep_aside(db: Store, record: Mapping[str, Any]) -> Path:
             path = _write_side_file(folder, record)
             break
         except OSError as exc:
-            raise RunNotStored(f"the run could not be stored in {db.file} ({error}) nor kept in "
+            raise RunNotStored(f"the run could not be stored in {db.target} ({error}) nor kept in "
                                f"{folder} ({exc.strerror or exc}); free space on that disk") from exc
         except BaseException as exc:
             interrupted = exc
@@ -167,7 +169,7 @@ def commit_run_or_set_aside(db: Store, run: Mapping[str, Any],
         if failure is not None:
             return StoreOutcome(None, path, error, failure)
         log.warning("the run could not be stored in %s (%s); it is kept in %s and imported the next time bench "
-                    "or the daemon opens this database", db.file, error, path)
+                    "or the daemon opens this database", db.target, error, path)
         raise
 
 

@@ -284,7 +284,7 @@ def _script(sql: str) -> Migration:
     def apply(db: Store) -> None:
         for statement in sql.split(";"):
             if statement.strip():
-                db.execute(statement)
+                db.execute(db.ddl(statement))
 
     return apply
 

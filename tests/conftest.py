@@ -258,3 +258,30 @@ def live_children():
 
     return live
 
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL cluster for the session's process (skipped where the package is not installed)."""
+    import servers
+
+    server = servers.start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_target(request, tmp_path):
+    """A new database on each of the store's backends: a SQLite file's path, a PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        return tmp_path / "test.db"
+    return request.getfixturevalue("postgres_server").new_database()
+
+
+@pytest.fixture
+def backend_db(backend_target):
+    from joulepilot.store import open_db
+
+    database = open_db(backend_target)
+    yield database
+    database.close()

@@ -86,3 +86,83 @@ def stop(server: RedisServer) -> None:
         server.process.kill()
         server.process.wait()
     shutil.rmtree(server.folder, ignore_errors=True)
+
+
+@dataclass
+class PostgresServer:
+    """A throwaway PostgreSQL cluster: `url(name)` for a database in it, `new_database()` for a fresh one."""
+
+    port: int
+    password: str
+    process: subprocess.Popen
+    folder: Path
+    created: int = 0
+
+    def url(self, database: str = "postgres", password: str | None = None) -> str:
+        return f"postgresql://joulepilot:{password or self.password}@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        """The URL of a new, empty database (one per test: a test's tables never meet another's)."""
+        import psycopg
+
+        self.created += 1
+        name = f"jp_{os.getpid()}_{self.created}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+
+
+def _postgres_binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)
+    return str(candidates[0]) if candidates else None
+
+
+def start_postgres() -> PostgresServer:
+    """A PostgreSQL cluster initialised in a temporary folder and started on loopback and a socket in that folder,
+    as nobody when the tests run as root, with a password login for the user joulepilot."""
+    initdb, postgres = _postgres_binary("initdb"), _postgres_binary("postgres")
+    if initdb is None or postgres is None:
+        pytest.skip("PostgreSQL is not installed (Debian/Ubuntu: apt-get install postgresql)")
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'joulepilot[fleet]')")
+    import psycopg
+
+    folder = Path(tempfile.mkdtemp(prefix="joulepilot-postgres-"))
+    folder.chmod(0o777)
+    password = "fleet-" + os.urandom(6).hex()
+    (folder / "password").write_text(password)
+    (folder / "password").chmod(0o644)
+    subprocess.run([*_unprivileged(), initdb, "-D", str(folder / "data"), "-U", "joulepilot", "-E", "UTF8",
+                    "--auth=scram-sha-256", f"--pwfile={folder / 'password'}", "--no-sync"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(5):
+        port = _free_port()
+        process = subprocess.Popen(
+            [*_unprivileged(), postgres, "-D", str(folder / "data"), "-k", str(folder), "-p", str(port),
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+             "-c", "full_page_writes=off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = PostgresServer(port, password, process, folder)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                with psycopg.connect(server.url(), connect_timeout=2):
+                    return server
+            except psycopg.Error:
+                time.sleep(0.1)
+        process.kill()
+        process.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+    raise RuntimeError("postgres did not start on a free loopback port in 5 tries")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from joulepilot.store.connection import Store
 from joulepilot.store.schema import MIGRATIONS
 
 
@@ -15,7 +16,7 @@ def database_at(path: Path, version: int, *, wal: bool = False, user_table: bool
     if wal:
         conn.execute("PRAGMA journal_mode = WAL")
     for step in MIGRATIONS[:version]:
-        step(conn)
+        step(Store(conn))
     conn.execute(f"PRAGMA user_version = {version}")
     conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
     conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")

@@ -19,6 +19,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from joulepilot.store import SCHEMA_VERSION, import_runs, list_runs, open_db, read_export, schema_version
+from joulepilot.store.connection import Store
 from joulepilot.store.schema import MIGRATIONS
 from store_factories import damage_pages
 
@@ -278,7 +279,7 @@ def test_a_read_only_database_of_an_older_schema_says_why_it_cannot_be_read(work
     ro.mkdir()
     path = ro / "jp.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    MIGRATIONS[0](conn)
+    MIGRATIONS[0](Store(conn))
     conn.execute("PRAGMA user_version = 1")
     conn.close()
     with unwritable(ro):

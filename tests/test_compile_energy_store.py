@@ -25,6 +25,7 @@ from joulepilot.store import (
     upsert_workload,
     write_export,
 )
+from joulepilot.store.connection import Store
 from joulepilot.store.schema import MIGRATIONS
 
 H200_SWEEP = Path(__file__).parent / "data" / "gpu_sweep_h200.json"
@@ -34,7 +35,7 @@ def _old_database(path: Path, version: int) -> None:
     """A database as joulepilot left it at schema `version`, with a GPU run, a CPU run and a failed run."""
     conn = sqlite3.connect(path, isolation_level=None)
     for migration in MIGRATIONS[:version]:
-        migration(conn)
+        migration(Store(conn))
     conn.execute(f"PRAGMA user_version = {version}")
     conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
     conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")

@@ -422,3 +422,9 @@ def psutil_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@pytest.fixture
+def db(backend_db):
+    """Every test here on both backends (SQLite and PostgreSQL)."""
+    return backend_db

@@ -35,6 +35,7 @@ from joulepilot.store import (
     upsert_devices,
     upsert_host,
 )
+from joulepilot.store.connection import Store
 from joulepilot.store.decisions import write_decision
 from joulepilot.store.schema import MIGRATIONS, SCHEMA_VERSION
 from prometheus_client.parser import text_string_to_metric_families
@@ -255,7 +256,7 @@ def test_scrapes_never_migrate_an_older_database(tmp_path):
     db_path = tmp_path / "old.db"
     conn = sqlite3.connect(db_path)
     for step in MIGRATIONS[:-1]:
-        step(conn)
+        step(Store(conn))
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
     conn.commit()
     conn.close()

@@ -30,6 +30,7 @@ from joulepilot.controller.planner import compile_cost_rank
 from joulepilot.policies import PolicyError, load_policy
 from joulepilot.policies.resolve import candidate_configs
 from joulepilot.store import list_runs, open_db, stable_id, upsert_config
+from joulepilot.store.connection import Store
 from joulepilot.store.db import schema_version
 from joulepilot.store.runs import workload_runs
 from joulepilot.store.schema import MIGRATIONS, SCHEMA_VERSION
@@ -318,7 +319,7 @@ def test_configs_gain_a_regional_column_and_old_rows_read_as_whole_model(tmp_pat
     path = tmp_path / "v4.db"
     conn = sqlite3.connect(path, isolation_level=None)
     for step in MIGRATIONS[:4]:
-        step(conn)
+        step(Store(conn))
     conn.execute("PRAGMA user_version = 4")
     old = CompileConfig("default", batch_size=2)
     conn.execute("INSERT INTO configs VALUES (?, ?, 'default', 'default', '{}', 'fp32', 0, 2)", [old.id, old.label])
@@ -343,7 +344,7 @@ def test_a_version_6_database_gets_regional_as_migration_7_and_both_knobs_round_
     path = tmp_path / "v6.db"
     conn = sqlite3.connect(path, isolation_level=None)
     for step in MIGRATIONS[:6]:
-        step(conn)
+        step(Store(conn))
     conn.execute("PRAGMA user_version = 6")
     padded = CompileConfig("default", dynamic=True, batch_size=2, padding="buckets")
     conn.execute("INSERT INTO configs VALUES (?, ?, 'default', 'default', '{}', 'fp32', 1, 2, 'buckets')",

@@ -215,3 +215,9 @@ def test_report_of_a_real_cpu_deployment(tmp_path):
     assert report["deployment"]["device_kind"] == "cpu"
     for fmt in ("html", "md", "json", "csv"):
         assert render(report, fmt)
+
+
+@pytest.fixture
+def db(backend_db):
+    """Every test here on both backends (SQLite and PostgreSQL)."""
+    return backend_db

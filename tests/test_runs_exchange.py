@@ -156,3 +156,9 @@ def test_a_record_missing_a_field_names_the_file_record_and_field(tmp_path):
     result = CliRunner().invoke(main, ["runs", "import", str(out), "--db", str(target)])
     assert result.exit_code == 1 and result.output.startswith(f"Error: {out}: record 1 (run 2): config.label is missing")
     assert list_runs(open_db(target, read_only=True)) == []
+
+
+@pytest.fixture
+def db(backend_db):
+    """Every test here on both backends (SQLite and PostgreSQL)."""
+    return backend_db

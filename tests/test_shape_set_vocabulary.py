@@ -20,6 +20,7 @@ from joulepilot.store import (
     upsert_host,
     upsert_workload,
 )
+from joulepilot.store.connection import Store
 from joulepilot.store.runs import workload_runs
 from joulepilot.store.schema import MIGRATIONS
 
@@ -96,7 +97,7 @@ def test_a_version_4_database_gets_the_padding_column_with_none_for_its_configur
     path = tmp_path / "v4.db"
     conn = sqlite3.connect(path, isolation_level=None)
     for migrate in MIGRATIONS[:4]:
-        migrate(conn)
+        migrate(Store(conn))
     conn.execute("PRAGMA user_version = 4")
     old = CompileConfig(mode="default", dynamic=True, batch_size=8)
     conn.execute("INSERT INTO configs VALUES (?, ?, 'default', 'default', '{}', 'fp32', 1, 8)", [old.id, old.label])

@@ -16,8 +16,7 @@ import pytest
 from joulepilot.compiler import CompileConfig, bench
 from joulepilot.controller.daemon import Daemon
 from joulepilot.runtime import attach, metered
-from joulepilot.store import commit_run_or_set_aside, import_pending_runs, open_db
-from joulepilot.store import db as db_module
+from joulepilot.store import Store, commit_run_or_set_aside, import_pending_runs, open_db
 from joulepilot.store.deployment_side_files import (
     deployment_side_file,
     deployment_side_files,
@@ -40,13 +39,13 @@ def lock_waits(monkeypatch) -> list[int]:
     tests clear it once their side files are written, as the commits that left them, and any other write,
     waited too)."""
     waits: list[int] = []
-    real_begin_write = db_module._begin_write
+    real_begin_write = Store.begin_write
 
-    def counted(conn, stop):
+    def counted(self, stop=None):
         waits.append(len(waits))
-        return real_begin_write(conn, stop)
+        return real_begin_write(self, stop)
 
-    monkeypatch.setattr(db_module, "_begin_write", counted)
+    monkeypatch.setattr(Store, "begin_write", counted)
     return waits
 
 
@@ -179,6 +178,7 @@ def test_deployment_side_files_on_a_read_only_database_are_tried_once(tmp_path, 
     open_db(path).close()
     sides = _deployment_side_files(path, ["svc-a", "svc-b", "svc-c"])
     read_only = open_db(path, read_only=True)
+    lock_waits.clear()  # the writes that made the database and the side files
     items = import_deployment_side_files(read_only)
     assert len(lock_waits) == 1 and [i.tried for i in items] == [True, False, False]
     [line] = describe_deployment_imports(items)

@@ -23,6 +23,7 @@ from joulepilot.store import (
     upsert_host,
     upsert_workload,
 )
+from joulepilot.store.connection import Store
 from joulepilot.store.schema import MIGRATIONS
 
 
@@ -88,7 +89,7 @@ def test_failed_transaction_leaves_no_partial_run(db):
 def test_migration_from_version_1_keeps_rows(tmp_path):
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    MIGRATIONS[0](conn)
+    MIGRATIONS[0](Store(conn))
     conn.execute("PRAGMA user_version = 1")
     conn.execute("INSERT INTO hosts VALUES ('h1', 'box', 'x86', 1.0)")
     conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")

@@ -35,10 +35,10 @@ def _full_disk_at_last_step(*, sqlite_ended_transaction: bool):
     having rolled the transaction back itself (as it does when it cannot write its journal) or not."""
     real = MIGRATIONS[-1]
 
-    def step(conn: sqlite3.Connection) -> None:
-        real(conn)
+    def step(db) -> None:
+        real(db)
         if sqlite_ended_transaction:
-            conn.execute("ROLLBACK")
+            db.execute("ROLLBACK")
         raise sqlite3.OperationalError("database or disk is full")
 
     return [*MIGRATIONS[:-1], step]

@@ -63,7 +63,7 @@ def test_latest_decision_for_a_configuration_and_decoded_details(db):
 @pytest.mark.parametrize("table, row_class", [("decisions", DecisionRow), ("runs", RunRow), ("jobs", JobRow),
                                               ("heartbeats", HeartbeatRow)])
 def test_row_classes_name_every_column_of_their_table(db, table, row_class):
-    columns = {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
+    columns = db.column_names(table)
     missing = columns - set(row_class.column_names())
     assert not missing, f"{row_class.__name__} lacks fields for {sorted(missing)}: a migration added them"
 
@@ -146,3 +146,9 @@ def test_heartbeats_and_jobs_are_typed_rows(db):
                                                                                               "mlp", None)
     assert json.loads(json.dumps(job.to_dict()))["policy"] == "svc"
 
+
+
+@pytest.fixture
+def db(backend_db):
+    """Every test here on both backends (SQLite and PostgreSQL)."""
+    return backend_db
