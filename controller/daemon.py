@@ -53,9 +53,12 @@ from joulepilot.store import (
     as_store_error,
     commit_run_or_set_aside,
     host_identity,
+    is_postgres_url,
     make_db_folder,
     open_db,
     run_columns,
+    shown,
+    side_path,
     transaction,
     workload_needs_description,
 )
@@ -226,7 +229,7 @@ class Daemon:
             return
         if new.db != self.cfg.db:
             log.warning("SIGHUP: the database cannot change while running (%s); restart the daemon to "
-                        "use %s", self.cfg.db, new.db)
+                        "use %s", shown(self.cfg.db), shown(new.db))
             new = DaemonConfig(**{**vars(new), "db": self.cfg.db})
         old_exporter = (self.cfg.exporter.enabled, self.cfg.exporter.bind, self.cfg.exporter.port)
         self.cfg = new
@@ -281,7 +284,8 @@ class Daemon:
         used (its folder missing, damaged, full, ...)."""
         _configure_logging(self.cfg.log_level)
         check_devices(self.cfg.devices, str(self.cfg.source or "the daemon's defaults (no --config)"))
-        make_db_folder(self.cfg.db)  # its lock file goes there: a mistyped `db` is refused before anything is made
+        if not is_postgres_url(str(self.cfg.db)):  # its lock file goes there: a mistyped `db` is refused at once
+            make_db_folder(self.cfg.db)
         lock = InstanceLock(self.cfg.db)
         lock.acquire()  # raises DaemonAlreadyRunning naming the holder's pid
         previous = self._install_signals()
@@ -294,7 +298,7 @@ class Daemon:
             if requeued:
                 log.info("recovered after an unclean stop: job(s) %s re-queued", ", ".join(map(str, requeued)))
             log.info("daemon pid %d: database %s, policies %s, devices %s, every %gs",
-                     os.getpid(), self.cfg.db, ", ".join(map(str, self.cfg.policies)), ",".join(self.cfg.devices),
+                     os.getpid(), shown(self.cfg.db), ", ".join(map(str, self.cfg.policies)), ",".join(self.cfg.devices),
                      self.cfg.interval_s)
             self.heartbeat("starting", "starting", recovered_jobs=requeued)
             if once:
@@ -1297,13 +1301,13 @@ def _original_parent(cmdline: list[str]) -> int | None:
         return None
 
 
-def _remove_stale_scratch(db_path: Path) -> None:
+def _remove_stale_scratch(db_path: Path | str) -> None:
     """Scratch folders of workers whose daemon or bench died, and the job-child folder of older versions."""
     from joulepilot.compiler.runner import remove_stale_workdirs
 
     for folder in remove_stale_workdirs():
         log.info("removed %s, left by a worker whose bench or daemon was killed", folder)
-    shutil.rmtree(Path(str(db_path) + ".daemon-work"), ignore_errors=True)
+    shutil.rmtree(Path(str(side_path(db_path)) + ".daemon-work"), ignore_errors=True)
 
 
 def _configure_logging(level: str) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 
 from joulepilot.compiler.remote_cache import RemoteCacheError, check_url, redacted
 from joulepilot.policies.lock import default_lock_dir
-from joulepilot.store.db import default_db_path, default_home
+from joulepilot.store.db import database_target, default_home, shown
 from joulepilot.store.safeio import QUOTE_CHARS, FileRefused, file_kind, read_regular_file, shorten
+from joulepilot.store.urls import has_password, is_postgres_url
 
 MAX_CONFIG_BYTES = 1 << 20  # the annotated example is 4 KB; a megabyte is a mistake, not a config
 # Every key takes a plain value or a flat list: the document, a section and a list are three levels.
@@ -63,7 +64,7 @@ class CompileCacheConfig:
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    db: Path = field(default_factory=default_db_path)
+    db: Path | str = field(default_factory=database_target)  # a SQLite file, or a postgresql:// URL
     policies: tuple[Path, ...] = field(default_factory=lambda: (default_home() / "policies",))
     # Lock files of policies whose folder is read-only go here (the hook reads it too).
     lock_dir: Path = field(default_factory=default_lock_dir)
@@ -85,14 +86,14 @@ class DaemonConfig:
         """Command-line values win over the file."""
         cfg = self
         if db:
-            cfg = replace(cfg, db=Path(db).expanduser())
+            cfg = replace(cfg, db=database_target(db))
         if policies:
             cfg = replace(cfg, policies=tuple(Path(p).expanduser() for p in policies), policies_given=True)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "db": str(self.db),
+            "db": shown(self.db),
             "policies": [str(p) for p in self.policies],
             "policies_given": self.policies_given,
             "lock_dir": str(self.lock_dir),
@@ -228,8 +229,16 @@ def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> Dae
     kwargs: dict[str, Any] = {"source": source}
     if "db" in data:
         if not isinstance(data["db"], str) or not data["db"]:
-            raise DaemonConfigError(f"{where}: db must be a file path string, found {_quote(data['db'])}")
-        kwargs["db"] = (base / Path(data["db"]).expanduser())
+            raise DaemonConfigError(f"{where}: db must be a file path or a postgresql:// URL, found "
+                                    f"{_quote(data['db'])}")
+        if is_postgres_url(data["db"]):
+            if has_password(data["db"]):
+                _only_the_owner_reads(where, source, "db", shown(data["db"]),
+                                      "leave the password out of the URL and give it in ~/.pgpass or PGPASSWORD, "
+                                      "or the whole URL in JOULEPILOT_DB")
+            kwargs["db"] = data["db"]
+        else:
+            kwargs["db"] = (base / Path(data["db"]).expanduser())
     if "policies" in data:
         value = data["policies"]
         items = value if isinstance(value, list) else [value]
@@ -254,11 +263,30 @@ def parse_daemon_config(data: dict[str, Any], source: Path | None = None) -> Dae
         if name in data:
             kwargs[name] = _section(where, name, cls, data[name])
     if "compile_cache" in kwargs and kwargs["compile_cache"].redis_url:
+        url = kwargs["compile_cache"].redis_url
         try:
-            check_url(kwargs["compile_cache"].redis_url, f"{where}: compile_cache.redis_url")
+            check_url(url, f"{where}: compile_cache.redis_url")
         except RemoteCacheError as exc:
             raise DaemonConfigError(str(exc)) from None
+        if has_password(url):
+            _only_the_owner_reads(where, source, "compile_cache.redis_url", redacted(url),
+                                  "give the whole URL in JOULEPILOT_REDIS_URL")
     return DaemonConfig(**kwargs)
+
+
+def _only_the_owner_reads(where: str, source: Path | None, key: str, value_shown: str, elsewhere: str) -> None:
+    """A password in the config file (`key`, shown as `value_shown`) is refused unless only the file's owner may read
+    the file: a group or others could read it there (`elsewhere`: where else it may go)."""
+    if source is None:
+        return
+    try:
+        mode = os.stat(source).st_mode
+    except OSError:
+        return  # read a moment ago: what changed since is the next read's to say
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise DaemonConfigError(f"{where}: {key} ({value_shown}) holds a password, and the file may be read by "
+                                f"{'its group' if mode & stat.S_IRWXG else 'other users'} (mode "
+                                f"{stat.S_IMODE(mode):03o}); chmod 600 {source}, or {elsewhere}")
 
 
 def _lock_dir(where: str, value: Any, base: Path) -> Path:

@@ -38,11 +38,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-from joulepilot.store import as_store_error, open_db
+from joulepilot.store import as_store_error, open_db, shown
 from joulepilot.store.daemon_state import HEARTBEAT_STATES, latest_heartbeat, queue_counts
+from joulepilot.store.db import database_target
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.metrics import (
     decided_figures,
@@ -142,7 +142,7 @@ class JoulepilotCollector(Collector):
     """Reads the joulepilot database on every scrape (read-only, never migrating)."""
 
     def __init__(self, db_path: str | os.PathLike) -> None:
-        self.db_path = Path(db_path).expanduser()
+        self.db_path = database_target(db_path)
         self._gpu_index = NvmlIndexResolver()
         self._error_lock = threading.Lock()
         self._last_error: str | None = None
@@ -183,7 +183,7 @@ class JoulepilotCollector(Collector):
         if message is not None:
             log.warning("exporter: %s", message)
         elif previous is not None:
-            log.info("exporter: reading %s again", self.db_path)
+            log.info("exporter: reading %s again", shown(self.db_path))
 
     def _read_database(self, errors: list[str]) -> list[Metric]:
         """Every series but the two `collect` adds; `errors` gets one line per deployment left out."""

@@ -56,8 +56,9 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
         raise click.ClickException(str(exc)) from exc
     # The database the daemon opens (its config's `db` where --db is not given), for the error boundary's
     # one line about a SQLite error in the middle of a pass.
-    click.get_current_context().meta[DB_META_KEY] = str(daemon.cfg.db)
-    from joulepilot.store import StoreError
+    from joulepilot.store import StoreError, shown, side_path
+
+    click.get_current_context().meta[DB_META_KEY] = shown(daemon.cfg.db)
 
     try:
         if once:
@@ -69,8 +70,9 @@ def daemon_command(config_path: str | None, db: str | None, policy_dirs: tuple[s
     except (DaemonAlreadyRunning, DeviceUnavailable, StoreError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:  # the lock file or scratch folder beside the database cannot be written
-        raise click.ClickException(f"{exc}; the daemon needs write access to the database's folder "
-                                   f"({daemon.cfg.db.parent}); fix its permissions or pass --db") from exc
+        raise click.ClickException(f"{exc}; the daemon needs write access to the folder of its database's side "
+                                   f"files ({side_path(daemon.cfg.db).parent}); fix its permissions or pass --db") \
+            from exc
     if once and as_json:
         echo_json(result.summary)
     sys.exit(result.exit_code)

@@ -26,6 +26,7 @@ from joulepilot.store import (
     Store,
     as_store_error,
     default_db_path,
+    has_password,
     is_postgres_url,
     open_for_reading,
     parse_since,
@@ -97,6 +98,10 @@ def _resolve_db(ctx: click.Context, param: click.Parameter, value: str | None) -
     command."""
     text_value(ctx, param, value)
     given = value or os.environ.get(DB_ENV)
+    if value and is_postgres_url(value) and has_password(value):
+        raise click.ClickException(f"--db {redacted(value)} holds a password, which every user of this host can read "
+                                   f"in its process list; leave it out of the URL and give it in ~/.pgpass or "
+                                   f"PGPASSWORD, or pass the whole URL in {DB_ENV}")
     if is_postgres_url(given):
         ctx.meta[DB_META_KEY] = redacted(given)
         return given

@@ -109,13 +109,14 @@ from .runs import (
 from .schema import GENERATION_RUN_COLUMNS, SCHEMA_VERSION
 from .timevalues import iso_utc, parse_since
 from .torchversion import torch_major_minor
-from .urls import is_postgres_url, redacted
+from .urls import has_password, is_postgres_url, redacted
 
 __all__ = [
     "Store",
     "shown",
     "side_path",
     "is_postgres_url",
+    "has_password",
     "redacted",
     "complete_compile_energy_j",
     "compile_energy_sources",

@@ -14,6 +14,15 @@ def is_postgres_url(target: str | os.PathLike | None) -> bool:
     return isinstance(target, str) and target.lower().startswith(POSTGRES_SCHEMES)
 
 
+def has_password(url: str) -> bool:
+    """Whether `url` carries a password (in its user part or a `password=` parameter)."""
+    try:
+        parts = urlsplit(url)
+        return parts.password is not None or re.search(r"(^|&)password=", parts.query) is not None
+    except ValueError:
+        return False
+
+
 def redacted(url: str) -> str:
     """`url` with its password, if any (in its user part or a `password=` parameter), replaced by '***' (URLs are
     logged, printed and stored)."""

@@ -81,6 +81,13 @@ def test_a_server_that_does_not_answer_is_one_warning_and_the_work_goes_on(caplo
 def test_the_daemon_config_takes_a_compile_cache_and_names_a_bad_one(tmp_path):
     path = tmp_path / "daemon.toml"
     path.write_text('[compile_cache]\nredis_url = "redis://:pw@10.0.0.5:6379/1"\n')
+    path.chmod(0o640)  # a password where the file's group may read it: refused, the password not shown
+    with pytest.raises(DaemonConfigError) as caught:
+        load_daemon_config(path)
+    assert "compile_cache.redis_url (redis://:***@10.0.0.5:6379/1) holds a password" in str(caught.value)
+    assert "its group" in str(caught.value) and "JOULEPILOT_REDIS_URL" in str(caught.value)
+    assert ":pw@" not in str(caught.value)
+    path.chmod(0o600)
     cfg = load_daemon_config(path)
     assert cfg.compile_cache.redis_url == "redis://:pw@10.0.0.5:6379/1"
     assert cfg.to_dict()["compile_cache"] == {"redis_url": "redis://:***@10.0.0.5:6379/1"}
