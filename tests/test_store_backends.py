@@ -221,17 +221,17 @@ def test_postgresql_errors_name_the_database_without_its_password(postgres_serve
 def test_runs_export_and_import_commands_move_runs_between_a_file_and_postgresql(postgres_server, tmp_path):
     url = postgres_server.new_database()
     sweep = "tests/data/gpu_sweep_h200.json"
-    runner = CliRunner()
-    imported = runner.invoke(main, ["runs", "import", sweep, "--db", url])
+    runner = CliRunner(env={"JOULEPILOT_DB": url})  # a URL with a password: never on the command line
+    imported = runner.invoke(main, ["runs", "import", sweep])
     assert imported.exit_code == 0, imported.output
     assert imported.output.endswith("56 run(s) imported, 0 already present\n")
-    exported = runner.invoke(main, ["runs", "export", str(tmp_path / "out.json"), "--db", url])
+    exported = runner.invoke(main, ["runs", "export", str(tmp_path / "out.json")])
     assert exported.exit_code == 0, exported.output
     into_file = runner.invoke(main, ["runs", "import", str(tmp_path / "out.json"), "--db", str(tmp_path / "jp.db")])
     assert into_file.output.endswith("56 run(s) imported, 0 already present\n")
-    listed = runner.invoke(main, ["runs", "--json", "--limit", "0"], env={"JOULEPILOT_DB": url})
+    listed = runner.invoke(main, ["runs", "--json", "--limit", "0"])
     assert len(json.loads(listed.output)) == 56
-    status = runner.invoke(main, ["status", "--json", "--db", url])
+    status = runner.invoke(main, ["status", "--json"])
     assert json.loads(status.output)["db"] == url.replace(postgres_server.password, "***")
-    refused = runner.invoke(main, ["runs", "--db", postgres_server.url("jp", password="wrong")])
+    refused = runner.invoke(main, ["runs"], env={"JOULEPILOT_DB": postgres_server.url("jp", password="wrong")})
     assert refused.exit_code == 1 and "refused the login" in refused.output and "wrong" not in refused.output
