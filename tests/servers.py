@@ -78,10 +78,11 @@ def start_redis() -> RedisServer:
     raise RuntimeError("redis-server did not start on a free loopback port in 5 tries")
 
 
-def stop(server: RedisServer) -> None:
+def stop(server: RedisServer | PostgresServer, timeout_s: float = 10) -> None:
+    """End a server's process (killed when it has not stopped within `timeout_s`) and remove its folder."""
     server.process.terminate()
     try:
-        server.process.wait(timeout=10)
+        server.process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
@@ -112,13 +113,7 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        stop(self, timeout_s=20)
 
 
 
