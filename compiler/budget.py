@@ -22,6 +22,15 @@ SETUP_ALLOWANCE_S = 180.0
 MEASURE_ALLOWANCE_FACTOR = 6.0
 KILL_GRACE_S = 2.0
 
+def windows_taken(asked: int, max_rel_error: float | None, bound: float | None) -> int:
+    """The energy windows a worker takes of the `asked`: one alone when its numerical check (`max_rel_error`, one
+    per process) is over `bound` (the policy's limit), since every further window would repeat a configuration the
+    policy cannot apply. The worker and the guided search (which models it in replays) both decide by this."""
+    if bound is not None and max_rel_error is not None and max_rel_error > bound:
+        return 1
+    return max(1, asked)
+
+
 # Phases (as the worker names them) that are a first forward call and count against `budget_s`.
 FIRST_CALL_PHASES = ("reference", "compile")
 # The head of a failed run's reason when its compile overran the budget (the guided search reads it back).

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .budget import windows_taken
 from .graph_breaks import recording_graph_breaks
 
 OOM_REASON = "out of memory"
@@ -177,17 +178,14 @@ def _peak_power(measurement: Any) -> float | None:
 
 
 def _windows(job: dict[str, Any], max_rel_error: float | None) -> int:
-    """How many energy windows the job takes in this process (`windows`, default 1): one alone when the numerical
-    check (`max_rel_error`, one per process) is over the job's `windows_max_rel_error`, since every further window
-    would repeat a configuration the policy cannot apply."""
+    """How many energy windows the job takes in this process (`windows`, default 1; `budget.windows_taken` with
+    the job's `windows_max_rel_error`)."""
     try:
         windows = max(1, int(job.get("windows") or 1))
     except (TypeError, ValueError):
         return 1
     bound = job.get("windows_max_rel_error")
-    if isinstance(bound, int | float) and max_rel_error is not None and max_rel_error > bound:
-        return 1
-    return windows
+    return windows_taken(windows, max_rel_error, float(bound) if isinstance(bound, int | float) else None)
 
 
 def _window_fields(window: Any, calls: int, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from joulepilot.compiler.budget import windows_taken
 from joulepilot.policies.judge import (
     Judgement,
     Rules,
@@ -412,17 +413,12 @@ class GuidedSearch:
                 self.steps.append(SearchStep(len(self.steps) + 1, step.arm.id, step.arm.label, step.kind, fresh,
                                              step.why if window == 0 else f"window {window + 1} of {step.windows} "
                                              "in the same process", observation.ok, observation.wall_s))
-                if not observation.ok or self._fails_numerics(observation):
+                if not observation.ok or window + 1 >= windows_taken(step.windows, observation.max_rel_error,
+                                                                     self.rules.limits.max_rel_error):
                     break  # a process that failed, or whose numerical check is over the limit, takes no more windows
                 if observation.wall_s > self._remaining_s():
                     break  # another window, at what this one took, would overrun budget_s
         return self.result(stop)
-
-    def _fails_numerics(self, run: Run) -> bool:
-        """Whether `run`'s numerical check (one per process) is over the limit: its worker takes no further window
-        (`compiler.bench.measure_config`'s `windows_max_rel_error`)."""
-        limit = self.rules.limits.max_rel_error
-        return limit is not None and run.max_rel_error is not None and run.max_rel_error > limit
 
     def result(self, stop: str) -> SearchResult:
         """What was measured and skipped, and the judge's decision, as the search stands (`stop`: why it
