@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from joulepilot.store import host_identity, stable_id
+from joulepilot.store import host_identity, provenance_key
 
 
 def package_version(*names: str) -> str | None:
@@ -111,9 +111,8 @@ def provenance(device: str, name: str | None = None, driver: str | None = None) 
         "triton_version": package_version("triton", "pytorch-triton", "triton-xpu"),
         "joulepilot_version": package_version("joulepilot"),
     }
-    fields["provenance_key"] = stable_id("provenance", fields["host_id"], fields["device_name"],
-                                         fields["driver_version"], fields["torch_version"],
-                                         fields["triton_version"], fields["joulepilot_version"])
+    fields["provenance_key"] = provenance_key(fields["device_name"], fields["torch_version"],
+                                              fields["triton_version"], fields["joulepilot_version"])
     fields["hostname"] = host["hostname"]
     fields["cuda_version"] = cuda_version
     fields["python_version"] = platform.python_version()

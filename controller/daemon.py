@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +59,7 @@ from joulepilot.store import (
     shown,
     side_path,
     transaction,
+    upsert_host,
     workload_needs_description,
 )
 from joulepilot.store.catalog import config_row
@@ -73,12 +73,13 @@ from joulepilot.store.daemon_state import (
     mark_requests_handled,
     queue_counts,
     queued_jobs,
-    recover_orphaned_jobs,
+    recover_jobs,
+    renew_leases,
     requeue_job,
     unhandled_requests,
     write_heartbeat,
 )
-from joulepilot.store.runs import further_window_run_ids
+from joulepilot.store.runs import configs_measured_by, further_window_run_ids
 from joulepilot.store.side_file_imports import import_side_files
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
@@ -148,7 +149,9 @@ class Daemon:
         self._reload = threading.Event()
         self.scheduler: GpuScheduler | None = None  # this pass's jobs, one per idle device
         self.db: Any = None
-        self.host = socket.gethostname()
+        identity = host_identity()
+        self.host, self.host_id = identity["hostname"], identity["id"]  # JOULEPILOT_HOSTNAME may name it
+        self._leases_renewed_at = 0.0
         self._jobs_view: dict[int, dict[str, Any]] = {}  # running job id -> what heartbeats say of it
         self._jobs_lock = threading.Lock()
         self.last_pass: dict[str, Any] = {}
@@ -166,7 +169,6 @@ class Daemon:
         # This pass's exhaustive policies (name -> the configurations that broke their envelope), whose
         # contenders are measured again once their sweep is done, and the windows each such job takes.
         self._exhaustive: dict[str, set[str]] = {}
-        self._repeat_windows: dict[int, int] = {}
         # This pass's workloads that could not be built, as (policy, workload id): recorded once each.
         self._load_errors: set[tuple[str, str]] = set()
         self._pass_model: Any = None
@@ -264,7 +266,7 @@ class Daemon:
                   "job": jobs[0] if jobs else None, "jobs": jobs, "last_pass": bounded_pass(self.last_pass),
                   "config": str(self.config_path or ""), "compile_cache": self._compile_cache_state(), **extra}
         try:
-            write_heartbeat(self.db, state, detail)
+            write_heartbeat(self.db, state, detail, host_id=self.host_id)
         except Exception as exc:  # a locked or full disk must not kill the loop; the next beat retries
             log.warning("heartbeat not written: %s", as_store_error(exc, self.cfg.db) or exc)
 
@@ -294,9 +296,11 @@ class Daemon:
             _end_leftover_worker(self.db)
             _remove_stale_scratch(self.cfg.db)
             self._import_pending()  # before recovery: a set-aside run finishes its job
-            requeued = recover_orphaned_jobs(self.db)
+            upsert_host(self.db)  # its name, for what `status` says each host of a fleet measures
+            requeued = recover_jobs(self.db, self.host_id)
             if requeued:
-                log.info("recovered after an unclean stop: job(s) %s re-queued", ", ".join(map(str, requeued)))
+                log.info("recovered after an unclean stop (of this host's daemon, or of a host whose claim ran "
+                         "out): job(s) %s re-queued", ", ".join(map(str, requeued)))
             log.info("daemon pid %d: database %s, policies %s, devices %s, every %gs",
                      os.getpid(), shown(self.cfg.db), ", ".join(map(str, self.cfg.policies)), ",".join(self.cfg.devices),
                      self.cfg.interval_s)
@@ -483,7 +487,7 @@ class Daemon:
         # 1. requests and stale decisions. Only the daemon's own policies are served: a request naming
         # any other (a file elsewhere, which a hook points at) is refused, as its workload is code the
         # daemon would run. Refused requests stay pending, and are served once such a policy appears.
-        host_id = host_identity()["id"]
+        host_id = self.host_id
         requests = [r for r in unhandled_requests(self.db) if r.get("host_id") in (None, host_id)]
         summary["requests"] = len(requests)
         requested: dict[str, list[int]] = {}
@@ -520,7 +524,7 @@ class Daemon:
 
         violated_by_policy: dict[str, set[str]] = {}
         self._guided = {}
-        self._exhaustive, self._repeat_windows = {}, {}
+        self._exhaustive = {}
         for name, reason in stale.items():
             policy = by_name[name]
             violated = violated_config_ids(self.db, name, probe.device_kind)
@@ -532,10 +536,11 @@ class Daemon:
                 drop_queued_jobs(self.db, name)
                 continue
             self._exhaustive[name] = violated  # its contenders are measured again once the sweep is done
-            plan = plan_policy(self.db, policy, reason=reason, provenance_key=probe.provenance_key,
-                               max_age_s=self.cfg.max_decision_age_s, violated=violated)
             keep = []
+            # Planned and queued in one write: another host's run stored in between cannot be measured again.
             with transaction(self.db):
+                plan = plan_policy(self.db, policy, reason=reason, provenance_key=probe.provenance_key,
+                                   max_age_s=self.cfg.max_decision_age_s, violated=violated)
                 for cfg in plan.to_measure:
                     upsert_config(self.db, cfg.to_row())
                     # each configuration under its own batch size's workload (the batch-size lever)
@@ -629,9 +634,39 @@ class Daemon:
         return has_open_jobs(self.db, policy)
 
     def _runnable_jobs(self, by_name: dict[str, Any], probe: DeviceProbe) -> list[JobRow]:
-        """Queued jobs this pass can run: of a loaded policy, measured under this host's provenance."""
-        return [j for j in queued_jobs(self.db)
-                if j.policy in by_name and j.provenance_key == probe.provenance_key]
+        """Queued jobs this pass can run: of a loaded policy, under this host's provenance (which other hosts of the
+        same device kind and software share), those of configurations this host has not measured first, so that a
+        contender's repeats run on other hosts where one is free. A job whose host's lease ran out is queued again
+        first."""
+        recovered = recover_jobs(self.db)
+        if recovered:
+            log.info("job(s) %s re-queued: the host that claimed them stopped renewing its claim",
+                     ", ".join(map(str, recovered)))
+        jobs = [j for j in queued_jobs(self.db) if j.policy in by_name and j.provenance_key == probe.provenance_key]
+        if len(jobs) < 2:
+            return jobs
+        mine = configs_measured_by(self.db, self.host_id, probe.provenance_key)
+        return sorted(jobs, key=lambda j: j.config_id in mine)
+
+    def _renew_leases(self, scheduler: GpuScheduler) -> None:
+        """Extend the claims on this host's running jobs (every poll at most); a claim another host took over (this
+        host stopped renewing for longer than the lease: the store was unreachable) is said once."""
+        now = time.monotonic()
+        if now - self._leases_renewed_at < min(self.cfg.idle.poll_s, self.cfg.fleet.lease_s / 3):
+            return
+        self._leases_renewed_at = now
+        ids = [running.job.id for running in scheduler.running().values()]
+        try:
+            lost = renew_leases(self.db, self.host_id, ids, self.cfg.fleet.lease_s)
+        except Exception as exc:
+            problem = as_store_error(exc, self.cfg.db)
+            if problem is None:
+                raise
+            log.warning("claims not renewed (%s); the next poll tries again", problem)
+            return
+        for job_id in lost:
+            log.warning("job %d: this host's claim ran out and the job went back to the queue; its run is still "
+                        "stored when it ends", job_id)
 
     def _run_queue(self, by_name: dict[str, Any], devices: list[str], probe: DeviceProbe,
                    summary: dict[str, Any]) -> None:
@@ -691,7 +726,8 @@ class Daemon:
                     self.stop_event.wait(self.cfg.idle.poll_s)
                     continue
                 waiting_since = None
-                event = scheduler.next_event(timeout=self.cfg.idle.poll_s)
+                self._renew_leases(scheduler)
+                event = scheduler.next_event(timeout=min(self.cfg.idle.poll_s, self.cfg.fleet.lease_s / 3))
                 if event is None:
                     continue
                 if isinstance(event, Finished):
@@ -757,22 +793,29 @@ class Daemon:
             if not state.active and in_flight >= slots:
                 continue  # its turn comes when a search under way stops
             policy = by_name[name]
-            plan = self._guided_plan(policy, probe, self._model_for_pass())
-            state.plan = plan
+            model = self._model_for_pass()  # fitted before the write below, which other hosts wait for
+            # Planned and queued in one write: another host may store a run, or queue this search's next
+            # measurement, in between.
+            with transaction(self.db):
+                if self._has_open_jobs(name):
+                    continue  # another host of the fleet queued it first
+                plan = self._guided_plan(policy, probe, model)
+                state.plan = plan
+                if not plan.done:
+                    step = plan.next[0]
+                    upsert_config(self.db, step.config.to_row())
+                    job_id, created = enqueue_job(self.db, policy=name,
+                                                  workload_id=config_workload_id(policy, step.config),
+                                                  config_id=step.config.id, provenance_key=probe.provenance_key,
+                                                  max_attempts=self.cfg.bench.max_attempts,
+                                                  windows=max(1, int(step.windows)))
+                    drop_queued_jobs(self.db, name, [job_id])
             if plan.done:
                 in_flight -= int(state.active)
                 state.stopped = True
                 log.info("policy %s: guided search stops after %d measurement(s), %.0f s: %s; %d skipped", name,
                          plan.measurements, plan.spent_s, plan.stop_reason, len(plan.skipped))
                 continue
-            step = plan.next[0]
-            with transaction(self.db):
-                upsert_config(self.db, step.config.to_row())
-                job_id, created = enqueue_job(self.db, policy=name,
-                                              workload_id=config_workload_id(policy, step.config),
-                                              config_id=step.config.id, provenance_key=probe.provenance_key,
-                                              max_attempts=self.cfg.bench.max_attempts)
-                drop_queued_jobs(self.db, name, [job_id])
             if not created:
                 in_flight -= int(state.active)
                 state.stopped = True
@@ -800,18 +843,18 @@ class Daemon:
             if self._has_open_jobs(name):
                 continue
             policy = by_name[name]
-            plan = plan_repeats(self.db, policy, probe.device_kind, provenance_key=probe.provenance_key,
-                                max_attempts=self.cfg.bench.max_attempts, violated=violated)
             started = []
-            with transaction(self.db):
+            with transaction(self.db):  # planned and queued in one write, as another host may store a run between
+                plan = plan_repeats(self.db, policy, probe.device_kind, provenance_key=probe.provenance_key,
+                                    max_attempts=self.cfg.bench.max_attempts, violated=violated)
                 for repeat in plan.repeats:
                     upsert_config(self.db, repeat.config.to_row())
-                    job_id, created = enqueue_job(self.db, policy=name,
-                                                  workload_id=config_workload_id(policy, repeat.config),
-                                                  config_id=repeat.config.id, provenance_key=probe.provenance_key,
-                                                  max_attempts=self.cfg.bench.max_attempts)
+                    _job_id, created = enqueue_job(self.db, policy=name,
+                                                   workload_id=config_workload_id(policy, repeat.config),
+                                                   config_id=repeat.config.id, provenance_key=probe.provenance_key,
+                                                   max_attempts=self.cfg.bench.max_attempts,
+                                                   windows=max(1, repeat.windows))
                     if created:
-                        self._repeat_windows[job_id] = repeat.windows
                         started.append(repeat)
             if not started:
                 continue
@@ -829,8 +872,8 @@ class Daemon:
         from joulepilot.compiler import measure_config, start_zygote_early, worker_job_key
         from joulepilot.compiler.bench import default_idle_s, describes_now
 
-        if not claim_job(self.db, job.id):
-            return
+        if not claim_job(self.db, job.id, host_id=self.host_id, lease_s=self.cfg.fleet.lease_s):
+            return  # another host of the fleet claimed it first
         row = config_row(self.db, job.config_id)
         if row is None:
             raise LookupError(f"job {job.id}: configuration {job.config_id} is not in the store")
@@ -882,13 +925,11 @@ class Daemon:
         return step if step is not None and step.config.id == job.config_id else None
 
     def _windows_for(self, job: JobRow) -> int:
-        """How many energy windows the job's worker takes: what its guided search asked for this measurement
-        (a repeat takes the windows it still needs in one process, `controller.search.Step.windows`), or what
-        an exhaustive policy's repeat still needs (`_advance_repeats`), else 1."""
-        if job.id in self._repeat_windows:
-            return max(1, self._repeat_windows[job.id])
-        step = self._guided_step(job)
-        return max(1, int(step.windows)) if step is not None else 1
+        """How many energy windows the job's worker takes, as the host that queued it asked (`jobs.windows`): what
+        its guided search asked for this measurement (a repeat takes the windows it still needs in one process,
+        `controller.search.Step.windows`), or what an exhaustive policy's repeat still needs (`_advance_repeats`),
+        else 1."""
+        return max(1, int(job.windows or 1))
 
     def _job_purpose(self, job: JobRow) -> str:
         """What a job is for, for the progress line: '' for a job of an exhaustive sweep, else its guided search's
@@ -896,7 +937,7 @@ class Daemon:
         step = self._guided_step(job)
         if step is not None:
             return f"guided search: {'next candidate' if step.kind == 'guided' else step.kind}"
-        if job.id in self._repeat_windows:
+        if job.windows:
             windows = self._windows_for(job)
             return f"repeat, {windows} window{'s' if windows != 1 else ''}"
         return ""
@@ -1096,6 +1137,7 @@ class Daemon:
         from joulepilot.policies import LockWriteError, sync_lock
 
         ready = self._warm_zygote_first([n for n in stale if not self._has_open_jobs(n)], by_name, probe.device)
+        stale_done: list[str] = []  # decided by another host during this pass: its lock file is written below
         if ready:
             self.heartbeat("fitting", f"refitting and deciding {len(ready)} polic{'y' if len(ready) == 1 else 'ies'}")
             model = fit_or_none(self.db)
@@ -1107,10 +1149,17 @@ class Daemon:
             # A contender or a guided search's pick whose job failed as often as it may is not measured again.
             failed_out = repeat_blocked(self.db, policy, probe.provenance_key, self.cfg.bench.max_attempts)
             try:
-                decided, _plan = decide_now(self.db, policy, probe.device_kind, model, decided_by="daemon",
-                                            reason=stale[name], provenance_key=probe.provenance_key,
-                                            max_age_s=self.cfg.max_decision_age_s, lock_dir=self.cfg.lock_dir,
-                                            failed_out=failed_out, until_done=True)
+                # Checked and decided in one write: a fleet's hosts decide a policy once between them.
+                with transaction(self.db):
+                    if self._decided_elsewhere(policy, probe, summary["started_at"]):
+                        log.info("policy %s: another host of the fleet decided it during this pass", name)
+                        stale_done.append(name)
+                        mark_requests_handled(self.db, requested.get(name, []))
+                        continue
+                    decided, _plan = decide_now(self.db, policy, probe.device_kind, model, decided_by="daemon",
+                                                reason=stale[name], provenance_key=probe.provenance_key,
+                                                max_age_s=self.cfg.max_decision_age_s, lock_dir=self.cfg.lock_dir,
+                                                failed_out=failed_out, until_done=True)
             except Exception as exc:
                 log.exception("policy %s: deciding failed", name)
                 summary["policy_errors"].append({"file": str(policy.path), "error": f"deciding failed: {exc}"})
@@ -1128,7 +1177,7 @@ class Daemon:
             mark_requests_handled(self.db, requested.get(name, []))
             self._time_warm_starts(policy, decision, probe.device, summary)
         for name, policy in by_name.items():
-            if name in stale:
+            if name in stale and name not in stale_done:
                 continue
             try:
                 written = sync_lock(self.db, policy, probe.device_kind, lock_dir=self.cfg.lock_dir)
@@ -1138,6 +1187,14 @@ class Daemon:
             if written:
                 log.info("policy %s: lock file %s written", name, written)
                 summary["lock_files"].append(str(written))
+
+    def _decided_elsewhere(self, policy: Any, probe: DeviceProbe, since: float) -> bool:
+        """Whether `policy` was decided for this device kind and provenance after `since` (this pass's start; by
+        another host sharing the store, as this one decides a policy once a pass), leaving nothing to decide."""
+        decision, _refused = newest_sound_decision(self.db, policy, probe.device_kind)
+        return decision is not None and decision.decided_at >= since and \
+            stale_reason(decision, policy_hash=policy.hash, provenance_key=probe.provenance_key,
+                         max_age_s=self.cfg.max_decision_age_s) is None
 
     def _warm_zygote_first(self, names: list[str], by_name: dict[str, Any], device: str) -> list[str]:
         """`names` with the policy whose workload's zygote is up on `device` (the last one measured) first: its

@@ -63,6 +63,13 @@ class CompileCacheConfig:
 
 
 @dataclass(frozen=True)
+class FleetConfig:
+    # A job a host claims is its own for this long, renewed while its daemon measures (every `idle.poll_s` or a
+    # third of the lease, whichever is shorter); a host that dies holds it no longer than this.
+    lease_s: float = 120.0
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     db: Path | str = field(default_factory=database_target)  # a SQLite file, or a postgresql:// URL
     policies: tuple[Path, ...] = field(default_factory=lambda: (default_home() / "policies",))
@@ -76,6 +83,7 @@ class DaemonConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
     compile_cache: CompileCacheConfig = field(default_factory=CompileCacheConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     source: Path | None = None  # the file it was read from, None for defaults
     # True when the file or --policies named the folders (one that is missing is an error); False for the
     # default folder, which a new install does not have yet (no policies, with a notice).
@@ -105,13 +113,15 @@ class DaemonConfig:
             "bench": vars(self.bench).copy(),
             "exporter": vars(self.exporter).copy(),
             "compile_cache": {"redis_url": redacted(self.compile_cache.redis_url)},
+            "fleet": vars(self.fleet).copy(),
             "source": str(self.source) if self.source else None,
         }
 
 
 _TOP = {"db", "policies", "lock_dir", "interval_s", "max_decision_age_s", "devices", "log_level", "idle", "bench", "exporter",
-        "compile_cache"}
-_SECTIONS = {"idle": IdleConfig, "bench": BenchConfig, "exporter": ExporterConfig, "compile_cache": CompileCacheConfig}
+        "compile_cache", "fleet"}
+_SECTIONS = {"idle": IdleConfig, "bench": BenchConfig, "exporter": ExporterConfig, "compile_cache": CompileCacheConfig,
+             "fleet": FleetConfig}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Every number's range, inclusive, and its unit: finite, and within what the daemon can use (a pass at least
 # daily, a poll that cannot spin, bench's own floor for the timed window). The README's table lists them.
@@ -126,6 +136,7 @@ NUMBER_RANGES: dict[str, tuple[float, float, str]] = {
     "bench.budget_s": (1, 86_400, "seconds"),
     "bench.max_attempts": (1, 100, "attempts"),
     "exporter.port": (0, 65_535, "a TCP port; 0 = any free one"),
+    "fleet.lease_s": (3, 86_400, "seconds"),
 }
 
 

@@ -40,8 +40,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from joulepilot.store import as_store_error, open_db, shown
-from joulepilot.store.daemon_state import HEARTBEAT_STATES, latest_heartbeat, queue_counts
+from joulepilot.store import as_store_error, host_identity, open_db, shown
+from joulepilot.store.daemon_state import HEARTBEAT_STATES, host_heartbeat, queue_counts
 from joulepilot.store.db import database_target
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.metrics import (
@@ -322,7 +322,7 @@ class JoulepilotCollector(Collector):
         return series
 
     def _daemon_metrics(self, db: Any) -> list[Metric]:
-        hb = latest_heartbeat(db)
+        hb = host_heartbeat(db, host_identity()["id"])  # this host's daemon: the exporter runs beside it
         last = GaugeMetricFamily("joulepilot_daemon_last_heartbeat_timestamp_seconds",
                                  "Unix time of the daemon's last heartbeat")
         state = GaugeMetricFamily("joulepilot_daemon_state", "1 for the state in the daemon's last heartbeat",

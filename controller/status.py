@@ -10,8 +10,16 @@ from typing import Any
 
 import psutil
 from joulepilot.policies.bill import bill_of, bill_text
-from joulepilot.store import Store, shown
-from joulepilot.store.daemon_state import latest_heartbeat, list_jobs, queue_counts, unhandled_requests
+from joulepilot.store import Store, host_identity, shown
+from joulepilot.store.daemon_state import (
+    HeartbeatRow,
+    JobRow,
+    fleet_heartbeats,
+    host_heartbeat,
+    list_jobs,
+    queue_counts,
+    unhandled_requests,
+)
 from joulepilot.store.decisions import latest_decisions
 from joulepilot.store.runs import daemon_runs
 
@@ -33,7 +41,7 @@ def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) 
     now = time.time()
     lock = lock_path_for(db_path)
     held = lock_is_held(lock)
-    hb = latest_heartbeat(db)
+    hb = host_heartbeat(db, host_identity()["id"])
     detail = hb.detail if hb else {}
     lock_pid = read_lock_pid(lock) if held else None
     pid = lock_pid or (hb.pid if hb else None)
@@ -73,6 +81,7 @@ def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) 
     } for d in latest_decisions(db)]
     last_pass = detail.get("last_pass") or {}
     no_folder = missing_policy_folders(last_pass)
+    running = list_jobs(db, state="running")
     return {
         "db": shown(db_path),
         "daemon": daemon,
@@ -85,14 +94,35 @@ def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) 
             "counts": queue_counts(db),
             "next": [
                 {"id": j.id, "policy": j.policy, "workload": j.workload, "config": j.config_label,
-                 "state": j.state, "attempts": j.attempts}
-                for j in list_jobs(db, state="running") + list_jobs(db, state="queued", limit=next_jobs)
+                 "state": j.state, "attempts": j.attempts, "host": j.hostname if j.state == "running" else None}
+                for j in running + list_jobs(db, state="queued", limit=next_jobs)
             ],
         },
+        "fleet": fleet_status(fleet_heartbeats(db), running, now),
         "requests_pending": len(unhandled_requests(db)),
         "measuring": measuring_per_policy(db, last_pass),
         "decisions": decisions,
     }
+
+
+def fleet_status(beats: list[HeartbeatRow], running: list[JobRow], now: float) -> list[dict[str, Any]]:
+    """Each host that shares the store: its daemon's newest heartbeat (state, what it said it was doing, how long
+    ago) and the jobs it has claimed now, with the seconds left on each claim's lease; by host name."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for beat in beats:
+        hosts[str(beat.host_id)] = {"host": beat.detail.get("hostname") or beat.host_id, "host_id": beat.host_id,
+                                    "state": beat.state, "doing": beat.detail.get("doing"),
+                                    "last_heartbeat_age_s": round(now - beat.at, 1), "measuring": []}
+    for job in running:
+        if job.claimed_by is None:
+            continue
+        host = hosts.setdefault(job.claimed_by, {"host": job.hostname or job.claimed_by, "host_id": job.claimed_by,
+                                                 "state": None, "doing": None, "last_heartbeat_age_s": None,
+                                                 "measuring": []})
+        left = round(job.lease_expires_at - now, 1) if job.lease_expires_at is not None else None
+        host["measuring"].append({"job": job.id, "policy": job.policy, "config": job.config_label,
+                                  "lease_left_s": left})
+    return sorted(hosts.values(), key=lambda h: str(h["host"]))
 
 
 def missing_policy_folders(last_pass: dict[str, Any]) -> dict[str, Any] | None:

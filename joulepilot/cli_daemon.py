@@ -172,8 +172,13 @@ def status_command(db: str | None, as_json: bool) -> None:
     click.echo("queue: " + ", ".join(f"{k} {v}" for k, v in counts.items())
                + (f"; {status['requests_pending']} request(s) pending" if status["requests_pending"] else ""))
     if status["queue"]["next"]:
-        echo_table(status["queue"]["next"], ["id", "state", "policy", "workload", "config", "attempts"],
-                   drop_first=("attempts", "workload"))
+        echo_table(status["queue"]["next"], ["id", "state", "host", "policy", "workload", "config", "attempts"],
+                   drop_first=("attempts", "workload", "host"))
+    if len(status["fleet"]) > 1:  # hosts sharing this store: who measures what
+        click.echo("")
+        click.echo(f"fleet: {len(status['fleet'])} hosts share this store")
+        echo_table([_host_row(h) for h in status["fleet"]], ["host", "state", "heartbeat", "measuring"],
+                   drop_first=("heartbeat",))
     if status["measuring"]:
         click.echo("")
         click.echo("measuring, per policy (every run the daemon made for it; energy metered where a meter read "
@@ -187,6 +192,16 @@ def status_command(db: str | None, as_json: bool) -> None:
     echo_table(rows, ["policy", "device_kind", "config", "state", "age", "payback", "reason"],
                ["policy", "device", "config", "state", "age", "payback", "reason"],
                drop_first=("payback", "age", "device_kind"))
+
+
+def _host_row(host: dict[str, Any]) -> dict[str, Any]:
+    """A fleet host as `status` lists it: what it measures (job, configuration, seconds left on its claim)."""
+    jobs = "; ".join(f"job {m['job']} {m['policy']} {m['config']}"
+                     + (f" (claim {m['lease_left_s']:.0f}s)" if m["lease_left_s"] is not None else "")
+                     for m in host["measuring"])
+    age = host["last_heartbeat_age_s"]
+    return {"host": host["host"], "state": host["state"] or "-", "heartbeat": f"{_age(age)} ago" if age is not None
+            else "-", "measuring": jobs or "-"}
 
 
 def _spent(entry: dict[str, Any]) -> str:

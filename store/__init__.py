@@ -26,7 +26,8 @@ from .daemon_state import (
     mark_requests_handled,
     queue_counts,
     queued_jobs,
-    recover_orphaned_jobs,
+    recover_jobs,
+    renew_leases,
     requeue_job,
     unhandled_requests,
     write_heartbeat,
@@ -77,6 +78,7 @@ from .errors import (
 )
 from .exchange import export_runs, export_text, import_runs, parse_export, read_export, write_export
 from .jsonvalues import json_column, json_object, json_output, json_safe, row_from_json, strict_json_text
+from .keys import provenance_key, stable_id
 from .pending import (
     PendingImport,
     RunNotStored,
@@ -91,7 +93,6 @@ from .records import (
     insert_run,
     list_runs,
     power_samples,
-    stable_id,
     upsert_config,
     upsert_devices,
     upsert_host,
@@ -175,7 +176,8 @@ __all__ = [
     "mark_requests_handled",
     "queue_counts",
     "queued_jobs",
-    "recover_orphaned_jobs",
+    "recover_jobs",
+    "renew_leases",
     "requeue_job",
     "unhandled_requests",
     "write_heartbeat",
@@ -217,6 +219,7 @@ __all__ = [
     "open_db",
     "power_samples",
     "schema_version",
+    "provenance_key",
     "stable_id",
     "transaction",
     "upsert_config",

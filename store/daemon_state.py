@@ -1,8 +1,10 @@
 """The daemon's durable state: the job queue, heartbeats, and the hooks' benchmark requests.
 
 Every change of a job's state is one transaction, so a daemon killed at any moment leaves each job
-either as it was or fully moved on; a restart puts jobs left `running` back in the queue. Jobs and
-heartbeats come back as `JobRow` and `HeartbeatRow`; requests as plain dicts of their columns.
+either as it was or fully moved on. The queue is the fleet's: the daemons of every host that shares the
+store claim its jobs, one host per job, for a lease their daemon renews while it measures; a claim whose
+lease ran out (its host died) and a claim of this host left by its daemon's previous life go back to the
+queue. Jobs and heartbeats come back as `JobRow` and `HeartbeatRow`; requests as plain dicts of their columns.
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ class JobRow(StoredRow):
     created_at: float
     updated_at: float
     run_id: int | None = None
+    claimed_by: str | None = None  # the host id of the daemon measuring it (while `running`)
+    lease_expires_at: float | None = None
+    windows: int | None = None  # the energy windows its worker takes (None: one)
     config_label: str | None = None
     workload: str | None = None
+    hostname: str | None = None  # `list_jobs`: the claiming host's name
 
 
 def _jobs(db: Store, sql: str, args: list[Any] | None = None) -> list[JobRow]:
@@ -54,9 +60,10 @@ def _jobs(db: Store, sql: str, args: list[Any] | None = None) -> list[JobRow]:
 
 def enqueue_job(
     db: Store, *, policy: str, workload_id: str, config_id: str, provenance_key: str,
-    max_attempts: int = 3,
+    max_attempts: int = 3, windows: int | None = None,
 ) -> tuple[int, bool]:
-    """Queue one measurement; returns (job id, queued now).
+    """Queue one measurement (`windows`: the energy windows its worker takes, None for one); returns (job id,
+    queued now).
 
     The queue holds one job per workload, configuration and provenance. An existing job that is
     queued or running is left alone; a done one is queued again (the caller found its run stale); a
@@ -72,16 +79,17 @@ def enqueue_job(
             job_id, state, attempts = row
             if state == "done" or (state == "failed" and attempts < max_attempts):
                 db.execute(
-                    "UPDATE jobs SET state = 'queued', policy = ?, updated_at = ?"
+                    "UPDATE jobs SET state = 'queued', policy = ?, windows = ?, claimed_by = NULL, "
+                    "lease_expires_at = NULL, updated_at = ?"
                     + (", attempts = 0" if state == "done" else "") + " WHERE id = ?",
-                    [policy, now, job_id],
+                    [policy, windows, now, job_id],
                 )
                 return job_id, True
             return job_id, False
         return db.insert_id(
-            "INSERT INTO jobs (policy, workload_id, config_id, provenance_key, state, attempts, created_at,"
-            " updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?)",
-            [policy, workload_id, config_id, provenance_key, now, now],
+            "INSERT INTO jobs (policy, workload_id, config_id, provenance_key, state, attempts, windows, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?)",
+            [policy, workload_id, config_id, provenance_key, windows, now, now],
         ), True
 
 
@@ -129,22 +137,39 @@ def has_open_jobs(db: Store, policy: str) -> bool:
                       [policy]).fetchone() is not None
 
 
-def claim_job(db: Store, job_id: int) -> bool:
-    """Move a queued job to running; False when it is no longer queued."""
+def claim_job(db: Store, job_id: int, *, host_id: str | None = None, lease_s: float = 0.0) -> bool:
+    """Move a queued job to running, claimed by `host_id` until `lease_s` from now (`renew_leases` extends it;
+    0: no lease, for a store only this host uses); False when it is no longer queued (another host claimed it)."""
+    now = time.time()
     with transaction(db):
         cur = db.execute(
-            "UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ? "
-            "WHERE id = ? AND state = 'queued'",
-            [time.time(), job_id],
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, claimed_by = ?, lease_expires_at = ?, "
+            "updated_at = ? WHERE id = ? AND state = 'queued'",
+            [host_id, now + lease_s if lease_s else None, now, job_id],
         )
         return cur.rowcount == 1
+
+
+def renew_leases(db: Store, host_id: str, job_ids: Iterable[int], lease_s: float) -> list[int]:
+    """Extend this host's claims on the jobs it is measuring to `lease_s` from now; returns the ids of those it
+    no longer holds (their lease ran out and another host claimed them, or they were put back)."""
+    ids = list(job_ids)
+    if not ids:
+        return []
+    marks = ", ".join("?" for _ in ids)
+    with transaction(db):
+        db.execute(f"UPDATE jobs SET lease_expires_at = ? WHERE claimed_by = ? AND state = 'running' "
+                   f"AND id IN ({marks})", [time.time() + lease_s, host_id, *ids])
+        held = {r[0] for r in db.execute(f"SELECT id FROM jobs WHERE claimed_by = ? AND state = 'running' "
+                                         f"AND id IN ({marks})", [host_id, *ids]).fetchall()}
+    return [i for i in ids if i not in held]
 
 
 def requeue_job(db: Store, job_id: int, *, count_attempt: bool = False) -> None:
     """Put a running job back in the queue (stopped, or paused for production load)."""
     with transaction(db):
         db.execute(
-            "UPDATE jobs SET state = 'queued', updated_at = ?"
+            "UPDATE jobs SET state = 'queued', claimed_by = NULL, lease_expires_at = NULL, updated_at = ?"
             + ("" if count_attempt else ", attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END")
             + " WHERE id = ? AND state = 'running'",
             [time.time(), job_id],
@@ -156,7 +181,7 @@ def finish_job(db: Store, job_id: int, *, state: str, run_id: int | None) -> Non
     if state not in ("done", "failed"):
         raise ValueError(f"a finished job is 'done' or 'failed', not {state!r}")
     with transaction(db):
-        db.execute("UPDATE jobs SET state = ?, run_id = ?, updated_at = ? WHERE id = ?",
+        db.execute("UPDATE jobs SET state = ?, run_id = ?, lease_expires_at = NULL, updated_at = ? WHERE id = ?",
                    [state, run_id, time.time(), job_id])
 
 
@@ -173,17 +198,27 @@ def fail_queued_jobs(db: Store, *, workload_id: str, provenance_key: str) -> int
         ).rowcount
 
 
-def recover_orphaned_jobs(db: Store) -> list[int]:
+def recover_jobs(db: Store, host_id: str | None = None) -> list[int]:
     """Jobs left `running` by a daemon that died go back to `queued`; returns their ids.
 
-    Only the holder of the daemon's instance lock runs jobs, so once the lock is ours every
-    `running` job belongs to a dead process.
-    """
+    A job is orphaned when its lease ran out (its host stopped renewing it), and, given `host_id`, when this
+    host claimed it: only the holder of this host's instance lock runs its jobs, so once the lock is ours every
+    job still running under this host's name belongs to a dead process. A running job with no claim (stored
+    before claims existed) is taken for this host's too. Another host's job whose lease holds is left to it.
+    The attempt it started stays counted."""
+    now = time.time()
+    where = "state = 'running' AND (lease_expires_at < ?"
+    args: list[Any] = [now]
+    if host_id is not None:
+        where += " OR claimed_by = ? OR claimed_by IS NULL"
+        args.append(host_id)
+    where += ")"
     with transaction(db):
-        ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE state = 'running'").fetchall()]
+        ids = [r[0] for r in db.execute(f"SELECT id FROM jobs WHERE {where} ORDER BY id", args).fetchall()]
         if ids:
-            db.execute("UPDATE jobs SET state = 'queued', updated_at = ? WHERE state = 'running'",
-                       [time.time()])
+            marks = ", ".join("?" for _ in ids)
+            db.execute("UPDATE jobs SET state = 'queued', claimed_by = NULL, lease_expires_at = NULL, "
+                       f"updated_at = ? WHERE id IN ({marks})", [now, *ids])
     return ids
 
 
@@ -196,10 +231,11 @@ def queue_counts(db: Store) -> dict[str, int]:
 
 def list_jobs(db: Store, *, state: str | None = None, limit: int | None = None
               ) -> list[JobRow]:
-    """Jobs with their configuration label and workload spec, in queue order."""
-    sql = ("SELECT jobs.*, configs.label AS config_label, workloads.spec AS workload FROM jobs "
-           "LEFT JOIN configs ON configs.id = jobs.config_id "
-           "LEFT JOIN workloads ON workloads.id = jobs.workload_id")
+    """Jobs with their configuration label, workload spec and claiming host's name, in queue order."""
+    sql = ("SELECT jobs.*, configs.label AS config_label, workloads.spec AS workload, hosts.hostname AS hostname "
+           "FROM jobs LEFT JOIN configs ON configs.id = jobs.config_id "
+           "LEFT JOIN workloads ON workloads.id = jobs.workload_id "
+           "LEFT JOIN hosts ON hosts.id = jobs.claimed_by")
     args: list[Any] = []
     if state:
         sql += " WHERE jobs.state = ?"
@@ -255,10 +291,36 @@ def write_heartbeat(
     return hb_id
 
 
-def latest_heartbeat(db: Store, state: str | None = None) -> HeartbeatRow | None:
-    sql = "SELECT * FROM heartbeats" + (" WHERE state = ?" if state else "") + " ORDER BY id DESC LIMIT 1"
-    rows = list(db.query(sql, [state] if state else []))
+def latest_heartbeat(db: Store, state: str | None = None, *, host_id: str | None = None) -> HeartbeatRow | None:
+    """The newest heartbeat (in `state`, of the daemon of `host_id`: None for any host)."""
+    where, args = [], []
+    if state:
+        where.append("state = ?")
+        args.append(state)
+    if host_id is not None:
+        where.append("host_id = ?")
+        args.append(host_id)
+    sql = "SELECT * FROM heartbeats" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id DESC LIMIT 1"
+    rows = list(db.query(sql, args))
     return HeartbeatRow.from_columns(rows[0]) if rows else None
+
+
+def host_heartbeat(db: Store, host_id: str) -> HeartbeatRow | None:
+    """The newest heartbeat of the daemon of `host_id` (one written before heartbeats named their host counts as
+    this host's: a store had one daemon then)."""
+    mine = latest_heartbeat(db, host_id=host_id)
+    if mine is not None:
+        return mine
+    newest = latest_heartbeat(db)
+    return newest if newest is not None and newest.host_id is None else None
+
+
+def fleet_heartbeats(db: Store) -> list[HeartbeatRow]:
+    """The newest heartbeat of each host's daemon, by host name."""
+    rows = db.query("SELECT heartbeats.* FROM heartbeats JOIN (SELECT host_id, MAX(id) AS id FROM heartbeats "
+                    "WHERE host_id IS NOT NULL GROUP BY host_id) newest ON newest.id = heartbeats.id ORDER BY heartbeats.id")
+    beats = [HeartbeatRow.from_columns(r) for r in rows]
+    return sorted(beats, key=lambda b: str(b.detail.get("hostname") or b.host_id))
 
 
 def list_heartbeats(db: Store, limit: int = 20) -> list[HeartbeatRow]:

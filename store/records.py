@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import platform
 import socket
 import time
@@ -13,13 +13,8 @@ from typing import Any
 
 from .connection import Store
 from .db import transaction
+from .keys import stable_id
 from .schema import run_index_columns
-
-
-def stable_id(*parts: Any, length: int = 16) -> str:
-    """A short hash of JSON-encoded parts: equal inputs give equal ids on every host and run."""
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
 def _machine_id() -> str:
@@ -31,8 +26,13 @@ def _machine_id() -> str:
     return ""
 
 
+# Names this host in the store instead of its hostname: for several daemons on one machine that must count as
+# several hosts (containers that share the machine's id, a fleet rehearsed on one box).
+HOSTNAME_ENV = "JOULEPILOT_HOSTNAME"
+
+
 def host_identity() -> dict[str, Any]:
-    hostname = socket.gethostname()
+    hostname = os.environ.get(HOSTNAME_ENV, "").strip() or socket.gethostname()
     return {
         "id": stable_id(hostname, _machine_id()),
         "hostname": hostname,

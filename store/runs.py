@@ -186,6 +186,12 @@ def recent_ok_runs(db: Store, workload_id: str, provenance_key: str, min_finishe
                  [workload_id, provenance_key, min_finished_at])
 
 
+def configs_measured_by(db: Store, host_id: str, provenance_key: str) -> set[str]:
+    """The configurations this host has a run of (any workload, any status) under one provenance."""
+    return {row[0] for row in db.execute("SELECT DISTINCT config_id FROM runs WHERE host_id = ? AND provenance_key = ?",
+                                         [host_id, provenance_key]).fetchall()}
+
+
 def daemon_runs(db: Store, policy: str | None = None) -> list[RunRow]:
     """Runs the daemon made for a policy (`extra.policy`, any policy when None), newest first."""
     if policy is None:

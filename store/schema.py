@@ -8,6 +8,7 @@ from typing import Any
 
 from .compile_energy import PART_COLUMNS, legacy_parts
 from .connection import Store
+from .keys import provenance_key
 
 # Version 1 is the first layout ever written; later versions are reached only through MIGRATIONS,
 # so a database from any earlier release opens and is brought forward in place.
@@ -263,6 +264,19 @@ CREATE INDEX runs_pending ON runs(pending_id)
 """
 
 
+# Version 11: a fleet's hosts share one store. A job is claimed by one host (`claimed_by`, a host id) for a lease
+# that its daemon renews while it measures (`lease_expires_at`): a claim whose lease ran out belongs to a host that
+# died, and goes back to the queue. `windows`: the energy windows its worker takes (NULL: one), so any host that
+# claims it measures what the host that queued it asked. The provenance key no longer names the host or its
+# driver (`keys.provenance_key`): the runs, jobs and decisions stored before are keyed again.
+V11 = """
+ALTER TABLE jobs ADD COLUMN claimed_by TEXT;
+ALTER TABLE jobs ADD COLUMN lease_expires_at REAL;
+ALTER TABLE jobs ADD COLUMN windows INTEGER;
+CREATE INDEX jobs_state ON jobs(state)
+"""
+
+
 def run_index_columns(extra: Any) -> dict[str, Any]:
     """The RUN_INDEX_COLUMNS of a run from its `extra` (JSON text or a dict): None where it holds no value of the
     column's type. Python's JSON reads the NaN a worker's result may leave in `extra`, which SQLite's refused."""
@@ -299,6 +313,36 @@ def _v10(db: Store) -> None:
     db.executemany(f"UPDATE runs SET {', '.join(f'{c} = ?' for c in RUN_INDEX_COLUMNS)} WHERE id = ?", updates)
 
 
+def _v11(db: Store) -> None:
+    _script(V11)(db)
+    keys: dict[str, str] = {}
+    updates = []
+    for run_id, old, *stack in db.execute("SELECT id, provenance_key, device_name, torch_version, triton_version, "
+                                          "joulepilot_version FROM runs WHERE provenance_key IS NOT NULL").fetchall():
+        keys[old] = new = provenance_key(*stack)
+        if new != old:
+            updates.append([new, run_id])
+    db.executemany("UPDATE runs SET provenance_key = ? WHERE id = ?", updates)
+    taken: set[tuple[str, str, str]] = set()
+    for job_id, workload_id, config_id, old in db.execute(
+            "SELECT id, workload_id, config_id, provenance_key FROM jobs ORDER BY id DESC").fetchall():
+        new = keys.get(old, old)
+        if (workload_id, config_id, new) in taken:  # two hosts' jobs of one measurement: the newest stays
+            db.execute("DELETE FROM jobs WHERE id = ?", [job_id])
+            continue
+        taken.add((workload_id, config_id, new))
+        if new != old:
+            db.execute("UPDATE jobs SET provenance_key = ? WHERE id = ?", [new, job_id])
+    for decision_id, text in db.execute("SELECT id, details FROM decisions WHERE details IS NOT NULL").fetchall():
+        try:
+            details = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(details, dict) and details.get("provenance_key") in keys:
+            details["provenance_key"] = keys[details["provenance_key"]]
+            db.execute("UPDATE decisions SET details = ? WHERE id = ?", [json.dumps(details, sort_keys=True), decision_id])
+
+
 def _v5(db: Store) -> None:
     _script(V5)(db)
     rows = db.execute("SELECT id, device, compile_energy_j, energy_source FROM runs"
@@ -312,5 +356,5 @@ def _v5(db: Store) -> None:
 
 # MIGRATIONS[i] takes a database from version i to version i + 1.
 MIGRATIONS: list[Migration] = [_script(V1), _script(V2), _script(V3), _script(V4), _v5, _script(V6), _script(V7),
-                              _script(V8), _script(V9), _v10]
+                              _script(V8), _script(V9), _v10, _v11]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -33,7 +33,7 @@ from joulepilot.store.daemon_state import (
     mark_requests_handled,
     queue_counts,
     queued_jobs,
-    recover_orphaned_jobs,
+    recover_jobs,
     requeue_job,
     unhandled_requests,
     write_heartbeat,
@@ -184,8 +184,9 @@ def test_job_lifecycle_and_recovery(db):
     requeue_job(db, job)  # stopped: back in the queue, the attempt not counted
     row = next(db.query("SELECT * FROM jobs WHERE id = ?", [job]))
     assert row["state"] == "queued" and row["attempts"] == 0
-    assert claim_job(db, job)
-    assert recover_orphaned_jobs(db) == [job]  # a daemon died with it running: the attempt counts
+    assert claim_job(db, job, host_id="this-host")
+    assert recover_jobs(db, "another-host") == []  # another host's claim, and its lease holds (none given)
+    assert recover_jobs(db, "this-host") == [job]  # this host's daemon died with it running: the attempt counts
     row = next(db.query("SELECT * FROM jobs WHERE id = ?", [job]))
     assert row["state"] == "queued" and row["attempts"] == 1
     claim_job(db, job)

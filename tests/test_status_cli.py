@@ -67,3 +67,33 @@ def test_status_shows_daemon_queue_and_decisions(tmp_path):
     assert "doing: measuring mlp" in text
     assert "queue: queued 2, running 1, done 0, failed 0; 1 request(s) pending" in text
     assert "fallback" in text and "2.0h" in text
+
+
+def test_status_shows_which_host_of_a_fleet_measures_what(tmp_path, monkeypatch):
+    from joulepilot.store import host_identity, upsert_host
+
+    path = tmp_path / "j.db"
+    db = open_db(path)
+    upsert_workload(db, {"id": "w1", "spec": "mlp", "batch_size": 8})
+    hosts = {}
+    for name in ("gpu-a", "gpu-b"):
+        monkeypatch.setenv("JOULEPILOT_HOSTNAME", name)
+        hosts[name] = upsert_host(db, host_identity())
+    for i, name in enumerate(("gpu-a", "gpu-b")):
+        job, _ = enqueue_job(db, policy="mlp", workload_id="w1", config_id=f"c{i}", provenance_key="k")
+        claim_job(db, job, host_id=hosts[name], lease_s=90)
+        write_heartbeat(db, "sweeping", {"doing": f"measuring job {job}", "hostname": name}, host_id=hosts[name])
+    enqueue_job(db, policy="mlp", workload_id="w1", config_id="c9", provenance_key="k")
+    # this host is gpu-a: its own daemon's heartbeat is the one `daemon` reports, though gpu-b's is newer
+    monkeypatch.setenv("JOULEPILOT_HOSTNAME", "gpu-a")
+    status = daemon_status(db, path)
+    text = CliRunner().invoke(main, ["status", "--db", str(path)], env={"COLUMNS": "200"}).output
+    db.close()
+
+    assert status["daemon"]["doing"] == "measuring job 1"
+    fleet = {h["host"]: h for h in status["fleet"]}
+    assert sorted(fleet) == ["gpu-a", "gpu-b"]
+    assert [m["job"] for m in fleet["gpu-b"]["measuring"]] == [2] and 85 < fleet["gpu-b"]["measuring"][0]["lease_left_s"] <= 90
+    assert [(j["id"], j["host"]) for j in status["queue"]["next"]] == [(1, "gpu-a"), (2, "gpu-b"), (3, None)]
+    assert "fleet: 2 hosts share this store" in text
+    assert "gpu-b" in text and "job 2 mlp" in text and "measuring job 1" in text

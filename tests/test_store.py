@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import sqlite3
 import time
@@ -104,6 +105,49 @@ def test_migration_from_version_1_keeps_rows(tmp_path):
     assert run["energy_j_per_inference"] == 0.25
     assert run["provenance_key"] is None  # column added by version 2
     assert "jobs" in db.table_names()  # table added by version 3
+
+
+def test_migration_11_keys_the_runs_jobs_and_decisions_of_two_hosts_alike(tmp_path):
+    # Before version 11 the provenance key named the host and its driver: two hosts of one device kind and
+    # software stack never shared a run, a job or a decision. After it they do.
+    from joulepilot.store import provenance_key, stable_id
+
+    path = tmp_path / "v10.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for migration in MIGRATIONS[:10]:
+        migration(Store(conn))
+    conn.execute("PRAGMA user_version = 10")
+    stack = ("NVIDIA H200", "2.11.0+cu130", "3.6.0", "0.9.0")
+    old = {host: stable_id("provenance", host, stack[0], driver, *stack[1:])
+           for host, driver in (("h1", "580.159.04"), ("h2", "580.95.05"))}
+    conn.execute("INSERT INTO workloads (id, spec, batch_size, created_at) VALUES ('w1', 'mlp', 8, 1.0)")
+    conn.execute("INSERT INTO configs (id, label, mode, fusion, options, precision, dynamic, batch_size) "
+                 "VALUES ('c1', 'eager', 'eager', 'default', '{}', 'fp32', 0, 8)")
+    for host, key in old.items():
+        conn.execute("INSERT INTO hosts VALUES (?, ?, 'x86', 1.0)", [host, host])
+        conn.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at, device_name, "
+                     "torch_version, triton_version, joulepilot_version, provenance_key) "
+                     "VALUES ('w1', 'c1', ?, 'cuda:0', 'ok', 2.0, ?, ?, ?, ?, ?)", [host, *stack, key])
+        conn.execute("INSERT INTO jobs (policy, workload_id, config_id, provenance_key, state, attempts, created_at, "
+                     "updated_at) VALUES ('p', 'w1', 'c1', ?, 'done', 1, 1.0, 1.0)", [key])
+    conn.execute("INSERT INTO decisions (policy, policy_hash, device_kind, torch_version, config_id, state, "
+                 "decided_at, details) VALUES ('p', 'x', 'NVIDIA H200', '2.11', 'c1', 'verified', 3.0, ?)",
+                 [json.dumps({"provenance_key": old["h1"], "note": "kept"})])
+    conn.execute("INSERT INTO runs (workload_id, config_id, host_id, device, status, started_at) "
+                 "VALUES ('w1', 'c1', 'h1', 'cpu', 'ok', 1.0)")  # no provenance: stays without one
+    conn.close()
+
+    db = open_db(path)
+    try:
+        fleet = provenance_key(*stack)
+        assert [r[0] for r in db.execute("SELECT provenance_key FROM runs ORDER BY id").fetchall()] == \
+            [fleet, fleet, None]
+        assert db.execute("SELECT provenance_key, COUNT(*) FROM jobs GROUP BY provenance_key").fetchall() == \
+            [(fleet, 1)]  # one measurement, one job: the two hosts' jobs became one
+        details = json.loads(db.execute("SELECT details FROM decisions").fetchone()[0])
+        assert details == {"provenance_key": fleet, "note": "kept"}
+    finally:
+        db.close()
 
 
 def test_newer_schema_is_refused_with_advice(tmp_path):

@@ -38,7 +38,17 @@ from joulepilot.store import (
     write_decision,
     write_heartbeat,
 )
-from joulepilot.store.daemon_state import add_request, claim_job, finish_job, recover_orphaned_jobs
+from joulepilot.store.daemon_state import (
+    add_request,
+    claim_job,
+    finish_job,
+    fleet_heartbeats,
+    get_job,
+    latest_heartbeat,
+    list_jobs,
+    recover_jobs,
+    renew_leases,
+)
 from joulepilot.store.db import joulepilot_tables
 from joulepilot.store.deployment_figures import calls_progress, config_totals, sample_timeline, sample_totals
 from joulepilot.store.pending import _stored_pending_run
@@ -109,14 +119,44 @@ def test_the_queue_claims_each_job_once(backend_db):
     job, queued = enqueue_job(backend_db, policy="p", workload_id="w1", config_id="c1", provenance_key="k")
     assert queued and enqueue_job(backend_db, policy="p", workload_id="w1", config_id="c1",
                                   provenance_key="k") == (job, False)
-    assert claim_job(backend_db, job) and not claim_job(backend_db, job)
-    assert recover_orphaned_jobs(backend_db) == [job] and claim_job(backend_db, job)
+    assert claim_job(backend_db, job, host_id="h1", lease_s=60) and not claim_job(backend_db, job, host_id="h2")
+    assert recover_jobs(backend_db, "h2") == []  # h1's claim holds: h2 leaves it alone
+    assert recover_jobs(backend_db, "h1") == [job]  # h1's daemon started again: its claims were a dead process's
+    assert claim_job(backend_db, job, host_id="h1", lease_s=60)
     with transaction(backend_db):
         finish_job(backend_db, job, state="done", run_id=insert_run(backend_db, _run()))
     assert queue_counts(backend_db)["done"] == 1
     assert add_request(backend_db, "p") == add_request(backend_db, "p")
     beats = [write_heartbeat(backend_db, "idle", keep=2) for _ in range(4)]
     assert backend_db.execute("SELECT id FROM heartbeats ORDER BY id").fetchall() == [(beats[2],), (beats[3],)]
+
+
+def test_a_claim_lasts_its_lease_and_the_fleet_takes_it_back_when_it_runs_out(backend_db):
+    _references(backend_db)
+    jobs = [enqueue_job(backend_db, policy="p", workload_id="w1", config_id=c, provenance_key="k",
+                        windows=w)[0] for c, w in (("c1", 3), ("c2", None))]
+    assert [get_job(backend_db, j).windows for j in jobs] == [3, None]  # what any host that claims it takes
+    assert claim_job(backend_db, jobs[0], host_id="h1", lease_s=0.5)
+    assert claim_job(backend_db, jobs[1], host_id="h1", lease_s=60)
+    [running] = [j for j in list_jobs(backend_db, state="running") if j.id == jobs[0]]
+    assert running.claimed_by == "h1" and running.hostname == HOST["hostname"] and running.lease_expires_at > time.time()
+    assert recover_jobs(backend_db) == []  # both leases hold
+    assert renew_leases(backend_db, "h1", jobs[:1], 0.5) == []  # renewed: still h1's
+    assert renew_leases(backend_db, "h1", jobs[1:], 60) == []
+    time.sleep(0.6)
+    assert recover_jobs(backend_db) == [jobs[0]]  # h1 stopped renewing: back in the queue, for any host
+    assert get_job(backend_db, jobs[0]).state == "queued" and get_job(backend_db, jobs[0]).claimed_by is None
+    assert renew_leases(backend_db, "h1", jobs, 60) == [jobs[0]]  # h1 is told it no longer holds it
+    assert claim_job(backend_db, jobs[0], host_id="h2", lease_s=60)
+    assert get_job(backend_db, jobs[0]).attempts == 2  # the attempt h1 started counts
+
+
+def test_the_newest_heartbeat_of_each_host(backend_db):
+    for host, doing in (("h1", "a"), ("h2", "b"), ("h1", "c")):
+        write_heartbeat(backend_db, "idle", {"doing": doing, "hostname": f"name-{host}"}, host_id=host)
+    assert [(b.host_id, b.detail["doing"]) for b in fleet_heartbeats(backend_db)] == [("h1", "c"), ("h2", "b")]
+    assert latest_heartbeat(backend_db, host_id="h2").detail["doing"] == "b"
+    assert latest_heartbeat(backend_db).detail["doing"] == "c"
 
 
 def test_decisions_newest_first(backend_db):
