@@ -49,6 +49,7 @@ from joulepilot.policies.load import load_policy_folders
 from joulepilot.store import (
     DatabaseCorrupt,
     RunNotStored,
+    StoreUnreachable,
     as_store_error,
     commit_run_or_set_aside,
     host_identity,
@@ -81,6 +82,7 @@ from joulepilot.store.daemon_state import (
 )
 from joulepilot.store.runs import configs_measured_by, further_window_run_ids
 from joulepilot.store.side_file_imports import import_side_files
+from joulepilot.store.unreachable import check_reachable, clear_unreachable, note_unreachable
 
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, DeviceUnavailable, allowed_devices, check_devices, probe_devices
@@ -152,6 +154,8 @@ class Daemon:
         identity = host_identity()
         self.host, self.host_id = identity["hostname"], identity["id"]  # JOULEPILOT_HOSTNAME may name it
         self._leases_renewed_at = 0.0
+        self._renewal_failing = False  # the last renewal of the claims failed, and the log said so
+        self._heartbeat_failing = False  # the last heartbeat could not be written, and the log said so
         self._jobs_view: dict[int, dict[str, Any]] = {}  # running job id -> what heartbeats say of it
         self._jobs_lock = threading.Lock()
         self.last_pass: dict[str, Any] = {}
@@ -268,7 +272,12 @@ class Daemon:
         try:
             write_heartbeat(self.db, state, detail, host_id=self.host_id)
         except Exception as exc:  # a locked or full disk must not kill the loop; the next beat retries
-            log.warning("heartbeat not written: %s", as_store_error(exc, self.cfg.db) or exc)
+            if not self._heartbeat_failing:  # once until one is written again
+                log.warning("heartbeat not written: %s; the next beats try again", as_store_error(exc, self.cfg.db)
+                            or exc)
+            self._heartbeat_failing = True
+            return
+        self._heartbeat_failing = False
 
     def _compile_cache_state(self) -> dict[str, Any] | None:
         """The fleet's remote compile cache as the heartbeat records it (`status`, the exporter), or None."""
@@ -377,11 +386,39 @@ class Daemon:
                 self._exit_code, self._damaged = 1, True
                 self.request_stop("the database is damaged")
                 return
+            if isinstance(problem, StoreUnreachable):
+                self._unreachable(problem)
+                return
             if problem is not None:  # full, locked, read-only: one line, and the next pass retries
                 log.error("pass failed: %s; retrying at the next interval", problem)
             else:
                 log.exception("pass failed; retrying at the next interval")
             self.heartbeat("idle", "last pass failed; see the daemon log")
+
+    def _unreachable(self, problem: StoreUnreachable) -> None:
+        """The database server did not answer: recorded on this host for `status` and the exporter, said once per
+        outage, and tried again at the next pass. What goes on meanwhile: the hooks apply the decisions in their
+        lock files, and a run measured when the server went away waits in a side file."""
+        try:
+            outage = note_unreachable(self.cfg.db, str(problem))
+        except OSError as exc:
+            log.error("pass failed: %s (and %s could not be recorded: %s)", problem, "the outage", exc)
+            return
+        if outage["at"] == outage["since"]:
+            log.error("database unreachable: %s. The hooks keep applying the decisions in their lock files; %d "
+                      "measured run(s) wait in side files on this host and are stored when it answers; the next "
+                      "pass (in %gs) tries again", problem, outage["waiting_runs"], self.cfg.interval_s)
+        else:
+            log.info("database still unreachable (for %.0fs; %d run(s) waiting); the next pass tries again",
+                     outage["at"] - outage["since"], outage["waiting_runs"])
+
+    def _reached(self) -> None:
+        """The pass reached the database: an outage recorded before ends, and the runs it set aside are stored."""
+        check_reachable(self.db)
+        outage = clear_unreachable(self.cfg.db)
+        if outage is not None:
+            log.info("database reachable again after %.0fs; storing the %d run(s) set aside meanwhile",
+                     time.time() - outage["since"], outage["waiting_runs"])
 
     # --- exporter -----------------------------------------------------------------------------------
     def _start_exporter(self) -> None:
@@ -465,7 +502,14 @@ class Daemon:
         self.last_pass = {**summary, "in_progress": True}
         self._pass_bill = PassBill()
         self._load_errors = set()
+        self._reached()
         self._import_pending()
+        # No job of this daemon runs between passes: one this host still holds was left by a pass that could not
+        # put it back (the database went away), or by a daemon of this host that died.
+        requeued = recover_jobs(self.db, self.host_id)
+        if requeued:
+            log.info("job(s) %s re-queued: this host's claim (no job of it runs between passes), or a claim that ran "
+                     "out", ", ".join(map(str, requeued)))
         policies, errors = load_policy_folders(self._policy_folders())
         summary["policies"], summary["policy_errors"] = len(policies), errors
         # what `joulepilot status` says when none of them exists (controller.status.missing_policy_folders)
@@ -662,8 +706,11 @@ class Daemon:
             problem = as_store_error(exc, self.cfg.db)
             if problem is None:
                 raise
-            log.warning("claims not renewed (%s); the next poll tries again", problem)
+            if not self._renewal_failing:  # once until a renewal succeeds again
+                log.warning("claims not renewed (%s); every poll tries again", problem)
+            self._renewal_failing = True
             return
+        self._renewal_failing = False
         for job_id in lost:
             log.warning("job %d: this host's claim ran out and the job went back to the queue; its run is still "
                         "stored when it ends", job_id)
@@ -1097,7 +1144,13 @@ class Daemon:
         from joulepilot.compiler.bench import flag_far_from_stored_runs, further_span_s
 
         measured = outcome.result
-        flag_far_from_stored_runs(self.db, measured)
+        try:
+            flag_far_from_stored_runs(self.db, measured)
+        except Exception as exc:  # the store is what failed: the run is kept all the same (the commit below)
+            if as_store_error(exc, self.cfg.db) is None:
+                raise
+            log.warning("job %d: not compared with the configuration's stored runs (%s)", job.id,
+                        as_store_error(exc, self.cfg.db))
         job_fields = {"job_id": job.id, "daemon_pid": os.getpid(), "policy": policy.name,
                       "job_provenance_key": job.provenance_key}
         for row, _ in measured.further:  # further windows of the worker: runs of the same job

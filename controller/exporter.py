@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from joulepilot.store import as_store_error, host_identity, open_db, shown
+from joulepilot.store import StoreUnreachable, as_store_error, host_identity, open_db, shown
 from joulepilot.store.daemon_state import HEARTBEAT_STATES, host_heartbeat, queue_counts
 from joulepilot.store.db import database_target
 from joulepilot.store.decisions import latest_decisions
@@ -52,6 +52,7 @@ from joulepilot.store.metrics import (
     require_current_schema,
     violation_counts,
 )
+from joulepilot.store.unreachable import waiting_runs
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
@@ -160,10 +161,20 @@ class JoulepilotCollector(Collector):
             errors.append(f"cannot probe the daemon lock {lock_path_for(self.db_path)}: {exc}; give the exporter "
                           f"read access to the database's folder")
         metrics: list[Metric] = []
+        reached = GaugeMetricFamily("joulepilot_store_up",
+                                    "1 when this scrape reached the database, 0 when its server could not be reached")
         try:
             metrics = self._read_database(errors)
+            reached.add_metric([], 1.0)
         except Exception as exc:
-            errors.append(str(as_store_error(exc, self.db_path) or exc))
+            problem = as_store_error(exc, self.db_path)
+            errors.append(str(problem or exc))
+            if isinstance(problem, StoreUnreachable):  # another failure (a missing file, ...) says nothing of it
+                reached.add_metric([], 0.0)
+        waiting = GaugeMetricFamily("joulepilot_daemon_runs_waiting",
+                                    "Measured runs this host's daemon keeps in side files until the database stores "
+                                    "them (while it cannot be reached, or its disk is full)")
+        waiting.add_metric([], float(waiting_runs(self.db_path)))
         failed = GaugeMetricFamily("joulepilot_exporter_scrape_error",
                                    "1 when this scrape could not read the database or the daemon lock, or left out "
                                    "a deployment whose record it could not read (the log names it)")
@@ -171,6 +182,9 @@ class JoulepilotCollector(Collector):
         self._note_errors(errors)
         yield up
         yield failed
+        if reached.samples:
+            yield reached
+        yield waiting
         yield from metrics
 
     def _note_errors(self, errors: list[str]) -> None:

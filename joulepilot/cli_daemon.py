@@ -130,11 +130,15 @@ def _short(text: str | None, limit: int = 80) -> str | None:
 def status_command(db: str | None, as_json: bool) -> None:
     """Is the daemon alive, what is it doing, the queue, and each policy's decision."""
     from joulepilot.controller.status import daemon_status
-    from joulepilot.store import default_db_path
+    from joulepilot.store import StoreUnreachable, default_db_path
 
     path = db or str(default_db_path())
-    with reading_store(path) as database:
-        status = daemon_status(database, path)
+    try:
+        with reading_store(path) as database:
+            status = daemon_status(database, path)
+    except StoreUnreachable as exc:
+        _status_unreachable(path, exc, as_json)
+        return
     if as_json:
         echo_json(status)
         return
@@ -192,6 +196,27 @@ def status_command(db: str | None, as_json: bool) -> None:
     echo_table(rows, ["policy", "device_kind", "config", "state", "age", "payback", "reason"],
                ["policy", "device", "config", "state", "age", "payback", "reason"],
                drop_first=("payback", "age", "device_kind"))
+
+
+def _status_unreachable(path: str, exc: Exception, as_json: bool) -> None:
+    """`status` when the database server does not answer: what this host's daemon recorded of the outage (the
+    runs it keeps aside meanwhile); exit 1."""
+    from joulepilot.store import shown
+    from joulepilot.store.unreachable import read_unreachable
+
+    outage = read_unreachable(path)
+    if as_json:
+        echo_json({"db": shown(path), "reachable": False, "error": str(exc), "outage": outage})
+        raise SystemExit(1)
+    click.echo(f"database: {shown(path)}: unreachable ({exc})", err=True)
+    if outage is None:
+        click.echo("daemon: this host's daemon has not met the outage yet (or none runs here)", err=True)
+    else:
+        click.echo(f"daemon: pid {outage.get('pid')} could not reach it since {_age(time.time() - outage['since'])} "
+                   f"ago (last try {_age(time.time() - outage['at'])} ago); {outage['waiting_runs']} measured run(s) "
+                   "wait in side files on this host and are stored when it answers; the hooks keep applying the "
+                   "decisions in their lock files", err=True)
+    raise SystemExit(1)
 
 
 def _host_row(host: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,11 @@ class DatabaseMissing(StoreError):
     """A command that only reads was pointed at a database file that does not exist."""
 
 
+class StoreUnreachable(StoreError):
+    """The database server cannot be reached (down, restarting, or the network between): what is set aside now is
+    stored once it answers again."""
+
+
 class DatabaseCorrupt(StoreError):
     """The file is damaged (SQLite finds it malformed, or no database at all), or is a SQLite file that is not a
     joulepilot database."""
@@ -93,9 +98,9 @@ def _postgres_error(target: str, exc: BaseException, busy_timeout_ms: int | None
     if state in ("28P01", "28000") or "authentication failed" in lowered or "no password supplied" in lowered:
         return StoreError(f"database {target} refused the login ({text}); check the user and password "
                           f"(the URL, PGPASSWORD or ~/.pgpass)")
-    if state.startswith("08") or not state:
-        return StoreError(f"cannot reach database {target} ({text}); check that the server runs and the URL's host "
-                          f"and port, or pass --db / set JOULEPILOT_DB")
+    if state.startswith("08") or state in ("57P01", "57P02", "57P03") or not state:  # no connection, or shut down
+        return StoreUnreachable(f"cannot reach database {target} ({text}); check that the server runs and the URL's "
+                                f"host and port, or pass --db / set JOULEPILOT_DB")
     if state == "53100":
         return DiskFull(f"the disk of database {target} is full ({text}); free space on the server and retry")
     if state == "25006":

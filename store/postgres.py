@@ -53,15 +53,31 @@ class PostgresStore(Store):
 
     dialect = "postgresql"
 
-    def __init__(self, conn: Any, url: str, *, busy_timeout_ms: int) -> None:
+    def __init__(self, conn: Any, url: str, *, busy_timeout_ms: int, options: str = "") -> None:
         self.conn = conn
         self.url = redacted(url)
+        self._dsn, self._options = url, options
         self.immutable = False
         self.write_lock = threading.RLock()
         self._busy_timeout_ms = busy_timeout_ms
         self._psycopg = _driver()
 
+    def _reconnect_if_lost(self) -> None:
+        """A connection the server dropped (it restarted, or the network did) is opened again before the next
+        statement outside a transaction, so a daemon goes on once the server is back; inside a transaction the
+        statement fails, and the transaction with it."""
+        if not (self.conn.closed or self.conn.broken):
+            return
+        try:
+            conn = self._psycopg.connect(self._dsn, autocommit=True, options=self._options, connect_timeout=10)
+        except self._psycopg.Error as exc:
+            raise database_error(self.url, exc) from exc
+        conn.adapters.register_loader("numeric", _numeric_loader(self._psycopg))
+        conn.execute(f"SET lock_timeout = {self._busy_timeout_ms}")  # as `set_lock_wait_ms` last set it
+        self.conn = conn
+
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
+        self._reconnect_if_lost()
         try:
             if params is None:
                 return self.conn.execute(sql)
@@ -73,6 +89,7 @@ class PostgresStore(Store):
         rows = [list(r) for r in rows]
         if not rows:
             return
+        self._reconnect_if_lost()
         try:
             with self.conn.cursor() as cur:
                 cur.executemany(_postgres_sql(sql), rows)
@@ -138,6 +155,8 @@ class PostgresStore(Store):
 
     @property
     def in_transaction(self) -> bool:
+        if self.conn.closed or self.conn.broken:  # what it had open is gone with it
+            return False
         return self.conn.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE
 
     def begin_write(self, stop: Callable[[], bool] | None = None) -> None:
@@ -150,6 +169,10 @@ class PostgresStore(Store):
                 raise StoreError(f"database {self.url} stayed locked for {self._busy_timeout_ms / 1000:g} s "
                                  f"(another joulepilot process holds a long write); retry")
             time.sleep(min(LOCK_SLICE_MS, 50) / 1000)
+        # The transaction began before the lock's last holder committed: catalog entries this session cached
+        # before (a table not there yet) are refreshed only when a relation is locked, which reading pg_class does.
+        # Without it a migration step the holder just committed looks undone (`to_regclass` says no table).
+        self.execute("SELECT 1 FROM pg_catalog.pg_class LIMIT 1")
 
     def begin_read(self) -> None:
         self.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -183,4 +206,4 @@ def open_postgres(url: str, *, read_only: bool, busy_timeout_ms: int) -> Postgre
     except psycopg.Error as exc:
         raise database_error(redacted(url), exc) from exc
     conn.adapters.register_loader("numeric", _numeric_loader(psycopg))
-    return PostgresStore(conn, url, busy_timeout_ms=busy_timeout_ms)
+    return PostgresStore(conn, url, busy_timeout_ms=busy_timeout_ms, options=options)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -115,6 +116,33 @@ class PostgresServer:
     def stop(self) -> None:
         stop(self, timeout_s=20)
 
+    def halt(self) -> None:
+        """Shut the server down, keeping its data (`resume` starts it again): SIGINT, PostgreSQL's fast shutdown,
+        which cuts the connections (SIGTERM would wait for every client to leave)."""
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=20)
+
+    def resume(self) -> None:
+        """Start the halted server again on its port, with its data."""
+        import psycopg
+
+        self.process = _launch_postgres(self.folder, self.port)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                with psycopg.connect(self.url(), connect_timeout=2):
+                    return
+            except psycopg.Error:
+                time.sleep(0.1)
+        raise RuntimeError(f"postgres did not start again on port {self.port}")
+
+
+def _launch_postgres(folder: Path, port: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*_unprivileged(), _postgres_binary("postgres"), "-D", str(folder / "data"), "-k", str(folder), "-p", str(port),
+         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+         "-c", "full_page_writes=off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
 
 
 
@@ -145,10 +173,7 @@ def start_postgres() -> PostgresServer:
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(5):
         port = _free_port()
-        process = subprocess.Popen(
-            [*_unprivileged(), postgres, "-D", str(folder / "data"), "-k", str(folder), "-p", str(port),
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = _launch_postgres(folder, port)
         server = PostgresServer(port, password, process, folder)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and process.poll() is None:

@@ -21,7 +21,8 @@ DOCUMENTED = {
     "joulepilot_policy_latency_p95_seconds", "joulepilot_energy_joules_total", "joulepilot_inferences_total",
     "joulepilot_deployment_power_watts", "joulepilot_violations_total", "joulepilot_daemon_up",
     "joulepilot_daemon_last_heartbeat_timestamp_seconds", "joulepilot_daemon_state", "joulepilot_daemon_queue_jobs",
-    "joulepilot_compile_cache_up", "joulepilot_exporter_scrape_error", *(GENERATION_SERIES := {"joulepilot_tokens_total",
+    "joulepilot_compile_cache_up", "joulepilot_exporter_scrape_error", "joulepilot_store_up",
+    "joulepilot_daemon_runs_waiting", *(GENERATION_SERIES := {"joulepilot_tokens_total",
                                                                 "joulepilot_policy_energy_joules_per_token"}),
 }
 

@@ -220,7 +220,9 @@ def test_a_missing_database_is_not_created_and_still_serves_up_and_the_error(tmp
     finally:
         exp.stop()
     for found in (first, second):
-        assert names(found) == {"joulepilot_daemon_up", "joulepilot_exporter_scrape_error"}
+        # `joulepilot_store_up` is left out: a missing file says nothing of whether a server answers
+        assert names(found) == {"joulepilot_daemon_up", "joulepilot_exporter_scrape_error",
+                                "joulepilot_daemon_runs_waiting"}
         assert only(found, "joulepilot_exporter_scrape_error") == 1
         assert only(found, "joulepilot_daemon_up") == 0
     assert not db_path.exists() and not db_path.parent.exists()

@@ -100,7 +100,6 @@ def test_three_daemons_split_one_sweep_and_a_killed_ones_claim_is_measured_by_an
     [job] = _query(pg_url, "SELECT jobs.state, hosts.hostname FROM jobs JOIN runs ON runs.id = jobs.run_id "
                            "JOIN hosts ON hosts.id = runs.host_id WHERE jobs.id = %s", (victim,))
     assert job["state"] == "done" and job["hostname"] != HOSTS[0]
-    assert "re-queued: the host that claimed them stopped renewing its claim" in logs[1] + logs[2]
     assert len({r["hostname"] for r in runs}) >= 2  # the work was split
     # decided once between them (again only where a flagged run asked for a repeat)
     decisions = _query(pg_url, "SELECT state FROM decisions WHERE policy = 'fleet'")

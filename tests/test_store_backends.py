@@ -275,3 +275,29 @@ def test_runs_export_and_import_commands_move_runs_between_a_file_and_postgresql
     assert json.loads(status.output)["db"] == url.replace(postgres_server.password, "***")
     refused = runner.invoke(main, ["runs"], env={"JOULEPILOT_DB": postgres_server.url("jp", password="wrong")})
     assert refused.exit_code == 1 and "refused the login" in refused.output and "wrong" not in refused.output
+
+
+def test_hosts_that_open_a_new_database_at_once_create_its_schema_once(backend_target):
+    # A fleet's daemons started together each migrate the empty database; each step runs once, under the write
+    # lock, whoever waited for it sees the step done (PostgreSQL: a table created since it began).
+    from joulepilot.store import open_db
+
+    errors: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            open_db(backend_target).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    database = open_db(backend_target)
+    try:
+        assert schema_version(database) == SCHEMA_VERSION
+    finally:
+        database.close()
