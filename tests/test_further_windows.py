@@ -5,7 +5,6 @@ run; their spans tile the job, so the tuning bill and the search's cost count ea
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 from daemon_factories import write_daemon_config, write_policy
@@ -130,23 +129,18 @@ def test_further_windows_are_committed_with_the_first_run_or_set_aside_with_it(t
     assert {json_object(r["extra"]).get("first_run_id") for r in stored} == {None, item.run_id}
 
 
-def test_a_job_takes_the_windows_its_guided_search_or_its_exhaustive_repeat_asked_for():
-    from joulepilot.controller.daemon import GuidedState
-    from joulepilot.controller.guided import GuidedPlan, NextMeasurement
+def test_a_job_takes_the_windows_the_host_that_queued_it_asked_for(db):
+    # A guided search's repeat or an exhaustive policy's (controller.planner.plan_repeats) asks for the windows its
+    # configuration still needs; the job carries them, so whichever host of a fleet claims it takes them.
+    from joulepilot.store.daemon_state import enqueue_job, finish_job, get_job
 
-    daemon = Daemon.__new__(Daemon)  # only the pass's guided state and exhaustive repeats are read
-    config = CompileConfig(mode="default")
-    plan = GuidedPlan(policy="p", workload_id="w", device_kind="cpu",
-                      next=[NextMeasurement(config, "repeat", True, "repeat: a tie", 1, windows=2)])
-    daemon._guided = {"p": GuidedState(set(), plan=plan)}
-    daemon._repeat_windows = {}
-    job = SimpleNamespace(id=1, policy="p", config_id=config.id)
-    assert daemon._windows_for(job) == 2
-    assert daemon._windows_for(SimpleNamespace(id=2, policy="p", config_id="another")) == 1  # not the planned one
-    assert daemon._windows_for(SimpleNamespace(id=3, policy="exhaustive", config_id=config.id)) == 1
-    # An exhaustive policy's repeat (controller.planner.plan_repeats) takes the windows its contender still needs.
-    daemon._repeat_windows = {3: 2}
-    assert daemon._windows_for(SimpleNamespace(id=3, policy="exhaustive", config_id=config.id)) == 2
+    daemon = Daemon.__new__(Daemon)  # `_windows_for` reads the job alone
+    repeat, _ = enqueue_job(db, policy="p", workload_id="w", config_id="c1", provenance_key="k", windows=2)
+    first, _ = enqueue_job(db, policy="p", workload_id="w", config_id="c2", provenance_key="k")
+    assert daemon._windows_for(get_job(db, repeat)) == 2 and daemon._windows_for(get_job(db, first)) == 1
+    finish_job(db, first, state="done", run_id=None)
+    assert enqueue_job(db, policy="p", workload_id="w", config_id="c2", provenance_key="k", windows=3) == (first, True)
+    assert daemon._windows_for(get_job(db, first)) == 3  # queued again as a repeat: what the repeat asks
 
 
 def test_the_daemon_stores_a_jobs_further_windows_as_runs_of_that_job(tmp_path, flow_worker, own_tmpdir,
