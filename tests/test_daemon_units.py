@@ -429,3 +429,28 @@ def psutil_alive(pid: int) -> bool:
 def db(backend_db):
     """Every test here on both backends (SQLite and PostgreSQL)."""
     return backend_db
+
+
+def test_a_host_takes_the_jobs_of_configurations_it_has_not_measured_first(db):
+    # A contender's repeat queued beside another configuration's: this host measured the contender already, so
+    # it takes the other job first and leaves the repeat to another host of the fleet where one is free.
+    from types import SimpleNamespace
+
+    from joulepilot.controller.daemon import Daemon
+    from joulepilot.store import insert_run, upsert_config, upsert_host, upsert_workload
+
+    upsert_host(db, {"id": "me", "hostname": "me"})
+    upsert_workload(db, {"id": "w1", "spec": "mlp", "batch_size": 8})
+    for config in ("c1", "c2"):
+        upsert_config(db, {"id": config, "label": config, "mode": "eager", "fusion": "default", "options": {},
+                           "precision": "fp32", "dynamic": 0, "batch_size": 8})
+    insert_run(db, {"workload_id": "w1", "config_id": "c1", "host_id": "me", "device": "cpu", "status": "ok",
+                    "started_at": 1.0, "provenance_key": "p1"})
+    repeat, _ = _job(db, "c1")
+    other, _ = _job(db, "c2")
+    daemon = Daemon.__new__(Daemon)
+    daemon.db, daemon.host_id = db, "me"
+    probe = SimpleNamespace(provenance_key="p1")
+    assert [j.id for j in daemon._runnable_jobs({"mlp": object()}, probe)] == [other, repeat]
+    daemon.host_id = "another-host"  # it measured neither: the queue's order
+    assert [j.id for j in daemon._runnable_jobs({"mlp": object()}, probe)] == [repeat, other]
