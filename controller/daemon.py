@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -342,7 +343,8 @@ class Daemon:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             lock.release()
-            log.info("daemon stopped (%s)", self.stop_reason or "done")
+            failed = sys.exc_info()[1]  # what ends it, when it did not start or a pass raised (said below it)
+            log.info("daemon stopped (%s)", self.stop_reason or (f"{type(failed).__name__}, said below" if failed else "done"))
 
     def _loop(self) -> None:
         scheduler = schedule.Scheduler()
