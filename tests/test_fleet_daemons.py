@@ -34,6 +34,23 @@ def _query(url: str, sql: str, params: tuple = ()) -> list[dict]:
             return []
 
 
+def measured_once_each(url: str, configs: int) -> list[dict]:
+    """The runs stored (with their configuration's label, host name, status, extra, pending_id), checked: `configs`
+    configurations, each measured once as min_repeats = 1 asks, and once more only for a run bench flagged "repeat
+    this run" (a loaded machine's), which asks for it."""
+    runs = _query(url, "SELECT configs.label, hosts.hostname, runs.status, runs.extra, runs.pending_id FROM runs "
+                       "JOIN configs ON configs.id = runs.config_id JOIN hosts ON hosts.id = runs.host_id")
+    per_config: dict[str, list[dict]] = {}
+    for run in runs:
+        run["flagged"] = '"window_warning"' in (run["extra"] or "")
+        per_config.setdefault(run["label"], []).append(run)
+    assert len(per_config) == configs, sorted(per_config)
+    for label, config_runs in per_config.items():
+        clean = [r for r in config_runs if r["status"] == "ok" and not r["flagged"]]
+        assert len(clean) == 1 and len(config_runs) == 1 + sum(r["flagged"] for r in config_runs), (label, config_runs)
+    return runs
+
+
 def _config(path: Path, policies: Path) -> Path:
     # no `db`: the URL, which holds a password, comes from JOULEPILOT_DB, as the README tells a fleet to give it
     path.write_text(f'policies = ["{policies}"]\ninterval_s = 1\nlog_level = "INFO"\n'
@@ -84,18 +101,7 @@ def test_three_daemons_split_one_sweep_and_a_killed_ones_claim_is_measured_by_an
     logs = {i: (tmp_path / f"daemon-{i}.log").read_text(errors="replace") for i in range(3)}
     sys.stderr.write("".join(f"--- daemon {i}\n{text[-3000:]}" for i, text in logs.items()))
 
-    runs = _query(pg_url, "SELECT configs.label, hosts.hostname, runs.status, runs.extra FROM runs "
-                          "JOIN configs ON configs.id = runs.config_id JOIN hosts ON hosts.id = runs.host_id")
-    per_config: dict[str, list[dict]] = {}
-    for run in runs:
-        run["flagged"] = '"window_warning"' in (run["extra"] or "")
-        per_config.setdefault(run["label"], []).append(run)
-    assert len(per_config) == 6, sorted(per_config)
-    # min_repeats = 1: one run each, and one more only for a run bench flagged "repeat this run" (a loaded
-    # machine's), which asks for it
-    for label, config_runs in per_config.items():
-        clean = [r for r in config_runs if r["status"] == "ok" and not r["flagged"]]
-        assert len(clean) == 1 and len(config_runs) == 1 + sum(r["flagged"] for r in config_runs), (label, config_runs)
+    runs = measured_once_each(pg_url, 6)
     # the killed host's job was measured by another host, once
     [job] = _query(pg_url, "SELECT jobs.state, hosts.hostname FROM jobs JOIN runs ON runs.id = jobs.run_id "
                            "JOIN hosts ON hosts.id = runs.host_id WHERE jobs.id = %s", (victim,))

@@ -14,7 +14,7 @@ import pytest
 import servers
 from click.testing import CliRunner
 from daemon_factories import daemon_cmd, wait_for, write_policy
-from test_fleet_daemons import _config, _query
+from test_fleet_daemons import _config, _query, measured_once_each
 
 from joulepilot.cli import main
 
@@ -79,13 +79,5 @@ def test_runs_measured_while_postgresql_is_down_wait_on_the_host_and_are_stored_
     assert "database unreachable" in text and "database reachable again" in text
     assert not unreachable_path(url).exists() and waiting_runs(url) == 0
 
-    runs = _query(url, "SELECT configs.label, runs.pending_id, runs.extra FROM runs JOIN configs ON "
-                       "configs.id = runs.config_id")
-    per_config: dict[str, list[dict]] = {}
-    for run in runs:
-        run["flagged"] = '"window_warning"' in (run["extra"] or "")
-        per_config.setdefault(run["label"], []).append(run)
-    assert len(per_config) == 4, sorted(per_config)
-    for label, config_runs in per_config.items():  # once each (again only for a run flagged "repeat this run")
-        assert len(config_runs) == 1 + sum(r["flagged"] for r in config_runs), (label, config_runs)
+    runs = measured_once_each(url, 4)  # none lost, none measured twice
     assert sum(r["pending_id"] == set_aside for r in runs) == 1  # the run kept aside, stored once
