@@ -174,6 +174,8 @@ class Daemon:
         # This pass's exhaustive policies (name -> the configurations that broke their envelope), whose
         # contenders are measured again once their sweep is done, and the windows each such job takes.
         self._exhaustive: dict[str, set[str]] = {}
+        # This pass's view of each policy's newest decision (its id, 0 for none): a newer one is another host's.
+        self._decision_seen: dict[str, int] = {}
         # This pass's workloads that could not be built, as (policy, workload id): recorded once each.
         self._load_errors: set[tuple[str, str]] = set()
         self._pass_model: Any = None
@@ -554,6 +556,7 @@ class Daemon:
         for policy in policies:
             # Any state (`violated` too); a row the hook would refuse (dated in the future, ...) is passed over.
             decision, _refused = newest_sound_decision(self.db, policy, probe.device_kind)
+            self._decision_seen[policy.name] = decision.id if decision is not None else 0
             reason = stale_reason(decision, policy_hash=policy.hash, provenance_key=probe.provenance_key,
                                   max_age_s=self.cfg.max_decision_age_s)
             if reason is None and policy.name in requested:
@@ -1206,7 +1209,7 @@ class Daemon:
             try:
                 # Checked and decided in one write: a fleet's hosts decide a policy once between them.
                 with transaction(self.db):
-                    if self._decided_elsewhere(policy, probe, summary["started_at"]):
+                    if self._decided_elsewhere(policy, probe):
                         log.info("policy %s: another host of the fleet decided it during this pass", name)
                         stale_done.append(name)
                         mark_requests_handled(self.db, requested.get(name, []))
@@ -1243,11 +1246,12 @@ class Daemon:
                 log.info("policy %s: lock file %s written", name, written)
                 summary["lock_files"].append(str(written))
 
-    def _decided_elsewhere(self, policy: Any, probe: DeviceProbe, since: float) -> bool:
-        """Whether `policy` was decided for this device kind and provenance after `since` (this pass's start; by
-        another host sharing the store, as this one decides a policy once a pass), leaving nothing to decide."""
+    def _decided_elsewhere(self, policy: Any, probe: DeviceProbe) -> bool:
+        """Whether `policy` was decided for this device kind and provenance since this pass read its decision (by
+        another host sharing the store: this one decides a policy once a pass), leaving nothing to decide. Told by
+        the decisions' ids, which one database gives out in order, not by the hosts' clocks."""
         decision, _refused = newest_sound_decision(self.db, policy, probe.device_kind)
-        return decision is not None and decision.decided_at >= since and \
+        return decision is not None and decision.id > self._decision_seen.get(policy.name, 0) and \
             stale_reason(decision, policy_hash=policy.hash, provenance_key=probe.provenance_key,
                          max_age_s=self.cfg.max_decision_age_s) is None
 

@@ -71,7 +71,7 @@ def stale_reason(
         return "the policy file changed"
     recorded = decision.details.get("provenance_key")
     if recorded != provenance_key:
-        return "torch, triton, driver or joulepilot changed since the decision" if recorded else \
+        return "torch, triton or joulepilot changed since the decision" if recorded else \
             "the decision was not made under this host's current provenance"
     if now - float(decision.decided_at) > max_age_s:
         return f"the decision is older than {max_age_s / 86400:g} days"

@@ -251,7 +251,7 @@ def test_stale_reasons():
     assert stale_reason(row(), **kw) is None
     assert stale_reason(None, **kw) == "no decision yet"
     assert "policy file changed" in stale_reason(row(policy_hash="old"), **kw)
-    assert "torch, triton, driver or joulepilot changed" in stale_reason(row(details='{"provenance_key": "x"}'), **kw)
+    assert "torch, triton or joulepilot changed" in stale_reason(row(details='{"provenance_key": "x"}'), **kw)
     assert "older than" in stale_reason(row(decided_at=now - 7200), **kw)
     assert "broke the envelope" in stale_reason(row(state="violated"), **kw)
 
@@ -454,3 +454,36 @@ def test_a_host_takes_the_jobs_of_configurations_it_has_not_measured_first(db):
     assert [j.id for j in daemon._runnable_jobs({"mlp": object()}, probe)] == [other, repeat]
     daemon.host_id = "another-host"  # it measured neither: the queue's order
     assert [j.id for j in daemon._runnable_jobs({"mlp": object()}, probe)] == [repeat, other]
+
+
+def test_a_decision_another_host_stored_during_the_pass_is_not_made_again(db, tmp_path):
+    # Told by the decisions' ids (one database numbers them in order), not by the hosts' clocks.
+    from types import SimpleNamespace
+
+    from daemon_factories import write_policy
+    from joulepilot.compiler import CompileConfig
+    from joulepilot.controller.daemon import Daemon
+    from joulepilot.policies import load_policy
+    from joulepilot.store import upsert_config
+    from joulepilot.store.decisions import write_decision
+
+    policy = load_policy(write_policy(tmp_path / "policies", "mlp"))
+    probe = SimpleNamespace(device_kind="cpu", provenance_key="p1")
+    daemon = Daemon.__new__(Daemon)
+    daemon.db, daemon.cfg = db, load_daemon_config(None)
+    upsert_config(db, CompileConfig(mode="eager", batch_size=8).to_row())
+
+    def decide(at: float, state: str = "verified") -> int:
+        return write_decision(db, {"policy": "mlp", "policy_hash": policy.hash, "device_kind": "cpu",
+                                   "torch_version": "2.13",
+                                   "config_id": CompileConfig(mode="eager", batch_size=8).id, "state": state, "reason": "", "decided_at": at,
+                                   "details": {"provenance_key": "p1", "config": CompileConfig(mode="eager", batch_size=8).to_row()}})
+
+    seen = decide(time.time() - 3600)
+    daemon._decision_seen = {"mlp": seen}  # what this pass read (a second ago): the sweep was unfinished
+    assert not daemon._decided_elsewhere(policy, probe)  # nothing new: this host decides
+    decide(time.time() - 2)  # another host decided since, its clock two seconds behind this one's
+    assert daemon._decided_elsewhere(policy, probe)
+    daemon._decision_seen = {"mlp": decide(time.time(), state="violated")}
+    decide(time.time())
+    assert daemon._decided_elsewhere(policy, probe)
