@@ -70,6 +70,7 @@ from joulepilot.store.daemon_state import (
     claim_job,
     drop_queued_jobs,
     enqueue_job,
+    extend_leases,
     finish_job,
     has_open_jobs,
     mark_requests_handled,
@@ -106,6 +107,9 @@ __all__ = ["Daemon", "DaemonAlreadyRunning", "DaemonConfigError", "DaemonResult"
 log = logging.getLogger("joulepilot.daemon")
 
 HEARTBEAT_EVERY_S = 30.0
+# While the database cannot be reached a pass is tried this often (or every interval, if shorter): a host that
+# comes back within a lease of the database's return stores what it set aside before another host takes its jobs.
+UNREACHABLE_RETRY_S = 15.0
 # A heartbeat is written every few seconds and kept a thousand times over: what it repeats of the last
 # pass is bounded, however many bad policy files or requests the pass met.
 HEARTBEAT_LIST_ITEMS = 10
@@ -156,6 +160,7 @@ class Daemon:
         self.host, self.host_id = identity["hostname"], identity["id"]  # JOULEPILOT_HOSTNAME may name it
         self._leases_renewed_at = 0.0
         self._renewal_failing = False  # the last renewal of the claims failed, and the log said so
+        self._store_down = False  # the last pass found the database unreachable: passes are tried sooner
         self._heartbeat_failing = False  # the last heartbeat could not be written, and the log said so
         self._jobs_view: dict[int, dict[str, Any]] = {}  # running job id -> what heartbeats say of it
         self._jobs_lock = threading.Lock()
@@ -354,7 +359,7 @@ class Daemon:
         scheduler.every(interval).seconds.do(self._guarded_pass)
         self._guarded_pass()
         last_beat = time.monotonic()
-        last_idle_check = 0.0
+        last_idle_check = last_retry = 0.0
         while not self.stop_event.is_set():
             if self._reload.is_set():
                 self._reload.clear()
@@ -373,6 +378,9 @@ class Daemon:
                 if idle is not None:
                     log.info("%s idle again: resuming the sweep", idle)
                     self._guarded_pass()
+            if self._store_down and now - last_retry >= min(UNREACHABLE_RETRY_S, interval):
+                last_retry = now
+                self._guarded_pass()
             if now - last_beat >= min(HEARTBEAT_EVERY_S, interval):
                 last_beat = now
                 self.heartbeat("paused" if self._paused else "idle",
@@ -403,6 +411,7 @@ class Daemon:
         """The database server did not answer: recorded on this host for `status` and the exporter, said once per
         outage, and tried again at the next pass. What goes on meanwhile: the hooks apply the decisions in their
         lock files, and a run measured when the server went away waits in a side file."""
+        self._store_down = True
         try:
             outage = note_unreachable(self.cfg.db, str(problem))
         except OSError as exc:
@@ -410,8 +419,9 @@ class Daemon:
             return
         if outage["at"] == outage["since"]:
             log.error("database unreachable: %s. The hooks keep applying the decisions in their lock files; %d "
-                      "measured run(s) wait in side files on this host and are stored when it answers; the next "
-                      "pass (in %gs) tries again", problem, outage["waiting_runs"], self.cfg.interval_s)
+                      "measured run(s) wait in side files on this host and are stored when it answers; a pass "
+                      "tries again every %gs", problem, outage["waiting_runs"],
+                      min(UNREACHABLE_RETRY_S, self.cfg.interval_s))
         else:
             log.info("database still unreachable (for %.0fs; %d run(s) waiting); the next pass tries again",
                      outage["at"] - outage["since"], outage["waiting_runs"])
@@ -419,10 +429,15 @@ class Daemon:
     def _reached(self) -> None:
         """The pass reached the database: an outage recorded before ends, and the runs it set aside are stored."""
         check_reachable(self.db)
+        self._store_down = False
         outage = clear_unreachable(self.cfg.db)
         if outage is not None:
-            log.info("database reachable again after %.0fs; storing the %d run(s) set aside meanwhile",
-                     time.time() - outage["since"], outage["waiting_runs"])
+            # No host could renew its claims meanwhile: each gets a lease from now to come back and store what
+            # it set aside, before another host takes its jobs.
+            extended = extend_leases(self.db, self.cfg.fleet.lease_s)
+            log.info("database reachable again after %.0fs; storing the %d run(s) set aside meanwhile%s",
+                     time.time() - outage["since"], outage["waiting_runs"],
+                     f"; {extended} claim(s) of the fleet extended by a lease" if extended else "")
 
     # --- exporter -----------------------------------------------------------------------------------
     def _start_exporter(self) -> None:

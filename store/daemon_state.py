@@ -198,6 +198,16 @@ def fail_queued_jobs(db: Store, *, workload_id: str, provenance_key: str) -> int
         ).rowcount
 
 
+def extend_leases(db: Store, lease_s: float) -> int:
+    """Every running job's claim lasts at least `lease_s` from now; returns how many were extended. After an outage
+    of the database, which kept every host from renewing its claims, each holder gets a lease to come back (and
+    store the runs it set aside) before its jobs are taken."""
+    until = time.time() + lease_s
+    with transaction(db):
+        return db.execute("UPDATE jobs SET lease_expires_at = ? WHERE state = 'running' AND lease_expires_at < ?",
+                          [until, until]).rowcount
+
+
 def recover_jobs(db: Store, host_id: str | None = None) -> list[int]:
     """Jobs left `running` by a daemon that died go back to `queued`; returns their ids.
 

@@ -41,6 +41,7 @@ from joulepilot.store import (
 from joulepilot.store.daemon_state import (
     add_request,
     claim_job,
+    extend_leases,
     finish_job,
     fleet_heartbeats,
     get_job,
@@ -149,6 +150,10 @@ def test_a_claim_lasts_its_lease_and_the_fleet_takes_it_back_when_it_runs_out(ba
     assert renew_leases(backend_db, "h1", jobs, 60) == [jobs[0]]  # h1 is told it no longer holds it
     assert claim_job(backend_db, jobs[0], host_id="h2", lease_s=60)
     assert get_job(backend_db, jobs[0]).attempts == 2  # the attempt h1 started counts
+    # The database was away for longer than a lease: no host could renew, so each holder gets a lease from now.
+    backend_db.execute("UPDATE jobs SET lease_expires_at = ?", [time.time() - 1])
+    assert extend_leases(backend_db, 60) == 2 and recover_jobs(backend_db) == []
+    assert extend_leases(backend_db, 30) == 0  # never shortened
 
 
 def test_the_newest_heartbeat_of_each_host(backend_db):
