@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
+from .urls import redacted
+
 
 class StoreError(RuntimeError):
     """The database cannot be opened, migrated, read or written; the message says what to do."""
@@ -166,4 +168,6 @@ def as_store_error(exc: BaseException, target: str | os.PathLike) -> StoreError 
         return exc
     if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.ProgrammingError):
         return database_error(target, exc)
+    if type(exc).__module__.startswith("psycopg") and hasattr(exc, "sqlstate"):  # one the store did not map itself
+        return database_error(redacted(str(target)), exc)
     return None

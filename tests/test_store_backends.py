@@ -306,3 +306,16 @@ def test_hosts_that_open_a_new_database_at_once_create_its_schema_once(backend_t
         assert schema_version(database) == SCHEMA_VERSION
     finally:
         database.close()
+
+
+def test_a_driver_error_the_store_did_not_map_is_mapped_at_the_boundary():
+    # The daemon and the CLI tell an unreachable server (wait it out, keep runs aside) from a bug by
+    # `as_store_error`: a psycopg error raised outside the store's own calls is mapped too, its password hidden.
+    psycopg = pytest.importorskip("psycopg")
+    from joulepilot.store import StoreUnreachable, as_store_error
+
+    url = "postgresql://fleet:s3cret@127.0.0.1:1/joulepilot"
+    with pytest.raises(psycopg.OperationalError) as caught:
+        psycopg.connect(url, connect_timeout=2)
+    problem = as_store_error(caught.value, url)
+    assert isinstance(problem, StoreUnreachable) and "s3cret" not in str(problem) and "fleet:***@" in str(problem)
