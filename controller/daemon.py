@@ -312,16 +312,11 @@ class Daemon:
             self.db = open_db(self.cfg.db)
             _end_leftover_worker(self.db)
             _remove_stale_scratch(self.cfg.db)
-            self._import_pending()  # before recovery: a set-aside run finishes its job
             upsert_host(self.db)  # its name, for what `status` says each host of a fleet measures
-            requeued = recover_jobs(self.db, self.host_id)
-            if requeued:
-                log.info("recovered after an unclean stop (of this host's daemon, or of a host whose claim ran "
-                         "out): job(s) %s re-queued", ", ".join(map(str, requeued)))
             log.info("daemon pid %d: database %s, policies %s, devices %s, every %gs",
                      os.getpid(), shown(self.cfg.db), ", ".join(map(str, self.cfg.policies)), ",".join(self.cfg.devices),
                      self.cfg.interval_s)
-            self.heartbeat("starting", "starting", recovered_jobs=requeued)
+            self.heartbeat("starting", "starting")
             if once:
                 try:
                     self.run_pass()
@@ -522,9 +517,9 @@ class Daemon:
         self._pass_bill = PassBill()
         self._load_errors = set()
         self._reached()
-        self._import_pending()
-        # No job of this daemon runs between passes: one this host still holds was left by a pass that could not
-        # put it back (the database went away), or by a daemon of this host that died.
+        self._import_pending()  # before the recovery below: a set-aside run finishes its job
+        # No job of this daemon runs between passes: one this host still holds was left by a daemon of this host
+        # that died (the first pass after a start), or by a pass that could not put it back (the database went away).
         requeued = recover_jobs(self.db, self.host_id)
         if requeued:
             log.info("job(s) %s re-queued: this host's claim (no job of it runs between passes), or a claim that ran "

@@ -30,8 +30,8 @@ def _query(url: str, sql: str, params: tuple = ()) -> list[dict]:
     with psycopg.connect(url, row_factory=dict_row, connect_timeout=5) as conn:
         try:
             return list(conn.execute(sql, params).fetchall())
-        except psycopg.errors.UndefinedTable:  # the first daemon has not created the tables yet
-            return []
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):  # the first daemon is still
+            return []                                                           # creating the tables
 
 
 def measured_once_each(url: str, configs: int) -> list[dict]:
