@@ -4,7 +4,6 @@ policy, each policy's decision and its payback."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
@@ -41,14 +40,15 @@ def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) 
     now = time.time()
     lock = lock_path_for(db_path)
     held = lock_is_held(lock)
-    hb = host_heartbeat(db, host_identity()["id"])
+    here = host_identity()
+    hb = host_heartbeat(db, here["id"])
     detail = hb.detail if hb else {}
     lock_pid = read_lock_pid(lock) if held else None
     pid = lock_pid or (hb.pid if hb else None)
     daemon = {
         "alive": held,
         "pid": pid,
-        "pid_alive": _pid_alive(pid) if pid and (hb is None or detail.get("hostname") in (None, socket.gethostname()))
+        "pid_alive": _pid_alive(pid) if pid and (hb is None or detail.get("hostname") in (None, here["hostname"]))
         else None,
         "lock_file": str(lock),
         "state": hb.state if hb else None,
@@ -62,7 +62,7 @@ def daemon_status(db: Store, db_path: str | os.PathLike, *, next_jobs: int = 5) 
     }
     if hb and hb.state == "stopped" and not held:
         daemon["doing"] = detail.get("doing") or "stopped"
-    elif hb and not held and detail.get("hostname") in (None, socket.gethostname()):
+    elif hb and not held and detail.get("hostname") in (None, here["hostname"]):
         # Its last heartbeat was not `stopped` and nobody holds its lock on this host: it was killed or crashed,
         # so what that heartbeat said it was doing is no longer going on.
         was = detail.get("doing")

@@ -86,8 +86,9 @@ def test_status_shows_which_host_of_a_fleet_measures_what(tmp_path, monkeypatch)
     enqueue_job(db, policy="mlp", workload_id="w1", config_id="c9", provenance_key="k")
     # this host is gpu-a: its own daemon's heartbeat is the one `daemon` reports, though gpu-b's is newer
     monkeypatch.setenv("JOULEPILOT_HOSTNAME", "gpu-a")
-    status = daemon_status(db, path)
-    text = CliRunner().invoke(main, ["status", "--db", str(path)], env={"COLUMNS": "200"}).output
+    with InstanceLock(path):  # gpu-a's daemon runs
+        status = daemon_status(db, path)
+        text = CliRunner().invoke(main, ["status", "--db", str(path)], env={"COLUMNS": "200"}).output
     db.close()
 
     assert status["daemon"]["doing"] == "measuring job 1"
