@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -116,12 +115,12 @@ def _busy(exc: BaseException) -> bool:
 
 def _request_benchmark(policy: Policy, kind: str, torch_version: str, db: Any) -> None:
     """Leave a request for the daemon, unless an unhandled one for this policy and host is waiting."""
+    host = host_identity()
     note = {"policy_path": policy.path, "batch_size": policy.batch_size, "seq_len": policy.seq_len,
             "image_size": policy.image_size, "device_kind": kind, "torch_version": torch_version,
-            "hostname": socket.gethostname()}
+            "hostname": host["hostname"]}
     try:
-        add_host_request(_write_database(db), policy.name, workload=policy.workload, host=host_identity(),
-                         note=note)
+        add_host_request(_write_database(db), policy.name, workload=policy.workload, host=host, note=note)
     except Exception as exc:  # a read-only or locked store must not stop the model from running
         log.warning("could not record a benchmark request for %s: %s", policy.name, _store_problem(db, exc))
 
