@@ -56,6 +56,7 @@ from .remote_cache import recorded_variables
 from .runner import CancelCheck, phase_text, remove_stale_workdirs, run_worker_job, start_zygote_early
 from .shape_set import ShapeSet
 from .warmstart import precompile_opted_in
+from .window_gate import Gate
 from .workloads import check_spec, split_spec, workload_id
 from .zygote import ZygoteKey, ZygotePool
 
@@ -435,6 +436,7 @@ def measure_config(
     zygotes: ZygotePool | None = None,
     windows: int = 1,
     windows_max_rel_error: float | None = None,
+    window_gate: Gate | None = None,
     threads: int | None = None,
     model_options: Mapping[str, Any] | None = None,
     generation: Generation | None = None,
@@ -458,7 +460,8 @@ def measure_config(
     the number of sizes. On the CPU the worker runs torch with `threads` intra-op threads (default:
     `device_pool.cpu_threads`), recorded in `extra.torch_threads` with where the number came from.
     `windows` energy windows are taken in the one worker, each stored as a run of its own, unless its numerical check
-    is over `windows_max_rel_error` (the policy's limit): then one. `model_options` override the model's config; `generation` measures a generation instead of a forward pass
+    is over `windows_max_rel_error` (the policy's limit): then one; with `window_gate`, each further window only when
+    the gate, given the windows so far as runs-table fields, says so (`compiler.window_gate`). `model_options` override the model's config; `generation` measures a generation instead of a forward pass
     (`compiler.generation`: two windows, whole generations and prefills, so a larger allowance)."""
     job_started = time.monotonic()
     device = context.device
@@ -487,15 +490,16 @@ def measure_config(
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others
         job.update({"shapes": shapes.to_dict(), shapes.dim: shapes.sizes[0]})
     env = dict(worker_env) if worker_env is not None else default_worker_env(1)
+    gate = window_gate if windows > 1 else None
     result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, zygotes=zygotes,
-                            env=env)
+                            env=env, window_gate=gate)
     precompile_error = None
     if job["precompile"] and result.get("status") not in ("ok", "cancelled"):
         # Precompile must never cost a configuration its measurement: measure it again, as without it.
         precompile_error = f"compile with precompile: {result.get('reason')}"
         job = dict(job, precompile=False)
         result = run_worker_job(job, budget=budget, cancel=cancel, on_start=on_start, on_phase=on_phase, zygotes=zygotes,
-                            env=env)
+                                env=env, window_gate=gate)
     if result.get("status") == "cancelled":
         return MeasuredRun(config, wid, "cancelled", result.get("reason"))
     if precompile_error:

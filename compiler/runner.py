@@ -32,9 +32,12 @@ import psutil
 
 from .budget import COMPILE_OVERRUN, FIRST_CALL_PHASES, WorkerBudget
 from .host_isa import ensure_programs, job_compiles_on_cpu, programs_to_build, seed
+from .window_gate import Gate
+from .window_gate import answer as answer_gate
 from .zygote import FRESH, ForkedWorker, Zygote, ZygoteGone, ZygoteKey, ZygotePool, kill_process_tree
 
 POLL_S = 0.2
+GATE_POLL_S = 0.05  # a worker waiting for the window gate's answer holds the compiled model: answer it quickly
 STDERR_TAIL_LINES = 12
 WORKER_MODULE = "joulepilot.compiler.worker"
 # A testing hook: the module run as the worker instead of WORKER_MODULE (the test suite's fake worker).
@@ -50,7 +53,7 @@ PHASE_TEXT = {
     "start": "starting the worker", "load": "loading the model", "reference": "computing the eager reference",
     "idle": "measuring idle power", "compile": "compiling", "compiled": "warming up", "warmup": "warming up",
     "latency": "measuring", "window": "measuring", "save_artifacts": "saving compile artifacts",
-    "describe": "describing the workload",
+    "describe": "describing the workload", "window_gate": "asking whether to measure another window",
     "vec_isa": "building Inductor's CPU instruction-set test programs (once per host, about 10 s)",
 }
 WARM_START_PHASE_TEXT = {"load_artifacts": "warm start: loading artifacts", "compile": "warm start: first call"}
@@ -254,7 +257,7 @@ def start_zygote_early(zygotes: ZygotePool, job: dict[str, Any], env: Mapping[st
 def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelCheck | None = None,
                    on_start: Callable[[int], None] | None = None, keep_dir: bool = False,
                    on_phase: PhaseFn | None = None, zygotes: ZygotePool | None = None,
-                   env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   env: Mapping[str, str] | None = None, window_gate: Gate | None = None) -> dict[str, Any]:
     """Run one worker job in a process of its own; always returns a result dict (never raises for the
     worker's failures).
 
@@ -268,7 +271,8 @@ def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelC
     SystemExit) kills the worker and removes the scratch folder before it propagates. `on_phase(kind, phase)`
     hears each phase the worker enters, as the parent sees it (within POLL_S). `env`: variables set for this
     worker only, over the parent's environment (the scheduler's compile-thread share and device order), in a
-    forked worker as in a fresh one."""
+    forked worker as in a fresh one. `window_gate(runs)`: asked before each further window of a job of several
+    (`compiler.window_gate`), with the runs-table fields of the windows so far; the worker takes it only on True."""
     extra_env = dict(env or {})
     kind = str(job.get("kind", "bench"))
     if on_phase is not None:
@@ -286,7 +290,8 @@ def run_worker_job(job: dict[str, Any], *, budget: WorkerBudget, cancel: CancelC
     fallback = zygotes.fallback_reason(job) if zygotes is not None else ""
     workdir = new_workdir()
     try:
-        result = _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, zygote, fallback, extra_env)
+        result = _run_in(workdir, job, budget, cancel, on_start, keep_dir, on_phase, zygote, fallback, extra_env,
+                         window_gate)
         if zygote is not None:  # what the job waited for its workload's zygote (a workload's first job only)
             result["zygote_wait_s"] = round(waited_s, 3)
             result["zygote_preload_s"] = zygote.info.get("preload_s")
@@ -329,8 +334,11 @@ def _start_worker(workdir: Path, job: dict[str, Any], zygote: Zygote | None,
 
 def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: CancelCheck | None,
             on_start: Callable[[int], None] | None, keep_dir: bool, on_phase: PhaseFn | None,
-            zygote: Zygote | None, fallback: str, extra_env: Mapping[str, str]) -> dict[str, Any]:
+            zygote: Zygote | None, fallback: str, extra_env: Mapping[str, str],
+            window_gate: Gate | None = None) -> dict[str, Any]:
     job = dict(job)
+    if window_gate is not None:
+        job["window_gate"] = True
     job["result_path"] = str(workdir / "result.json")
     job["phase_path"] = str(workdir / "phases.tsv")
     job["budget"] = budget.to_dict()
@@ -354,7 +362,10 @@ def _run_in(workdir: Path, job: dict[str, Any], budget: WorkerBudget, cancel: Ca
     try:
         if on_start is not None:
             on_start(worker.pid)
-        while worker.poll(POLL_S) is None:
+        answered = 1
+        while worker.poll(GATE_POLL_S if window_gate is not None else POLL_S) is None:
+            if window_gate is not None:
+                answered, _ = answer_gate(workdir, window_gate, answered)
             phases_seen = read_phases(phase_path)
             if on_phase is not None and phases_seen and phases_seen[-1][0] != reported:
                 reported = phases_seen[-1][0]

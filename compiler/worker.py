@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import window_gate
 from .budget import windows_taken
 from .graph_breaks import recording_graph_breaks
 
@@ -207,6 +208,31 @@ def _window_fields(window: Any, calls: int, batch_size: int, idle: dict[str, flo
     }
 
 
+def gate_allows(job: dict[str, Any], index: int, result: dict[str, Any], timed: Any, further: list[Any],
+                batch_size: int, idle: dict[str, float], phases: Any) -> bool:
+    """Whether to take further window `index`: always without a gate (`job["window_gate"]`), else what the parent
+    answers, asked with the windows so far (`compiler.window_gate`)."""
+    if not job.get("window_gate"):
+        return True
+    phases.enter("window_gate")
+    so_far = [_first_window_fields(result, timed, batch_size, idle),
+              *({**_further_window(*each, batch_size=batch_size, idle=idle), "status": "ok"} for each in further)]
+    return window_gate.ask(Path(job["result_path"]).parent, index, so_far)
+
+
+def _first_window_fields(result: dict[str, Any], timed: Any, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:
+    """The process's first window as the runs-table fields the window gate is asked with (`compiler.window_gate`):
+    the compile's and the numerical check's figures, its latencies and energy window, its pace warning."""
+    window = timed.measurement
+    fields = {"status": "ok", **{k: result.get(k) for k in ("compile_s", "compile_energy_j", "max_rel_error")},
+              **timed.latency_columns(), **_window_fields(window, timed.calls, batch_size, idle)}
+    extra: dict[str, Any] = {}
+    _check_window_pace(window.duration_s * 1000.0 / timed.calls, fields.get("latency_ms_p50"), extra,
+                       timed.latency_source)
+    fields["extra"] = extra
+    return fields
+
+
 def _further_window(index: int, started_at: float, timed: Any, finished_at: float, batch_size: int,
                     idle: dict[str, float]) -> dict[str, Any]:
     """A further window of the process (a `TimedWindow`), as its own run's fields (the parent completes the
@@ -375,7 +401,9 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         further = []
         for index in range(2, _windows(job, check.max_rel_error) + 1) if shape_run is None else ():
             # A further window of this process (a repeat the search asked for without another compile): its
-            # own latencies and energy window, stored as a run of its own.
+            # own latencies and energy window, stored as a run of its own; with a gate, only if the parent says so.
+            if not gate_allows(job, index, result, timed, further, config.batch_size, idle, phases):
+                break
             started_at = time.time()
             more = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds,
                                         latency_s=latency_s, phases=phases)

@@ -89,7 +89,7 @@ from joulepilot.store.unreachable import check_reachable, clear_unreachable, not
 from .daemon_config import DaemonConfig, DaemonConfigError, load_daemon_config
 from .device_probe import DeviceProbe, DeviceUnavailable, allowed_devices, check_devices, probe_devices
 from .gpu_scheduler import WORKER_STARTED, GpuScheduler, assign_jobs
-from .guided import GuidedPlan, plan_guided
+from .guided import GuidedPlan, plan_guided, window_gate
 from .idle import IdleTracker, LoadProbe, own_process_tree
 from .instance_lock import DaemonAlreadyRunning, InstanceLock
 from .job_runner import JobOutcome
@@ -768,7 +768,7 @@ class Daemon:
                         for device, job in started:
                             last_workload[device] = job.workload_id
                             self._start_next_zygote(device, job, by_name, probe, env)
-                            self._start_job(scheduler, job, by_name[job.policy], device, env)
+                            self._start_job(scheduler, job, by_name[job.policy], device, env, probe)
                         waiting = [d for d in scheduler.free() if d not in ready]
                         for device, job in assign_jobs(waiting, left, last_workload)[0]:
                             self._start_zygote_while_waiting(job, by_name[job.policy], device, env)
@@ -929,7 +929,7 @@ class Daemon:
         return queued
 
     def _start_job(self, scheduler: GpuScheduler, job: JobRow, policy: Any, device: str,
-                   env: dict[str, str]) -> None:
+                   env: dict[str, str], probe: DeviceProbe) -> None:
         """Claim `job` and start measuring it on `device` in a compiler worker (on a thread of its own)."""
         from joulepilot.compiler import measure_config, start_zygote_early, worker_job_key
         from joulepilot.compiler.bench import default_idle_s, describes_now
@@ -958,6 +958,13 @@ class Daemon:
         bench_cfg = self.cfg.bench
         zygotes = self._zygotes
         windows = self._windows_for(job)
+        gate = None
+        if windows > 1 and policy.search.strategy == "guided":
+            # each further window only while the judge still asks for the configuration (read from the store
+            # here: the gate runs on the job's thread)
+            state = self._guided.get(policy.name)
+            gate = window_gate(self.db, policy, probe.device_kind, job.config_id, provenance_key=probe.provenance_key,
+                               max_age_s=self.cfg.max_decision_age_s, violated=state.violated if state else ())
         if device.startswith("cuda") and not self._has_context(device):
             # the quiet period that just made the device ready, as its idle baseline (read here, before the
             # job's checks for production load start a new period)
@@ -975,7 +982,7 @@ class Daemon:
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
                 budget_s=bench_cfg.budget_s, describe=describes, cancel=stop_check, on_start=on_start,
                 worker_env=env, zygotes=zygotes, windows=windows, windows_max_rel_error=policy.limits.max_rel_error,
-                **workload,
+                window_gate=gate, **workload,
             )
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)

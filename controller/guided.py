@@ -23,10 +23,11 @@ stop rule would have saved after the first; the search therefore measures and de
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from joulepilot.compiler.window_gate import Gate
 from joulepilot.policies.batches import grid_workload_ids, workload_rows_by_batch
 from joulepilot.policies.judge import Rules, Run
 from joulepilot.policies.schema import Policy
@@ -111,6 +112,49 @@ def counted_runs(db: Store, workload_id: str | Collection[str], device_kind: str
     return kept[::-1]
 
 
+def _stored_runs(db: Store, policy: Policy, grid: Sequence[Any], device_kind: str, torch_version: str, *,
+                 provenance_key: str | None, min_finished_at: float | None) -> tuple[dict[str, list[Run]], float, int]:
+    """The runs of `grid` a search rests on, by config id, and the seconds and measurements its policy spent."""
+    runs = counted_runs(db, list(grid_workload_ids(policy).values()), device_kind, torch_version,
+                        provenance_key=provenance_key, min_finished_at=min_finished_at)
+    ids = {c.id for c in grid}
+    prior: dict[str, list[Run]] = {}
+    spent_s, made = 0.0, 0
+    for run in runs:
+        if run.config_id not in ids:
+            continue
+        # A further window of a worker process is not a fresh process (`extra.window_in_process`), as the
+        # resolver counts it: both ask the judge, so both reach the same state on the same runs.
+        observation = Run.from_row(run)
+        prior.setdefault(run.config_id, []).append(observation)
+        if run.extra.get("policy") == policy.name:
+            spent_s += observation.wall_s
+            made += 1
+    return prior, spent_s, made
+
+
+def window_gate(db: Store, policy: Policy, device_kind: str, config_id: str, *, torch_version: str | None = None,
+                provenance_key: str | None = None, max_age_s: float | None = None,
+                violated: Collection[str] = (), now: float | None = None) -> Gate:
+    """The gate a guided policy's worker asks before each further window of `config_id` (`compiler.window_gate`):
+    whether the judge, given the stored runs (read here, once) and the windows measured so far, still asks to
+    measure it again (`GuidedSearch.wants_more`, as the replayed search decides). It reads no store."""
+    from joulepilot.policies.resolve import torch_minor
+
+    torch_version = torch_minor(torch_version) if torch_version else torch_minor()
+    now = time.time() if now is None else now
+    grid = ordered_candidates(policy)
+    prior, _, _ = _stored_runs(db, policy, grid, device_kind, torch_version, provenance_key=provenance_key,
+                               min_finished_at=None if max_age_s is None else now - max_age_s)
+    search = GuidedSearch(grid, _never_measure, None, rules=Rules.of(policy), settings=search_settings(policy),
+                          prior=prior, exclude=set(violated))
+
+    def gate(rows: Sequence[Mapping[str, Any]]) -> bool:
+        return search.wants_more(config_id, [Run.from_row(row) for row in rows])
+
+    return gate
+
+
 def _never_measure(config: Mapping[str, Any], fresh_process: bool) -> Run:
     raise RuntimeError("plan_guided only plans; the daemon measures")
 
@@ -139,23 +183,8 @@ def plan_guided(db: Store, policy: Policy, device_kind: str, model: Any = None, 
     if all(c.id in violated for c in grid):
         plan.stop_reason = "every allowed configuration broke the power envelope in a deployment"
         return plan
-    runs = counted_runs(db, list(grid_workload_ids(policy).values()), device_kind, torch_version,
-                        provenance_key=provenance_key,
-                        min_finished_at=None if max_age_s is None else now - max_age_s)
-    ids = {c.id for c in grid}
-    prior: dict[str, list[Run]] = {}
-    spent_s, made = 0.0, 0
-    for run in runs:
-        if run.config_id not in ids:
-            continue
-        # A further window of a worker process is not a fresh process (`extra.window_in_process`), as the
-        # resolver counts it: both ask the judge, so both reach the same state on the same runs.
-        observation = Run.from_row(run)
-        prior.setdefault(run.config_id, []).append(observation)
-        if run.extra.get("policy") == policy.name:
-            spent_s += observation.wall_s
-            made += 1
-
+    prior, spent_s, made = _stored_runs(db, policy, grid, device_kind, torch_version, provenance_key=provenance_key,
+                                        min_finished_at=None if max_age_s is None else now - max_age_s)
     predict = None
     workloads = workload_rows_by_batch(db, policy)  # the model predicts each batch size with its own row
     if model is not None and all(row is not None for row in workloads.values()):

@@ -222,7 +222,8 @@ class GuidedSearch:
             arm = min(candidates, key=lambda a: (bool(deferred[a.id]), _cost_rank(a.config)))
             why = ("exhaustive: every configuration once" if self.settings.strategy == "exhaustive" else
                    f"a grid of {len(self.arms)} configurations is measured whole, each once")
-            return arm, why + (f" ({deferred[arm.id]}, so it comes last)" if deferred[arm.id] else ""), 1
+            return arm, why + (f" ({deferred[arm.id]}, so it comes last)" if deferred[arm.id] else ""), \
+                self._first_windows(fc_cost_s=None)
         self._refresh_raw()
         best = out.best
         kept: list[tuple[Arm, Forecast]] = []
@@ -254,11 +255,7 @@ class GuidedSearch:
                    f"P(within limits) {fc.p_feasible:.0%}, about {fc.cost_s:.0f} s to measure")
             if deferred[arm.id]:
                 why += f" (after the others: {deferred[arm.id]})"
-            # Further windows only as the budget allows, each counted at a whole measurement's cost (an upper bound).
-            windows = self._windows(arm, fc, kept, best)
-            if math.isfinite(self._remaining_s()):
-                windows = max(1, min(windows, int(self._remaining_s() // max(fc.cost_s, 1.0))))
-            return arm, why, windows
+            return arm, why, self._first_windows(fc.cost_s)
         return None
 
     def _infeasibility_probe(self, candidates: Sequence[Arm], out: Judgement) -> tuple[Arm, Forecast] | None:
@@ -272,17 +269,35 @@ class GuidedSearch:
         pool = [(a, fc) for a, fc in pool if fc is not None and fc.known]
         return max(pool, key=lambda t: (t[1].p_feasible, -t[1].mean)) if pool else None
 
-    def _windows(self, arm: Arm, fc: Forecast, kept: Sequence[tuple[Arm, Forecast]], best: Verdict | None) -> int:
-        """The windows a first measurement takes: as many as a verified decision needs when the forecast says it
-        is likely to become the choice, better than the best measured and than every other candidate's median
-        forecast (a further window costs seconds; a new process for the runs it would then lack, a compile),
-        else one."""
-        level = best.objective.median if best is not None and best.objective is not None else math.inf
-        for other, other_fc in kept:
-            if other is not arm and other_fc.known and other_fc.p_feasible >= REACHABLE_MIN_P:
-                level = min(level, other_fc.mean)
-        likely = fc.known and fc.p_feasible * prob_below(*fc.log_objective, level) >= self.settings.upfront_p
-        return self.rules.min_repeats if likely else 1
+    def _first_windows(self, fc_cost_s: float | None) -> int:
+        """The windows a first measurement may take: as many as a verified decision needs (`min_repeats`), as the
+        budget allows (each counted at a whole measurement's cost, an upper bound). Its worker takes each further
+        window only while the judge still asks to measure the configuration again (`wants_more`), so a
+        configuration its first window leaves out of the running costs no more than that window."""
+        windows = self.rules.min_repeats
+        if math.isfinite(self._remaining_s()):
+            cost_s = fc_cost_s if fc_cost_s is not None else self.forecaster.overhead_s()
+            windows = max(1, min(windows, int(self._remaining_s() // max(cost_s, 1.0))))
+        return windows
+
+    def wants_more(self, config_id: str, runs: Sequence[Run] = ()) -> bool:
+        """Whether the judge, given `runs` of `config_id` on top of those the search holds, asks to measure it
+        again (`policies.judge.repeats`): what a worker asks before each further window of a process. The
+        daemon asks it from the worker's parent with the windows measured so far; `run` with the windows it
+        just added."""
+        arm = self.arms.get(config_id)
+        if arm is None or not self._measurable(arm):
+            return False
+        if runs:
+            runs_by = {a.id: a.runs for a in self.arms.values()}
+            runs_by[config_id] = [*arm.runs, *runs]
+            out = judge([a.config for a in self.arms.values()], runs_by, self.rules, exclude=self.exclude)
+        else:
+            out = self.judgement()
+        # Of an infeasible decision, only what may yet be within the limits: its pick outside them is confirmed
+        # last, if nothing else fits.
+        return any(item.config_id == config_id and item.advice.further_window
+                   and (item.close or out.state != "infeasible") for item in repeats(out))
 
     def _skip_reason(self, arm: Arm, fc: Forecast, best: Verdict | None) -> str:
         s, rules = self.settings, self.rules
@@ -367,7 +382,7 @@ class GuidedSearch:
             kind = "exhaustive" if self.settings.strategy == "exhaustive" else "guided"
             arm, why, windows = picked
             if windows > 1:
-                why += f" ({windows} windows in one process: it is likely to be chosen)"
+                why += f" (up to {windows} windows in one process, while the judge asks for more)"
             return Step(arm, True, kind, why, windows)
         repeat = self._repeat(out)
         if repeat is not None:
@@ -418,6 +433,8 @@ class GuidedSearch:
                     break  # a process that failed, or whose numerical check is over the limit, takes no more windows
                 if observation.wall_s > self._remaining_s():
                     break  # another window, at what this one took, would overrun budget_s
+                if not self.wants_more(step.arm.id):
+                    break  # the judge asks no more of it: it is out of the running, or confirmed
         return self.result(stop)
 
     def result(self, stop: str) -> SearchResult:

@@ -39,7 +39,6 @@ class SearchSettings:
     min_feasible_probability: float = 0.05
     baseline_batch_size: int | None = None  # default: the first candidate's
     small_grid: int = SMALL_GRID
-    upfront_p: float = 0.5
     min_beat_probability: float = 0.1
 
     def __post_init__(self) -> None:

@@ -284,11 +284,14 @@ def confirmation(runs: Sequence[Marked], min_repeats: int = MIN_REPEATS, *, sepa
 @dataclass(frozen=True)
 class RepeatAdvice:
     """Whether to measure a contender again: `more` is how many runs it still needs at least (0: none),
-    `fresh_process` whether the next one must start a new process, `why` a sentence for the log."""
+    `fresh_process` whether the next one must start a new process, `why` a sentence for the log;
+    `further_window`: whether a further window of the process measuring it now would serve too (False when
+    what it lacks is a run that started its own process)."""
 
     more: int
     fresh_process: bool
     why: str
+    further_window: bool = True
 
 
 def repeat_advice(runs: Sequence[Marked], *, close_call: bool, min_repeats: int = MIN_REPEATS,
@@ -313,7 +316,7 @@ def repeat_advice(runs: Sequence[Marked], *, close_call: bool, min_repeats: int 
         return RepeatAdvice(min(min_repeats - status.runs, room), True,
                             f"contender with {status.runs} of {min_repeats} runs")
     if status.fresh < status.fresh_needed:
-        return RepeatAdvice(1, True, "no repeat in a fresh process yet")
+        return RepeatAdvice(1, True, "no repeat in a fresh process yet", further_window=False)
     if close_call:
         return RepeatAdvice(min(2, room), True, f"close call, {total} of at most {max_repeats} runs")
     return RepeatAdvice(0, False, "enough runs")

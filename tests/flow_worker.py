@@ -206,6 +206,8 @@ def run_bench(job: dict[str, Any], phases: worker.Phases) -> dict[str, Any]:
         peak_window = _peak_memory_bytes()
         further = []
         for index in range(2, worker._windows(job, result["max_rel_error"]) + 1):
+            if not worker.gate_allows(job, index, result, timed, further, batch_size, idle, phases):
+                break
             started_at = time.time()
             more = latencies_and_window(call, sync, meter, device=device, min_seconds=min_seconds,
                                         latency_s=latency_s, phases=phases)

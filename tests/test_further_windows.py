@@ -22,6 +22,7 @@ from joulepilot.store import (
     list_runs,
     open_db,
 )
+from joulepilot.store.decisions import latest_decision
 from joulepilot.store.jsonvalues import json_object
 from test_pending_runs import FILLER_CONFIG, FILLER_WORKLOAD, _make_full
 
@@ -56,6 +57,54 @@ def test_a_worker_whose_numerical_check_is_over_the_limit_takes_no_further_windo
     result = run_worker_job(job, budget=worker_budget(120, 0.6))
     assert result["status"] == "ok", result.get("reason")
     assert result["max_rel_error"] > 1e-6 and not result.get("further_windows")
+
+
+def test_a_gated_worker_asks_its_parent_before_each_further_window_with_the_windows_so_far(flow_worker, own_tmpdir):
+    """The real worker, asked for three windows under a gate that says yes once: before window 2 it gives the first
+    window's figures (a fresh process), before window 3 both windows' (the second a further window); it stops there."""
+    asked: list[list[dict]] = []
+
+    def gate(runs):
+        asked.append([dict(r) for r in runs])
+        return len(asked) == 1
+
+    job = {"kind": "bench", "spec": "mlp", "device": "cpu", "config": CompileConfig(mode="default").to_row(),
+           "min_seconds": 0.2, "idle_power_w": {}, "windows": 3}
+    result = run_worker_job(job, budget=worker_budget(120, 0.6), window_gate=gate)
+    assert result["status"] == "ok", result.get("reason")
+    assert [len(runs) for runs in asked] == [1, 2]
+    first, second = (Run.from_row(r) for r in asked[1])
+    assert first.ok and first.fresh_process and first.compile_s == pytest.approx(result["compile_s"])
+    assert first.energy_j_per_inference == pytest.approx(result["energy_j_per_inference"])
+    assert first.energy_source == "estimate" and first.latency_ms_p95 == pytest.approx(result["latency_ms_p95"])
+    assert second.ok and not second.fresh_process and second.energy_j_per_inference > 0
+    assert [w["extra"]["window_in_process"] for w in result["further_windows"]] == [2]
+
+
+def test_a_gate_that_says_no_or_fails_leaves_the_worker_one_window(flow_worker, own_tmpdir):
+    def refuse(runs):
+        return False
+
+    def broken(runs):
+        raise RuntimeError("the store went away")
+
+    for gate in (refuse, broken):
+        job = {"kind": "bench", "spec": "mlp", "device": "cpu", "config": CompileConfig(mode="default").to_row(),
+               "min_seconds": 0.2, "idle_power_w": {}, "windows": 3}
+        result = run_worker_job(job, budget=worker_budget(120, 0.6), window_gate=gate)
+        assert result["status"] == "ok", result.get("reason")
+        assert not result.get("further_windows")
+
+
+def test_a_worker_whose_parent_does_not_answer_takes_no_further_window(tmp_path):
+    """The worker's side alone: no answer within the wait is a no, so a worker never hangs on a parent that is gone."""
+    from joulepilot.compiler import window_gate
+
+    started = time.monotonic()
+    assert window_gate.ask(tmp_path, 2, [{"status": "ok"}], wait_s=0.3) is False
+    assert 0.3 <= time.monotonic() - started < 5
+    assert window_gate.answer(tmp_path, lambda runs: True, 1) == (2, True)  # answered late, for the record
+    assert window_gate.answer(tmp_path, lambda runs: True, 2) == (2, None)  # a question is answered once
 
 
 def test_the_windows_a_worker_takes_depend_on_its_numerical_check_only_with_a_bound():
@@ -192,3 +241,57 @@ def test_every_run_of_a_two_window_job_carries_its_pending_id(tmp_path):
     assert item.run_id is not None and len(kept) == 2
     assert outcome.pending_path.name.endswith(f"{kept[0]['pending_id'][:8]}.json")
     assert kept[0]["pending_id"] == kept[1]["pending_id"]
+
+
+def test_a_guided_pass_takes_each_further_window_only_while_the_judge_asks_for_it(tmp_path, flow_worker, own_tmpdir,
+                                                                                   restore_logging, monkeypatch):
+    """A guided policy's first measurements ask for three windows each; the daemon gives each worker the gate
+    (`controller.guided.window_gate`, spied on here, not replaced) and every process takes exactly the windows the
+    gate allowed: its first, then one per yes until the first no."""
+    from joulepilot.controller import daemon as daemon_mod
+
+    answers: list[tuple[str, int, bool]] = []  # (config id, windows the gate was shown, its answer), in order
+    real_gate = daemon_mod.window_gate
+
+    def spying_gate(db, policy, device_kind, config_id, **kwargs):
+        gate = real_gate(db, policy, device_kind, config_id, **kwargs)
+
+        def asked(rows):
+            more = gate(rows)
+            answers.append((config_id, len(rows), more))
+            return more
+
+        return asked
+
+    monkeypatch.setattr(daemon_mod, "window_gate", spying_gate)
+    db_path = tmp_path / "j.db"
+    policies = tmp_path / "policies"
+    write_policy(policies, "g", modes=("eager", "default"), precisions=("fp32", "bf16"), strategy="guided")
+    cfg = load_daemon_config(write_daemon_config(tmp_path / "daemon.toml", db=db_path, policies=policies,
+                                                 min_seconds=0.2))
+    result = Daemon(cfg).run(once=True)
+    assert result.exit_code == 0, result.summary
+    runs = sorted(list_runs(open_db(db_path)), key=lambda r: r["id"])
+    processes: dict[int, list[str]] = {}  # a process's first run id -> the configuration of each of its windows
+    for run in runs:
+        extra = json_object(run["extra"])
+        processes.setdefault(extra.get("first_run_id") or run["id"], []).append(run["config_id"])
+    # the processes in order, against the gate's answers in order: each asked before its window 2, 3 ... with the
+    # windows so far, and took one more window per yes, none after a no
+    pending = list(answers)
+    for windows in processes.values():
+        config_id, taken = windows[0], len(windows)
+        asked = []
+        while pending and pending[0][0] == config_id and pending[0][1] == len(asked) + 1:
+            asked.append(pending.pop(0)[2])
+        assert taken == 1 + sum(asked) and all(asked[:-1]), (windows, asked)
+        assert not asked or not asked[-1] or taken == 3  # a yes to the last window asked for leaves none to ask
+    assert not pending, pending
+    assert any(len(w) == 3 for w in processes.values())  # the best so far took the windows a verified decision needs
+    database = open_db(db_path)
+    try:
+        decision = latest_decision(database, "g", "cpu")
+    finally:
+        database.close()
+    best = CompileConfig(mode="default", precision="bf16", batch_size=8).id  # the stand-in's fastest, least busy
+    assert decision.state == "verified" and decision.config_id == best, decision.reason

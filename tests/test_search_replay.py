@@ -191,13 +191,9 @@ def test_h100_16_config_grids_meet_the_regret_target(replays):
     assert max(regrets) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cost_fraction 0.38 at seed 0 (0.40 over seeds 0-11, 0.37-0.44 per seed): each of the four precisions needs a "
-    "compiled measurement of its own, since what a precision saves does not carry over between models (tf32 saves "
-    "8% on mobilenet_v3_large and 3.4x on DistilBERT; bf16 saves 8% in eager and 39% compiled on "
-    "mobilenet_v3_large), and within a precision the mode's effect is not known before two or three modes are "
-    "measured (reduce-overhead saves 22% over default in bf16 and nothing in tf32 on mobilenet_v3_large)"))
 def test_h100_16_config_grids_meet_the_cost_target(replays):
+    """Seed 0, the replay's default: at most 0.35 of the exhaustive seconds (0.34 here; over seeds 0-11 it is about
+    0.36, so another seed may miss by a little: the README gives the spread)."""
     scenarios = replays[H100]["scenarios"]
     fraction = sum(s["cost_s"] for s in scenarios) / sum(s["exhaustive_cost_s"] for s in scenarios)
     assert fraction <= replay_cli.TARGET_COST_FRACTION
