@@ -1223,6 +1223,7 @@ class Daemon:
                 self._start_zygote_early(following, _first_config(following), probe.device, None)
             # A contender or a guided search's pick whose job failed as often as it may is not measured again.
             failed_out = repeat_blocked(self.db, policy, probe.provenance_key, self.cfg.bench.max_attempts)
+            guided = policy.search.strategy == "guided"
             try:
                 # Checked and decided in one write: a fleet's hosts decide a policy once between them.
                 with transaction(self.db):
@@ -1231,7 +1232,11 @@ class Daemon:
                         stale_done.append(name)
                         mark_requests_handled(self.db, requested.get(name, []))
                         continue
-                    decided, _plan = decide_now(self.db, policy, probe.device_kind, model, decided_by="daemon",
+                    # A guided policy is decided with the model its search planned with this pass: one refitted on
+                    # the runs the search just made can see another candidate worth measuring, and the search that
+                    # stopped would then be left undecided.
+                    planned_with = self._pass_model if guided and self._pass_model_fitted else model
+                    decided, _plan = decide_now(self.db, policy, probe.device_kind, planned_with, decided_by="daemon",
                                                 reason=stale[name], provenance_key=probe.provenance_key,
                                                 max_age_s=self.cfg.max_decision_age_s, lock_dir=self.cfg.lock_dir,
                                                 failed_out=failed_out, until_done=True)
