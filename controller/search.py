@@ -35,13 +35,17 @@ How it searches (`strategy = "guided"`):
    meeting the limits, is under `min_expected_gain` of the best), when it is predicted to break a limit
    (probability below `min_feasible_probability`), or, for the energy objective, when its expected
    saving over `expected_inferences` is less than the energy measuring it costs.
-6. Then what the judge asks to measure again (`policies.judge.repeats`): the chosen configuration until it
+6. A first measurement asks for the windows a verified decision needs (`min_repeats`) in its one worker
+   process, and takes each further window only while the judge, given the windows so far, still asks to
+   measure the configuration again (`wants_more`; the daemon's worker asks its parent before each window,
+   `compiler.window_gate`).
+7. Then what the judge asks to measure again (`policies.judge.repeats`): the chosen configuration until it
    is verified, and both sides of a close call (two configurations that could still differ by more than
    the tolerance), each time one new worker process taking the windows still needed (`Step.windows`:
    each window is stored as a run of its own, the later ones marked as windows of the same process).
    A process whose numerical check is over `max_rel_error` takes no further window: the check is one per
    process, so they could only repeat a configuration the policy cannot apply.
-7. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
+8. It stops when nothing is left to measure or repeat, when `budget_s` seconds of measuring are spent,
    after `max_measurements` measurements (each window counts as one), or when a configuration's job failed as often as it may without
    storing a run (`blocked`); a measurement predicted to overrun the budget is not started.
 
@@ -283,8 +287,8 @@ class GuidedSearch:
     def wants_more(self, config_id: str, runs: Sequence[Run] = ()) -> bool:
         """Whether the judge, given `runs` of `config_id` on top of those the search holds, asks to measure it
         again (`policies.judge.repeats`): what a worker asks before each further window of a process. The
-        daemon asks it from the worker's parent with the windows measured so far; `run` with the windows it
-        just added."""
+        daemon asks it from the worker's parent with the windows measured so far, `run` after each window it
+        adds."""
         arm = self.arms.get(config_id)
         if arm is None or not self._measurable(arm):
             return False

@@ -218,7 +218,7 @@ def test_the_daemon_queues_and_measures_a_configuration_at_its_own_batch_size(tm
             self.started.append((device, running, measure))
 
     scheduler = Scheduler()
-    daemon._start_job(scheduler, job, policy, "cpu", {})
+    daemon._start_job(scheduler, job, policy, "cpu", {}, probe)
     (device, running, measure), = scheduler.started
     assert running.label == step.config.label
     measure(lambda: None, lambda pid: None)
