@@ -36,6 +36,7 @@ from typing import Any
 
 from . import window_gate
 from .budget import windows_taken
+from .cache_bypass import recording_cache_bypasses
 from .graph_breaks import recording_graph_breaks
 
 OOM_REASON = "out of memory"
@@ -116,11 +117,13 @@ def _dynamo_counts() -> tuple[int, int]:
 
 
 def _cache_counters() -> dict[str, int]:
-    """Inductor FX-graph and AOTAutograd cache hits/misses so far (shows whether a warm start hit)."""
+    """Inductor FX-graph and AOTAutograd cache hits, misses and bypasses so far (shows whether a warm start
+    hit)."""
     counters = _dynamo_counters()
     if counters is None:
         return {}
-    wanted = ("fxgraph_cache_hit", "fxgraph_cache_miss", "autograd_cache_hit", "autograd_cache_miss")
+    wanted = ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass", "autograd_cache_hit",
+              "autograd_cache_miss", "autograd_cache_bypass")
     found = {**counters["inductor"], **counters["aot_autograd"]}
     return {k: int(found[k]) for k in wanted if found.get(k)}
 
@@ -347,8 +350,11 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         call = untraced(lambda: run(*inputs))
 
         phases.enter("compile")
-        with CompileWindow(meter) as compile_metered, recording_graph_breaks() as breaks:
+        with CompileWindow(meter) as compile_metered, recording_graph_breaks() as breaks, \
+                recording_cache_bypasses() as bypasses:
             output, compile_s = timed_call(call, sync)
+        if bypasses:
+            extra["compile_cache_bypasses"] = bypasses
         phases.enter("compiled")
         result["compile_s"] = compile_s
         compile_window = compile_metered.record
