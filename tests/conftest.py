@@ -55,8 +55,9 @@ def _has_gpu() -> bool:
 
 def _whole_suite(config) -> bool:
     """Whether pytest runs the suite from testpaths (`python3 -m pytest -q`) rather than tests named on its
-    command line."""
-    return config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    command line or chosen by `-m`/`-k` (`python3 -m pytest -m gpu` runs ten tests on a GPU host)."""
+    chosen = getattr(config.option, "markexpr", "") or getattr(config.option, "keyword", "")
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS and not chosen
 
 
 def pytest_xdist_auto_num_workers(config):
