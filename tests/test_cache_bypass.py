@@ -45,3 +45,18 @@ def test_a_logger_someone_listens_to_still_reaches_them():
         logger.setLevel(level)
     assert len(found[0]) < 350 and found[0].startswith("aot_autograd: Bypassing autograd cache due to: xxx")
     assert [line[:34] for line in seen] == ["Bypassing autograd cache due to: x"]
+
+
+def test_a_real_compile_that_bypasses_aotautograds_cache_is_recorded_with_torchs_reason():
+    """Inductor's freezing is one thing AOTAutograd's cache will not cache: a real CPU compile with it on."""
+    import torch
+
+    def double_plus_one(x):
+        return x * 2 + 1
+
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True), recording_cache_bypasses() as found:
+        out = torch.compile(double_plus_one)(torch.ones(4))
+    torch._dynamo.reset()
+    assert out.tolist() == [3.0] * 4
+    assert "aot_autograd: Bypassing autograd cache due to: Cannot cache a graph with freezing enabled" in found, found

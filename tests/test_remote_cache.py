@@ -119,8 +119,13 @@ def test_a_second_host_compiles_from_what_the_first_one_compiled(redis_server, t
     first, second = (r["extra"] if isinstance(r["extra"], dict) else json.loads(r["extra"]) for r in runs)
     said = [(extra["compile_caches"], extra.get("compile_cache_bypasses")) for extra in (first, second)]
     assert first["compile_caches"].get("fxgraph_cache_miss") == 1 and "fxgraph_cache_hit" not in first["compile_caches"]
-    assert first["compile_caches"].get("autograd_cache_miss") == 1, said
-    assert second["compile_caches"].get("fxgraph_cache_hit") == 1 and second["compile_caches"].get("autograd_cache_hit"), said
+    assert second["compile_caches"].get("fxgraph_cache_hit") == 1, said
+    # AOTAutograd's cache hits too, unless torch bypassed it on that host (once in a CI run, reason then unknown):
+    # the run must then say so and why. A plain miss is a remote cache that did not serve the second host.
+    for extra, wanted in ((first, "autograd_cache_miss"), (second, "autograd_cache_hit")):
+        caches = extra["compile_caches"]
+        assert caches.get(wanted) == 1 or (caches.get("autograd_cache_bypass") and any(
+            line.startswith("aot_autograd: ") for line in extra.get("compile_cache_bypasses", []))), said
     for extra in (first, second):
         assert extra["worker_env"][remote_cache.TORCH_URL] == redis_server.url.replace(redis_server.password, "***")
     assert redis_server.password not in json.dumps(runs, default=str)
