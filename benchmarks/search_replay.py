@@ -1,6 +1,6 @@
 """Replay recorded sweeps through the guided search and score its choices against an oracle.
 
-    python benchmarks/search_replay.py EXPORT.json [EXPORT.json ...] [--json] [--seed N]
+    python benchmarks/search_replay.py EXPORT.json [EXPORT.json ...] [--json] [--seed N] [--windows process]
 
 EXPORT files are in the `store.exchange` format (`joulepilot runs export`). A workload is one workload
 (spec, batch, shape) measured on one host (device kind and torch version); its grid is the set of
@@ -14,7 +14,9 @@ configurations recorded for it. For every workload and each scenario:
   failed returns one of its failed runs); its wall seconds (finished_at - started_at) are the cost;
   every draw costs its whole wall time, except the further windows a repeat asks for in the same
   process (`controller.search.Step.windows`), which the daemon takes in one worker: those cost the drawn
-  run's warm-up, latency pass and window (`WINDOW_COST`);
+  run's warm-up, latency pass and window (`WINDOW_COST`); a further window's figures are another draw
+  (`--windows independent`, the default) or its process's draw moved by the spread windows of one worker show
+  (`--windows process`, `WINDOW_MODELS`);
 * the trade-off model (`controller.tradeoff`) is fitted on the runs of the *other* workload specs only:
   those of the exports and of the repository's committed data (`tests/data/*.json`), never any run of
   the replayed spec (at any batch size or on any device);
@@ -63,6 +65,7 @@ from joulepilot.policies.judge import Rules, Run, run_objective
 from joulepilot.policies.resolve import torch_minor
 from joulepilot.policies.schema import Limits
 from joulepilot.store import ExportFormatError, StoreError, import_runs, open_db, read_export
+from joulepilot.store.jsonvalues import json_column
 from joulepilot.store.replay import runs_with_rows
 
 COMMITTED_DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
@@ -79,6 +82,18 @@ LARGE_GRID = 16
 # (`compiler.bench.further_window_rows`), so a draw for a further window costs what such a run records.
 # The recorded runs are whole processes; their warm-up is counted too, which a further window does not do.
 WINDOW_COST = True
+# What a further window measures (`--windows`). `independent`: another recorded run, drawn like a fresh
+# process's (the recorded runs are whole processes, so this treats a window as independent evidence).
+# `process`: the figures of the run its process drew, each energy figure times 1 + e: windows of one worker
+# agree far more closely than processes do, but not always. On the H200 guided passes of 2026-12-02/03 the three
+# windows of a process had a relative spread (std / mean) of 0.03-0.5% in six processes of eight and 1.7% and
+# 4.5% in the other two, while a grid's two processes of one configuration differ by up to 14%: so e ~ Normal(0,
+# 0.3%), or Normal(0, 3%) in a quarter of the windows.
+WINDOW_MODELS = ("independent", "process")
+WITHIN_PROCESS_REL = 0.003
+WITHIN_PROCESS_WIDE_REL = 0.03
+WITHIN_PROCESS_WIDE_P = 0.25
+_ENERGY_FIELDS = ("energy_j_per_inference", "energy_above_idle_j_per_inference", "energy_j_per_token")
 
 
 @dataclass
@@ -229,18 +244,36 @@ class ModelCache:
         return self.models[spec]
 
 
+def _same_process_window(run: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    """A further window of the process that measured `run` (`--windows process`). Bench checks each window's pace
+    on its own, so the window warning of the process's first window is not carried over."""
+    wide = rng.random() < WITHIN_PROCESS_WIDE_P
+    factor = 1.0 + rng.gauss(0.0, WITHIN_PROCESS_WIDE_REL if wide else WITHIN_PROCESS_REL)
+    window = {**run, **{k: run[k] * factor for k in _ENERGY_FIELDS if isinstance(run.get(k), int | float)}}
+    extra = json_column(run.get("extra"))
+    if extra.get("window_warning"):
+        window["extra"] = {k: v for k, v in extra.items() if k != "window_warning"}
+    return window
+
+
 def replay_scenario(workload: ReplayWorkload, scenario: str, model: Any, seed: int,
-                    medians: Mapping[str, Mapping[str, float | None]], predictions: Mapping[str, Any]
-                    ) -> dict[str, Any]:
+                    medians: Mapping[str, Mapping[str, float | None]], predictions: Mapping[str, Any],
+                    windows: str = "independent") -> dict[str, Any]:
     percentile = SCENARIOS[scenario]
     powers = [f["power"] for f in medians.values() if f["power"] is not None]
     power_limit = float(np.percentile(powers, percentile)) if percentile is not None else None
     rng = random.Random(f"{seed}/{'/'.join(workload.key)}/{scenario}")
     cost = [0.0]
 
+    process_run: dict[str, Mapping[str, Any]] = {}  # config id -> the run its latest process drew
+
     def measure(config: Mapping[str, Any], fresh_process: bool) -> Run:
         pool = workload.ok_runs(config["id"]) or workload.runs[config["id"]]
-        run = rng.choice(pool)
+        if windows == "process" and not fresh_process and config["id"] in process_run:
+            run = _same_process_window(process_run[config["id"]], rng)
+        else:
+            run = rng.choice(pool)
+            process_run[config["id"]] = run
         observation = Run.from_row(run, fresh_process=fresh_process)
         if not fresh_process and WINDOW_COST:  # a further window of the process that just measured it
             observation = dataclasses.replace(observation, wall_s=window_cost_s(run))
@@ -279,7 +312,8 @@ def percentile_with_inf(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None) -> dict[str, Any]:
+def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None, windows: str = "independent"
+           ) -> dict[str, Any]:
     """Every scenario of every workload in the exports; see the module docstring."""
     with tempfile.TemporaryDirectory(prefix="joulepilot-replay-") as tmp:
         db = open_db(Path(tmp) / "replay.db")
@@ -307,7 +341,7 @@ def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None) -> dict[s
             progress(f"{workload.label} on {workload.device}: {len(workload.configs)} configurations")
         for scenario in SCENARIOS:
             started = time.perf_counter()
-            scenarios.append(replay_scenario(workload, scenario, model, seed, medians, predictions))
+            scenarios.append(replay_scenario(workload, scenario, model, seed, medians, predictions, windows))
             search_s += time.perf_counter() - started
     measurements = sum(s["_result"].measurements for s in scenarios)
     if progress and measurements:
@@ -386,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("exports", nargs="+", type=Path, help="runs export files (store.exchange format)")
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws of recorded runs (default 0)")
+    parser.add_argument("--windows", choices=WINDOW_MODELS, default="independent",
+                        help="what a further window of a process measures (default independent; see WINDOW_MODELS)")
     args = parser.parse_args(argv)
     for path in args.exports:
         if not path.is_file():
@@ -397,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     try:
-        result = replay(args.exports, args.seed, progress)
+        result = replay(args.exports, args.seed, progress, args.windows)
     except (ExportFormatError, StoreError) as exc:
         print(f"search_replay: {exc}", file=sys.stderr)
         return 2
