@@ -250,8 +250,8 @@ def _same_process_window(run: Mapping[str, Any], rng: random.Random) -> dict[str
     wide = rng.random() < WITHIN_PROCESS_WIDE_P
     factor = 1.0 + rng.gauss(0.0, WITHIN_PROCESS_WIDE_REL if wide else WITHIN_PROCESS_REL)
     window = {**run, **{k: run[k] * factor for k in _ENERGY_FIELDS if isinstance(run.get(k), int | float)}}
-    extra = json_column(run.get("extra"))
-    if extra.get("window_warning"):
+    extra = json_column(run.get("extra"), {})
+    if isinstance(extra, dict) and extra.get("window_warning"):
         window["extra"] = {k: v for k, v in extra.items() if k != "window_warning"}
     return window
 

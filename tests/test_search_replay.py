@@ -255,6 +255,9 @@ def test_a_same_process_window_keeps_its_processs_figures_within_the_recorded_sp
     assert all(w["energy_j_per_token"] is None for w in windows)
     wide = sum(1 for r in rel if abs(r) > 0.015) / len(rel)  # 5 sd of the narrow part: a wide draw gets there 62% of the time
     assert 0.12 < wide < 0.19 and statistics.median(abs(r) for r in rel) < 0.005
+    flagged = {**run, "extra": json.dumps({"window_warning": "calls took 1.46x the p50", "idle_s": 2.0})}
+    window = replay_cli._same_process_window(flagged, rng)  # each window's pace is checked on its own
+    assert window["extra"] == {"idle_s": 2.0} and json.loads(flagged["extra"])["window_warning"]
 
 
 def test_the_process_window_model_keeps_the_interface(capsys):
