@@ -13,6 +13,8 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from .log_listen import listening
+
 # The loggers torch names its bypass lines from, and the cache each one speaks for.
 LOGGERS = {"torch._inductor.codecache": "fxgraph", "torch._functorch._aot_autograd.autograd_cache": "aot_autograd"}
 MARKERS = ("Bypassing FX Graph Cache", "Bypassing autograd cache")
@@ -41,19 +43,6 @@ def recording_cache_bypasses() -> Iterator[list[str]]:
     """The bypass lines the two caches log inside the block, as 'CACHE: torch's line', each once. Where nobody
     asked for those loggers' INFO lines, they are taken here and kept out of the process's other handlers."""
     found: list[str] = []
-    saved = []
-    for name, cache in LOGGERS.items():
-        logger = logging.getLogger(name)
-        handler = _Collector(cache, found)
-        saved.append((logger, handler, logger.level, logger.propagate))
-        if logger.getEffectiveLevel() > logging.INFO:
-            logger.setLevel(logging.INFO)
-            logger.propagate = False  # INFO lines the user did not ask for stay out of the job's stderr
-        logger.addHandler(handler)
-    try:
+    with listening([(logging.getLogger(name), _Collector(cache, found)) for name, cache in LOGGERS.items()],
+                   logging.INFO):
         yield found
-    finally:
-        for logger, handler, level, propagate in saved:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-            logger.propagate = propagate

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .log_listen import listening
+
 GRAPH_BREAK_LOGGER_SUFFIX = ".__graph_breaks"
 SUMMARY_LIMIT = 3  # places named in a one-line summary; the rest are counted
 
@@ -295,21 +297,8 @@ def recording_graph_breaks() -> Iterator[GraphBreakRecorder]:
     `torch.compile` before the block (it loads Dynamo, whose loggers this listens to); without Dynamo
     loaded nothing is recorded."""
     recorder = GraphBreakRecorder()
-    saved = []
-    for logger in _graph_break_loggers():
-        enabled = logger.isEnabledFor(logging.DEBUG)
-        saved.append((logger, logger.level, logger.propagate))
-        logger.addHandler(recorder)
-        if not enabled:
-            logger.setLevel(logging.DEBUG)
-            logger.propagate = False
-    try:
+    with listening([(logger, recorder) for logger in _graph_break_loggers()], logging.DEBUG):
         yield recorder
-    finally:
-        for logger, level, propagate in saved:
-            logger.removeHandler(recorder)
-            logger.setLevel(level)
-            logger.propagate = propagate
 
 
 # -- summaries ------------------------------------------------------------------------------------------
