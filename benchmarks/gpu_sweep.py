@@ -44,6 +44,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "mobilenet": {"spec": "torchvision:mobilenet_v3_large", "batch_size": 64},
     "distilbert": {"spec": "transformers:DistilBertConfig", "batch_size": 16, "seq_len": 128},
     "convnext": {"spec": "torchvision:convnext_tiny", "batch_size": 32},
+    "efficientnet": {"spec": "torchvision:efficientnet_b0", "batch_size": 64},
 }
 DEFAULT_MODELS = "resnet50,bert,gpt2,vit"
 EXPORT_FIELDS = ("run_id", "workload", "batch_size", "config_label", "mode", "fusion", "precision", "status",

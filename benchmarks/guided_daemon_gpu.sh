@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The daemon's guided search on a GPU, from a store that holds no run of the model (only the other models'
-# committed sweeps, for the trade-off model to learn from): one `daemon --once` pass over a policy whose grid is
+# committed sweeps, held-out grids included, for the trade-off model to learn from): one `daemon --once` pass over a policy whose grid is
 # the configurations GRID recorded for SPEC; then what it chose, its regret against GRID's oracle and the fraction
 # of GRID's seconds it spent (benchmarks/guided_vs_grid.py). The runs, the decision and the pass summary stay in
 # OUT/NAME.
@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,power.limit,temperature.gpu --format=
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$dir/device.txt"
 # The other models' runs to learn from, and the policy's search space: the modes, precisions and fusion
 # presets of the configurations GRID holds for SPEC.
-python3 - "$spec" "$dir/others.json" "$grid" "$dir/search.toml" tests/data/*.json <<'PY'
+python3 - "$spec" "$dir/others.json" "$grid" "$dir/search.toml" tests/data/*.json tests/data/heldout/*.json <<'PY'
 import json, sys
 spec, out, grid, search, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 records = [r for p in paths for r in json.load(open(p)) if r["workload"]["spec"] != spec]
@@ -62,7 +62,7 @@ $(cat "$dir/search.toml")
 TOML
 jp_daemon_toml "$dir" "$dir/guided.db" 3.0 45.0
 start=$(date +%s)
-timeout 540 joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
+timeout "${PASS_TIMEOUT_S:-540}" joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
 echo "daemon rc $? in $(( $(date +%s) - start )) s" | tee -a "$dir/device.txt"
 joulepilot runs --db "$dir/guided.db" --workload "$spec" --limit 0 --json > "$dir/runs.json"
 joulepilot policy explain "$dir/policies/$name.toml" --db "$dir/guided.db" --json > "$dir/explain.json" 2>>"$dir/daemon.log"
