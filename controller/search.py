@@ -66,6 +66,7 @@ from joulepilot.policies.judge import (
     Rules,
     Run,
     Verdict,
+    deferred,
     fmt,
     judge,
     repeats,
@@ -94,9 +95,6 @@ __all__ = ["STRATEGIES", "GuidedSearch", "SearchResult", "SearchSettings", "Sear
 # at one spread (log sd) above its prediction: measuring another is worth only what it may improve on that.
 REACHABLE_MIN_P = 0.5
 REACHABLE_SD = 1.0
-# A precision whose measured relative error is this many times the limit or more is tried in another
-# configuration only after the rest (one near the limit may yet meet it in another mode).
-FAR_OVER = 2.0
 
 
 def _is_baseline(config: Mapping[str, Any], batch_size: int) -> bool:
@@ -200,33 +198,17 @@ class GuidedSearch:
     def _unmeasured(self) -> list[Arm]:
         return [a for a in self.arms.values() if not a.runs and self._measurable(a)]
 
-    def _deferred(self, arm: Arm, out: Judgement) -> str:
-        """Why `arm` waits until every other candidate was considered ('' when it does not): what this
-        workload's runs showed of its precision or its mode."""
-        precision, mode = arm.config.get("precision"), arm.config.get("mode")
-        limit = self.rules.limits.max_rel_error
-        for verdict in out.measured():
-            error = verdict.max_rel_error
-            if (verdict.config.get("precision") == precision and limit is not None and error is not None
-                    and error > FAR_OVER * limit):
-                return (f"{precision} failed the numerical check in {verdict.label} (relative error {fmt(error)}, "
-                        f"over {FAR_OVER:g}x the limit)")
-        for other in self.arms.values():
-            if other.config.get("mode") == mode and any(r.compile_overran for r in other.runs):
-                return f"{mode}'s compile overran the budget in {other.label}"
-        return ""
-
     def _explore(self, out: Judgement) -> tuple[Arm, str, int] | None:
         """The unmeasured arm with the highest acquisition value, recording why the others are skipped."""
         candidates = self._unmeasured()
         if not candidates:
             return None
-        deferred = {a.id: self._deferred(a, out) for a in candidates}
+        waits = {a.id: deferred(a.config, out) for a in candidates}
         if self.settings.strategy == "exhaustive" or len(self.arms) <= self.settings.small_grid:
-            arm = min(candidates, key=lambda a: (bool(deferred[a.id]), _cost_rank(a.config)))
+            arm = min(candidates, key=lambda a: (bool(waits[a.id]), _cost_rank(a.config)))
             why = ("exhaustive: every configuration once" if self.settings.strategy == "exhaustive" else
                    f"a grid of {len(self.arms)} configurations is measured whole, each once")
-            return arm, why + (f" ({deferred[arm.id]}, so it comes last)" if deferred[arm.id] else ""), \
+            return arm, why + (f" ({waits[arm.id]}, so it comes last)" if waits[arm.id] else ""), \
                 self._first_windows(fc_cost_s=None)
         self._refresh_raw()
         best = out.best
@@ -248,7 +230,7 @@ class GuidedSearch:
                              f"policy infeasible: {arm.label} is the likeliest to fit (predicted P(within limits) "
                              f"{fc.p_feasible:.0%}), about {fc.cost_s:.0f} s to measure"), 1
         scored = [(self._acquisition(fc, self._reachable(arm, kept, best)), arm, fc) for arm, fc in kept]
-        scored.sort(key=lambda t: (bool(deferred[t[1].id]), -t[0], _cost_rank(t[1].config)))
+        scored.sort(key=lambda t: (bool(waits[t[1].id]), -t[0], _cost_rank(t[1].config)))
         for value, arm, fc in scored:
             if fc.cost_s > self._remaining_s():
                 self._budget_blocked = True
@@ -257,8 +239,8 @@ class GuidedSearch:
                 continue
             why = (f"acquisition {value:.3g}/s: predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, "
                    f"P(within limits) {fc.p_feasible:.0%}, about {fc.cost_s:.0f} s to measure")
-            if deferred[arm.id]:
-                why += f" (after the others: {deferred[arm.id]})"
+            if waits[arm.id]:
+                why += f" (after the others: {waits[arm.id]})"
             return arm, why, self._first_windows(fc.cost_s)
         return None
 
@@ -269,7 +251,7 @@ class GuidedSearch:
         in every precision allowed. None when every precision has one, or nothing is left to try."""
         seen = {a.config.get("precision") for a in self.arms.values() if a.runs}
         pool = [(a, self.skip_reasons[a.id][1]) for a in candidates
-                if a.id in self.skip_reasons and a.config.get("precision") not in seen and not self._deferred(a, out)]
+                if a.id in self.skip_reasons and a.config.get("precision") not in seen and not deferred(a.config, out)]
         pool = [(a, fc) for a, fc in pool if fc is not None and fc.known]
         return max(pool, key=lambda t: (t[1].p_feasible, -t[1].mean)) if pool else None
 

@@ -831,6 +831,31 @@ def _may_yet_fit(verdict: Verdict) -> bool:
                     for v in verdict.violations))
 
 
+# A precision whose measured relative error is this many times the limit or more is tried in another
+# configuration only after the rest (one near the limit may yet meet it in another mode).
+FAR_OVER = 2.0
+
+
+def deferred(config: Mapping[str, Any], out: Judgement) -> str:
+    """Why an unmeasured `config` waits until every other candidate was considered ('' when it does not):
+    what this workload's runs showed of its precision (a run of it failed the numerical check by more than
+    FAR_OVER times `max_rel_error`) or of its mode (a compile of it overran the worker's budget). The guided
+    search measures it last, and the resolver does not propose it for measuring."""
+    precision, mode = config.get("precision"), config.get("mode")
+    limit = out.rules.limits.max_rel_error
+    verdicts = list(out.verdicts.values())
+    for verdict in verdicts:
+        error = verdict.max_rel_error
+        if (verdict.measured and verdict.config.get("precision") == precision and limit is not None
+                and error is not None and error > FAR_OVER * limit):
+            return (f"{precision} failed the numerical check in {verdict.label} (relative error {fmt(error)}, "
+                    f"over {FAR_OVER:g}x the limit)")
+    for verdict in verdicts:
+        if verdict.config.get("mode") == mode and any(r.compile_overran for r in verdict.runs):
+            return f"{mode}'s compile overran the budget in {verdict.label}"
+    return ""
+
+
 
 @dataclass(frozen=True)
 class Wanted:

@@ -1,0 +1,97 @@
+"""What a workload's runs showed of a precision or a mode (`policies.judge.deferred`), read once by the guided
+search (what it measures last) and by the resolver (what it proposes for measuring).
+
+The recorded case: torchvision's EfficientNet-B0 at batch 64 on an H200 (tests/data/heldout/), where fp16 failed
+the numerical check in every mode (relative error 1.0) and the daemon's pass of session 21 still said another fp16
+configuration "is predicted better and should be measured"."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from joulepilot.compiler.budget import COMPILE_OVERRUN
+from joulepilot.controller import fit
+from joulepilot.controller.search import run_search
+from joulepilot.policies import resolve, validate
+from joulepilot.policies.judge import Rules, Run, deferred, judge
+from joulepilot.policies.schema import Limits
+from joulepilot.store import import_runs, read_export
+from test_search_engine import BASELINE_PREDICTIONS, BASELINE_RUNS, EAGER, GUIDED, STOCK, Bench, figures, \
+    prediction, predictor, row
+
+DATA = Path(__file__).parent / "data"
+EFFNET = DATA / "heldout" / "gpu_sweep_h200_efficientnet_b0.json"
+LIMITS = Limits(max_rel_error=2e-2)
+
+
+def _judged(runs_by_label: dict[str, list[Run]], configs: list[dict]):
+    by_label = {c["label"]: c for c in configs}
+    return judge(configs, {by_label[label]["id"]: runs for label, runs in runs_by_label.items()},
+                 Rules(limits=LIMITS))
+
+
+def test_a_precision_far_over_the_error_limit_waits_and_one_near_it_does_not():
+    fp16, other_fp16, bf16 = row("reduce-overhead", "fp16"), row("default", "fp16"), row("default", "bf16")
+    configs = [fp16, other_fp16, bf16]
+    far = _judged({fp16["label"]: [Run(ok=True, energy_j_per_inference=1.0, avg_power_w=400, max_rel_error=1.0)]},
+                  configs)
+    assert deferred(other_fp16, far) == ("fp16 failed the numerical check in reduce-overhead/fp16/b8 (relative "
+                                         "error 1, over 2x the limit)")
+    assert deferred(bf16, far) == ""
+    near = _judged({fp16["label"]: [Run(ok=True, energy_j_per_inference=1.0, avg_power_w=400,
+                                        max_rel_error=0.03)]}, configs)
+    assert deferred(other_fp16, near) == ""  # over the limit, but another mode may yet meet it
+
+
+def test_a_mode_whose_compile_overran_waits_in_every_precision():
+    slow_bf16, slow_fp16 = row("max-autotune", "bf16"), row("max-autotune", "fp16")
+    out = _judged({slow_bf16["label"]: [Run(ok=False, reason=f"{COMPILE_OVERRUN}: 240 s")]},
+                  [slow_bf16, slow_fp16, row("default", "bf16")])
+    assert slow_bf16["label"] in deferred(slow_fp16, out) and "compile overran the budget" in deferred(slow_fp16, out)
+    assert deferred(row("default", "bf16"), out) == ""
+
+
+def test_the_search_measures_another_precision_before_the_one_that_failed():
+    """The forecast ranks the two fp16 configurations first; the first of them fails the check, so bf16 is
+    measured before the second fp16 one, whose step says why it came later."""
+    ro16, d16, ro_bf16 = row("reduce-overhead", "fp16"), row("default", "fp16"), row("reduce-overhead", "bf16")
+    table = {**BASELINE_RUNS, ro16["label"]: [figures(0.40, 380, err=1.0)],
+             d16["label"]: [figures(0.42, 360, err=1.0)], ro_bf16["label"]: [figures(0.60, 400, err=1e-2)]}
+    predictions = {**BASELINE_PREDICTIONS, ro16["label"]: prediction(0.30, 380, sd_rel=0.3),
+                   d16["label"]: prediction(0.32, 360, sd_rel=0.3), ro_bf16["label"]: prediction(0.5, 400, sd_rel=0.3)}
+    bench = Bench(table)
+    run_search([EAGER, STOCK, ro16, d16, ro_bf16], bench, predictor(predictions), rules=Rules(limits=LIMITS),
+               settings=GUIDED)
+    fresh = [label for label, is_fresh in bench.calls if is_fresh]
+    assert fresh.index(ro16["label"]) < fresh.index(ro_bf16["label"])
+    assert d16["label"] not in fresh[:fresh.index(ro_bf16["label"])]
+
+
+def test_the_resolver_does_not_propose_a_precision_that_failed_on_this_workload(db, tmp_path):
+    records = read_export(EFFNET)
+    for path in sorted(DATA.glob("*.json")):  # the other workloads, for the trade-off model
+        import_runs(db, read_export(path))
+    model = fit(db)
+    kept = {"eager/fp32/b64", "reduce-overhead/fp16/b64", "reduce-overhead/bf16/b64"}
+    import_runs(db, [r for r in records if r["config"]["label"] in kept])
+    policy = validate({"name": "effnet", "workload": "torchvision:efficientnet_b0", "batch_size": 64,
+                       "objective": {"minimize": "energy", "expected_inferences": 10_000_000},
+                       "limits": {"max_rel_error": 2e-2},
+                       "search": {"modes": ["eager", "default", "reduce-overhead"], "precisions": ["fp16", "bf16"],
+                                  "fusion": ["default", "no-epilogue-fusion"], "min_repeats": 1}})
+    decision = resolve(policy, db, "NVIDIA H200", model, torch_version="2.11")
+    assert decision.config["label"] == "reduce-overhead/bf16/b64"
+    fp16_unmeasured = [c for c in decision.candidates if c.config["precision"] == "fp16" and c.source == "predicted"]
+    assert fp16_unmeasured
+    for cand in fp16_unmeasured:
+        assert cand.status != "proposed"
+        assert any(r.startswith("not proposed for measuring: fp16 failed the numerical check in "
+                                "reduce-overhead/fp16/b64") for r in cand.reasons), cand.reasons
+    assert "fp16" not in (decision.proposed or {}).get("precision", "")
+    assert "fp16" not in decision.reason.split("within every limit", 1)[1]
+    # The same store without the failed run: an fp16 configuration is what the model proposes.
+    db.execute("DELETE FROM runs WHERE config_id IN (SELECT id FROM configs WHERE label = ?)",
+               ["reduce-overhead/fp16/b64"])
+    again = resolve(dataclasses.replace(policy), db, "NVIDIA H200", model, torch_version="2.11")
+    assert again.proposed is not None and again.proposed["precision"] == "fp16"
