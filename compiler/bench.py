@@ -377,6 +377,8 @@ def warm_start_fields(warm: dict[str, Any]) -> tuple[float | None, dict[str, Any
     if warm.get("status") == "ok":
         return warm["warm_start_s"], {"artifacts_load_s": warm.get("artifacts_load_s"),
                                       "warm_start_caches": warm.get("caches"),
+                                      **({"warm_start_cache_bypasses": warm["cache_bypasses"]}
+                                         if warm.get("cache_bypasses") else {}),
                                       "warm_start": {k: warm.get(k) for k in WARM_START_DETAILS if k in warm}}
     return None, {"warm_start_error": warm.get("reason")}
 

@@ -502,13 +502,14 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     started = time.perf_counter()
     # A warm start measured again without precompile (its first try failed with it) leaves the frames unused.
     use_precompile = loaded.precompile and job.get("precompile", True) is not False
-    run = apply_config(config, workload.model, device, precompile=use_precompile)
-    apply_s = time.perf_counter() - started
-    output, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), sync)
+    with recording_cache_bypasses() as bypasses:
+        run = apply_config(config, workload.model, device, precompile=use_precompile)
+        apply_s = time.perf_counter() - started
+        output, first_call_s = timed_call(untraced(lambda: run(*workload.example_inputs)), sync)
     phases.enter("compiled")
     _, frames = _dynamo_counts()
     return {"status": "ok", "warm_start_s": load_s + apply_s + first_call_s, "artifacts_load_s": load_s,
-            "caches": _cache_counters(), "apply_s": apply_s, "first_call_s": first_call_s,
+            "caches": _cache_counters(), "cache_bypasses": bypasses, "apply_s": apply_s, "first_call_s": first_call_s,
             "dynamo_frames": frames, "artifacts": loaded.to_dict(), "compile_timers_s": compile_timers(),
             # What is in the job's cache folders beyond what was there after loading was built now.
             "kernels_built": count_kernels() - present,

@@ -17,8 +17,18 @@ from joulepilot.policies import resolve, validate
 from joulepilot.policies.judge import Rules, Run, deferred, judge
 from joulepilot.policies.schema import Limits
 from joulepilot.store import import_runs, read_export
-from test_search_engine import BASELINE_PREDICTIONS, BASELINE_RUNS, EAGER, GUIDED, STOCK, Bench, figures, \
-    prediction, predictor, row
+from test_search_engine import (
+    BASELINE_PREDICTIONS,
+    BASELINE_RUNS,
+    EAGER,
+    GUIDED,
+    STOCK,
+    Bench,
+    figures,
+    prediction,
+    predictor,
+    row,
+)
 
 DATA = Path(__file__).parent / "data"
 EFFNET = DATA / "heldout" / "gpu_sweep_h200_efficientnet_b0.json"
