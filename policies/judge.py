@@ -15,7 +15,8 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   output token (TPOT p50); `edp` their product. A run whose compile energy was not metered gets
   it estimated as its compile seconds x its average power, and the configuration's verdict says so
   (`compile_estimated`): counting an unmetered compile as free would favour every compiled configuration
-  over eager, which compiles nothing.
+  over eager, which compiles nothing. For the same reason a further window of a worker process, which
+  compiled nothing of its own, is amortised with its configuration's compile (`with_process_compile`).
 * **Energy sources** (`policies.sources`): configurations are compared on runs of one source only.
 * **Limits** (`check_limits`): average power on the upper end of its median's interval (with 4 or more runs never
   above the order-statistic bound at the same confidence, `noise.distribution_free_high`: at 4 or 5 runs, the
@@ -275,6 +276,19 @@ def compile_energy(run: Run) -> tuple[float, bool]:
     return (run.compile_s or 0.0) * (run.avg_power_w or 0.0), bool(run.compile_s)
 
 
+def with_process_compile(runs: Sequence[Run]) -> list[Run]:
+    """The runs of one configuration, each further window of a worker process (which compiled nothing of its
+    own, so it stores no compile figures) given the configuration's compile energy: the median of its runs that
+    compiled. Amortised without it, a configuration measured in three windows of one process would have two
+    runs of three that compiled for free, and its median objective would leave the compile out."""
+    compiled = [run for run in runs if run.compile_energy_j is not None or run.compile_s is not None]
+    if not compiled:
+        return list(runs)
+    joules = median([compile_energy(run)[0] for run in compiled])
+    return [replace(run, compile_energy_j=joules) if not run.fresh_process and run.compile_energy_j is None
+            and run.compile_s is None else run for run in runs]
+
+
 def amortised_j(run: Run, rules: Rules) -> float | None:
     """The run's J per call (per generated token, for a generation) with the compile energy amortised over
     `rules.expected_inferences` calls (tokens); None without energy."""
@@ -469,14 +483,15 @@ def _summarise(configs: Mapping[str, Mapping[str, Any]], runs_by_config: Mapping
         clean = bool(kept)
         runs = kept if clean else list(ok)
         verdict = out[config_id] = Verdict(dict(config), [], counted=runs, clean=clean)
+        verdict.compile_estimated = any(compile_energy(r)[1] for r in runs
+                                        if getattr(r, rules.energy_figure) is not None)
+        runs = with_process_compile(runs)
         values = [(run_objective(r, config, rules), r) for r in runs]
         objectives[config_id] = [v for v, _ in values if v is not None]
         powers[config_id] = [r.avg_power_w for r in runs if r.avg_power_w is not None]
         energies = [amortised_j(r, rules) for r in runs]
         energies = [e for e in energies if e is not None]
         verdict.amortised_j = median(energies) if energies else None
-        verdict.compile_estimated = any(compile_energy(r)[1] for r in runs
-                                        if getattr(r, rules.energy_figure) is not None)
         peaks = [r.peak_power_w for r in runs if r.peak_power_w is not None]
         verdict.peak_power_w = max(peaks) if peaks else None
         matches = [r.tokens_match for r in runs if r.tokens_match is not None]

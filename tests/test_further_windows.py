@@ -295,3 +295,35 @@ def test_a_guided_pass_takes_each_further_window_only_while_the_judge_asks_for_i
         database.close()
     best = CompileConfig(mode="default", precision="bf16", batch_size=8).id  # the stand-in's fastest, least busy
     assert decision.state == "verified" and decision.config_id == best, decision.reason
+
+
+def _stored(energy: float, *, compile_s: float | None, compile_j: float | None, window: int) -> dict:
+    """A run row as the store gives it: a further window stores no compile figures of its own."""
+    return {"status": "ok", "energy_j_per_inference": energy, "avg_power_w": 500.0, "compile_s": compile_s,
+            "compile_energy_j": compile_j, "energy_source": "nvml", "extra": {"window_in_process": window}}
+
+
+def test_a_further_window_is_amortised_with_its_configurations_compile():
+    """Recorded on the H200 (session 21, EfficientNet-B0, batch 64): reduce-overhead bf16 in three windows of one
+    process, whose first call compiled for 4.8 kJ, against eager fp32 (3.44 J per call, a 0.1-s compile). Over
+    1000 inferences the compile costs 4.8 J per call, so eager is the better choice; counted only with the first
+    window (the other two stored without compile figures), the compiled configuration's median left it out."""
+    from joulepilot.compiler import CompileConfig
+    from joulepilot.policies.judge import Rules, judge, with_process_compile
+
+    eager, compiled = CompileConfig("eager").to_row(), CompileConfig("reduce-overhead", precision="bf16").to_row()
+    process = [Run.from_row(_stored(1.3464, compile_s=29.66, compile_j=4802.1, window=1)),
+               Run.from_row(_stored(1.3517, compile_s=None, compile_j=None, window=2)),
+               Run.from_row(_stored(1.3805, compile_s=None, compile_j=None, window=3))]
+    baseline = [Run.from_row(_stored(3.4402, compile_s=0.1, compile_j=50.0, window=1))]
+    assert [r.fresh_process for r in process] == [True, False, False]
+    assert [r.compile_energy_j for r in with_process_compile(process)] == [4802.1, 4802.1, 4802.1]
+    few = judge([eager, compiled], {eager["id"]: baseline, compiled["id"]: process}, Rules(expected_inferences=1000))
+    assert few.chosen is not None and few.chosen.config_id == eager["id"]
+    assert few.verdicts[compiled["id"]].amortised_j == pytest.approx(1.3517 + 4.8021)
+    many = judge([eager, compiled], {eager["id"]: baseline, compiled["id"]: process},
+                 Rules(expected_inferences=10_000_000))
+    assert many.chosen is not None and many.chosen.config_id == compiled["id"]
+    # Only a further window inherits: a run that started its process keeps what it measured.
+    alone = [Run.from_row(_stored(1.35, compile_s=None, compile_j=None, window=1)), *process[1:]]
+    assert with_process_compile(alone) == alone
