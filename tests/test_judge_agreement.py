@@ -180,8 +180,9 @@ def _seed(db: Any, policy: Any, rng: random.Random) -> None:
                 extra: dict[str, Any] = {}
                 if rng.random() < 0.1:
                     extra["window_warning"] = "energy window 3x slower than the latency pass"
-                if index and rng.random() < 0.3:
+                if index and rng.random() < 0.3:  # a further window, stored as the daemon stores one: no compile
                     extra["window_in_process"] = 2
+                    run["compile_s"] = run["compile_energy_j"] = None
                 if extra:
                     run["extra"] = {**run.get("extra", {}), **extra}
             insert_run(db, run)
