@@ -7,6 +7,8 @@ process of its own."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from joulepilot.compiler import CompileConfig, ZygotePool
 from joulepilot.compiler.artifacts import kernels_path
@@ -41,6 +43,8 @@ def assert_compiled_from_caches(warm: dict, graphs: int) -> None:
     hits, bypassed = caches.get("autograd_cache_hit", 0), caches.get("autograd_cache_bypass", 0)
     assert hits + bypassed == graphs and (not bypassed or why), (caches, why)
     assert caches.get("fxgraph_cache_hit", 0) >= graphs and "fxgraph_cache_miss" not in caches, (caches, why)
+    if bypassed:  # shown in the run's warnings summary: why torch bypassed the cache is still to be learnt
+        warnings.warn(f"warm start: torch bypassed AOTAutograd's cache for {bypassed} graph(s): {why}", stacklevel=2)
 
 
 def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_caches(tmp_path):
