@@ -10,7 +10,7 @@
 # GRID `-` runs the pass beside the grid's own sweep (on another GPU, both at once): the search space is then
 # MODES, PRECISIONS and FUSIONS from the environment (comma lists, as the grid's sweep was given them), and the
 # score is taken afterwards: python benchmarks/guided_vs_grid.py OUT/NAME/runs.json GRID.json --explain
-# OUT/NAME/explain.json. CUDA_VISIBLE_DEVICES chooses the GPU.
+# OUT/NAME/explain.json. CUDA_VISIBLE_DEVICES chooses the GPU; PASS_TIMEOUT_S (default 540) bounds the daemon's pass.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1 grid=$2 spec=$3 batch=$4 seq=$5
