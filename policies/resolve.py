@@ -514,12 +514,12 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
     by_id = {c.config_id: c for c in candidates}
     chosen = by_id[out.chosen.config_id] if out.chosen is not None else None
     feasible_chosen = chosen if out.state in ("verified", "provisional") else None
+    waits = {c.config_id: deferred(c.config, out) for c in candidates if c.status == "unverified"}
     for cand in candidates:
-        wait = deferred(cand.config, out) if cand.status == "unverified" else ""
-        if wait:
-            cand.reasons.append(f"not proposed for measuring: {wait}")
+        if waits.get(cand.config_id):
+            cand.reasons.append(f"not proposed for measuring: {waits[cand.config_id]}")
     hopeful = sorted((c for c in candidates if c.status == "unverified" and c.score is not None
-                      and math.isfinite(c.score) and not deferred(c.config, out)), key=_order)
+                      and math.isfinite(c.score) and not waits[c.config_id]), key=_order)
     proposed = hopeful[0] if hopeful and (feasible_chosen is None or _order(hopeful[0]) < _order(feasible_chosen)) \
         else None
     # Flagged runs within every limit that would beat the chosen one: measure them again. A repeat that failed
