@@ -245,9 +245,10 @@ def test_every_run_of_a_two_window_job_carries_its_pending_id(tmp_path):
 
 def test_a_guided_pass_takes_each_further_window_only_while_the_judge_asks_for_it(tmp_path, flow_worker, own_tmpdir,
                                                                                    restore_logging, monkeypatch):
-    """A guided policy's first measurements ask for three windows each; the daemon gives each worker the gate
-    (`controller.guided.window_gate`, spied on here, not replaced) and every process takes exactly the windows the
-    gate allowed: its first, then one per yes until the first no."""
+    """A guided policy's first measurements ask for three windows each, its repeats for the windows they still
+    need; the daemon gives each worker the gate (`controller.guided.window_gate`, spied on here, not replaced) and
+    every process takes exactly the windows the gate allowed: its first, then one per yes until the first no or
+    the windows it was offered."""
     from joulepilot.controller import daemon as daemon_mod
 
     answers: list[tuple[str, int, bool]] = []  # (config id, windows the gate was shown, its answer), in order
@@ -263,7 +264,17 @@ def test_a_guided_pass_takes_each_further_window_only_while_the_judge_asks_for_i
 
         return asked
 
+    import joulepilot.compiler as compiler_mod
+
+    offered: dict[str, list[int]] = {}  # config id -> the windows each of its processes was offered, in order
+    real_measure = compiler_mod.measure_config
+
+    def spying_measure(workload, cfg, **kwargs):
+        offered.setdefault(cfg.id, []).append(kwargs.get("windows", 1))
+        return real_measure(workload, cfg, **kwargs)
+
     monkeypatch.setattr(daemon_mod, "window_gate", spying_gate)
+    monkeypatch.setattr(compiler_mod, "measure_config", spying_measure)
     db_path = tmp_path / "j.db"
     policies = tmp_path / "policies"
     write_policy(policies, "g", modes=("eager", "default"), precisions=("fp32", "bf16"), strategy="guided")
@@ -284,9 +295,11 @@ def test_a_guided_pass_takes_each_further_window_only_while_the_judge_asks_for_i
         asked = []
         while pending and pending[0][0] == config_id and pending[0][1] == len(asked) + 1:
             asked.append(pending.pop(0)[2])
-        assert taken == 1 + sum(asked) and all(asked[:-1]), (windows, asked)
-        assert not asked or not asked[-1] or taken == 3  # a yes to the last window asked for leaves none to ask
+        most = offered[config_id].pop(0)  # a first measurement is offered 3, a repeat the windows it still needs
+        assert taken == 1 + sum(asked) and all(asked[:-1]) and taken <= most, (windows, asked, most)
+        assert not asked or not asked[-1] or taken == most  # a yes to the last window offered leaves none to ask
     assert not pending, pending
+    assert not any(offered.values()), offered  # every process offered windows stored at least its first
     assert any(len(w) == 3 for w in processes.values())  # the best so far took the windows a verified decision needs
     database = open_db(db_path)
     try:
