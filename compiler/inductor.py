@@ -60,11 +60,6 @@ def normalise_option(name: str, value: Any, known: Mapping[str, Any] | None = No
     return key, value
 
 
-def normalise_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    known = inductor_defaults()
-    return dict(normalise_option(k, v, known) for k, v in (options or {}).items())
-
-
 def check_presets() -> dict[str, list[str]]:
     """Presets whose knobs the installed torch lacks: {preset: [missing knobs]} (empty when all fit)."""
     known = inductor_defaults()

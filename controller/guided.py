@@ -218,8 +218,3 @@ def plan_guided(db: Store, policy: Policy, device_kind: str, model: Any = None, 
     plan.state = result.state
     plan.chosen = result.chosen_config_id
     return plan
-
-
-def skipped_lines(search: Mapping[str, Any]) -> list[str]:
-    """One line per skipped candidate of a search summary: `label: reason`."""
-    return [f"{s.get('label')}: {s.get('reason')}" for s in search.get("skipped") or []]

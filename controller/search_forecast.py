@@ -112,8 +112,6 @@ class Forecast:
     def pessimistic(self, k: float) -> float:
         return math.exp(self.log_objective[0] + k * self.log_objective[1])
 
-    def optimistic(self, k: float) -> float:
-        return math.exp(self.log_objective[0] - k * self.log_objective[1])
 
 
 def similarity(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:

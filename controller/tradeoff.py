@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,7 @@ from joulepilot.store import Store
 from joulepilot.store.catalog import workload_rows
 from joulepilot.store.runs import ok_runs
 
-from .features import FeatureSpace, config_row
+from .features import FeatureSpace
 
 TARGETS = ("energy_j_per_inference", "latency_ms_p95", "avg_power_w", "compile_s", "compile_energy_j")
 GENERATION_TARGETS = ("energy_j_per_token", "tpot_ms_p50", "tpot_ms_p95", "ttft_ms_p50", "avg_power_w", "compile_s",
@@ -312,15 +312,3 @@ def _cross_validate_task(samples: Sequence[Sample], task: str, n_splits: int) ->
 def cross_validate(db: Store, n_splits: int = 5) -> dict[str, dict[str, Any]]:
     """Per target: MAPE, median APE, R² of log values, holding out whole workloads (GroupKFold by spec)."""
     return cross_validate_samples(training_samples(db), n_splits)
-
-
-def measured_keys(runs: Iterable[Mapping[str, Any]]) -> set[tuple]:
-    """(mode, fusion, precision, dynamic, padding, regional) of runs, to tell measured points from predicted ones."""
-    return {(r["mode"], r["fusion"], r["precision"], int(bool(r["dynamic"])), r.get("padding") or "none",
-             r.get("regional") or "") for r in runs}
-
-
-def config_key(config: Any) -> tuple:
-    row = config_row(config)
-    return (row["mode"], row["fusion"], row["precision"], int(bool(row.get("dynamic"))),
-            row.get("padding") or "none", row.get("regional") or "")
