@@ -33,8 +33,8 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
 * **Ranking** (`judge`): the lowest median objective within every limit is the *best*; every configuration
   whose interval overlaps it *ties* with it, and the tie-break (`noise.break_tie`: lower average power,
   cheaper compile, simpler mode, each only where it differs by more than its own noise, and a configuration
-  already verified over that winner when it is not) chooses among them. `[search] tolerance_pct` (default 2) is the regret a policy accepts, and says how each rival of the
-  chosen one stands (`Standing`):
+  already verified over that winner when it is not) chooses among them. `[search] tolerance_pct` (default 2)
+  is the regret a policy accepts, and says how each rival of the chosen one stands (`Standing`):
     - `beaten`: the chosen one is better by more than the noise (the intervals do not overlap);
     - `within tolerance`: even at the unfavourable ends of both intervals the chosen one is at most
       `tolerance_pct` worse: a tie settled by the tie-break, which more runs could not make matter;

@@ -20,8 +20,8 @@ of a configuration's counted runs, with an interval for that median:
 Two configurations whose intervals overlap are a tie (`policies.judge` says how they stand against the
 tolerance), broken by lower average power, then the cheaper compile, then the simpler mode, each criterion
 deciding only where its own intervals do not overlap, and in favour of a configuration already verified
-(`confirmation`) over that winner when it is not (`break_tie`). A power envelope is checked on the upper end of the average power's interval
-(`policies.judge.check_limits`), a peak limit on the highest instant power seen.
+(`confirmation`) over that winner when it is not (`break_tie`). A power envelope is checked on the upper end of
+the average power's interval (`policies.judge.check_limits`), a peak limit on the highest instant power seen.
 
 Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
 `MIN_REPEATS` times, in at least two processes (a repeat starts a new process and takes the windows
