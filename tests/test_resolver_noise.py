@@ -54,6 +54,22 @@ def test_a_tie_within_the_tolerance_goes_first_to_the_configuration_already_veri
     assert again.config_id == fp32.config_id and again.state == "verified" and "lower average power" in again.reason
 
 
+def test_a_verified_configuration_wins_a_tie_with_a_lower_median_that_one_process_measured(tmp_path, db):
+    # eager fp32 has the lower median and the lower power, from three windows of one worker process; eager bf16,
+    # within the tolerance of it, has three processes: the tie goes to eager bf16, verified, and the reason says why
+    windows = [{"energy_j_per_inference": e, "avg_power_w": 20.0, "extra": {"window_in_process": i + 1}}
+               for i, e in enumerate((0.996, 1.000, 1.004))]
+    _seed(db, {EAGER16: [{"energy_j_per_inference": e, "avg_power_w": 40.0} for e in (1.001, 1.005, 1.009)],
+               EAGER32: windows})
+    decision = resolve(_policy(tmp_path), db, "cpu")
+    fp32, bf16 = _cand(decision, EAGER32), _cand(decision, EAGER16)
+    assert fp32.median < bf16.median
+    assert decision.state == "verified" and decision.config_id == bf16.config_id
+    assert decision.reason.startswith(f"{bf16.label} ties with {fp32.label} (lowest median amortised J/inference 1) "
+                                      f"within the noise and wins the tie-break on runs that already verify it (3 in "
+                                      f"3 worker processes vs 3 in 1)")
+
+
 def test_a_tie_within_the_tolerance_goes_to_lower_average_power(tmp_path, db):
     # eager bf16 has the lower median energy, but within 1% and a spread of about 0.4%; eager fp32 draws clearly
     # less power. Even at the unfavourable ends of their intervals eager fp32 is within the 2% tolerance.
