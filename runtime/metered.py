@@ -193,6 +193,7 @@ class MeteredModel:
         self.config_label = config_label
         self.policy_name = policy_name
         self.decision_row = decision
+        self._decided = True  # what serves is what `decision_row` chose (until a fallback swap)
         self.device_kind = device_kind
         self.guard = guard
         self.trips: list[dict[str, Any]] = []
@@ -307,6 +308,7 @@ class MeteredModel:
             self._fn = target.build()
             self.config_id = target.config_id
             self.config_label = target.label
+            self._decided = False  # no decision chose the fallback (see `_on_trip`)
             if self.guard is not None:
                 self.guard.reset()
             self._pending_swap = None
@@ -521,7 +523,7 @@ class MeteredModel:
     def _on_trip(self, trip: Any) -> None:
         rows = trip_rows(trip, deployment=self.name, policy=self.policy_name, config_id=self.config_id,
                          decision=self.decision_row, device_kind=self.device_kind, torch_version=_torch_version(),
-                         source=self.energy_source, config_label=self.config_label)
+                         source=self.energy_source, config_label=self.config_label, broke_decision=self._decided)
         entry = {"message": rows["message"], "violation_id": None, "decision_id": None}
         with self._buffer_lock:
             self._pending_trips.append({"rows": rows, "entry": entry})

@@ -31,19 +31,22 @@ def trip_rows(
     torch_version: str | None,
     source: str,
     config_label: str | None = None,
+    broke_decision: bool = True,
 ) -> dict[str, Any]:
     """{"message", "decision", "violation"}: the warning's text and the rows a trip writes (the keyword
     arguments of `mark_decision_violated` and `insert_violation`; None where nothing is written).
 
     The violation row names the decision that was broken (or, when the deployment had none, the new
     `violated` one) so `violated_config_ids` can find its device kind; the new decision row is what
-    `joulepilot status` and the resolver see first. Without a policy there is nothing to mark.
+    `joulepilot status` and the resolver see first. `broke_decision` False: `decision` did not choose what
+    serves (a guard's fallback does), so the violation names the new row; `decision` still gives its policy hash,
+    device kind and torch version. Without a policy there is nothing to mark.
     """
     message = trip_message(deployment, trip, config_label, source)
     rows: dict[str, Any] = {"message": message, "decision": None, "violation": None}
     if policy is None:
         return rows
-    broken_id = (decision or {}).get("id")
+    broken_id = (decision or {}).get("id") if broke_decision else None
     kind = device_kind or (decision or {}).get("device_kind")
     if kind:
         rows["decision"] = {

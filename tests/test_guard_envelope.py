@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import warnings
@@ -150,6 +151,35 @@ def test_live_deployment_trips_and_falls_back_at_the_next_call(db, tmp_path):
     assert row[0] == eager.id  # the store knows what serves now
     configs = {r[0] for r in db.execute("SELECT DISTINCT config_id FROM deployment_samples")}
     assert configs == {"cfg-served", eager.id}
+
+
+def test_a_trip_of_the_fallback_cites_the_decision_it_writes_not_the_one_broken_before(db):
+    """The fallback serves under no decision of its own: when it trips too, its violation names the `violated`
+    decision written for it, while the first trip's names the decision that chose the configuration served."""
+    model = torch.nn.Linear(16, 4).eval()
+    policy = _policy(limit_w=0.5, action="fallback", windows=1)
+    db_path = db.execute("PRAGMA database_list").fetchone()[2]
+    chosen_id = write_decision(db, {"policy": "resnet", "policy_hash": "h1", "device_kind": "cpu",
+                                    "torch_version": "2.13", "config_id": "cfg-served", "state": "verified",
+                                    "reason": "fewest J", "decided_at": time.time(), "details": {}})
+    dep = attach(model, "twice", policy=policy, db=db_path, device="cpu", interval_s=0.2, base_model=model,
+                 config_id="cfg-served")
+    x = torch.randn(8, 16)
+    deadline = time.monotonic() + 30
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        while len(dep.trips) < 2 and time.monotonic() < deadline:
+            dep(x)
+    dep.close()
+    assert len(dep.trips) >= 2, "the fallback never tripped"
+    first, second = sorted(list_violations(db, deployment="twice"), key=lambda v: v["id"])[:2]
+    eager_id = CompileConfig(mode="eager", batch_size=8).id
+    assert (first["config_id"], first["decision_id"]) == ("cfg-served", chosen_id)
+    assert second["config_id"] == eager_id and second["decision_id"] != chosen_id
+    cited = db.execute("SELECT state, config_id, policy_hash, device_kind, details FROM decisions WHERE id = ?",
+                       [second["decision_id"]]).fetchone()
+    assert tuple(cited[:4]) == ("violated", eager_id, "h1", "cpu")
+    assert json.loads(cited[4])["violated_decision_id"] is None  # it broke no decision's choice
 
 
 def test_fallback_built_from_the_policy(db):
