@@ -32,9 +32,9 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   so it is shown beside the decision, and the error limit is what a policy holds a configuration to.
 * **Ranking** (`judge`): the lowest median objective within every limit is the *best*; every configuration
   whose interval overlaps it *ties* with it, and the tie-break (`noise.break_tie`: lower average power,
-  cheaper compile, simpler mode, each only where it differs by more than its own noise, and a configuration
-  already verified over that winner when it is not) chooses among them. `[search] tolerance_pct` (default 2)
-  is the regret a policy accepts, and says how each rival of the chosen one stands (`Standing`):
+  cheaper compile, simpler mode, each only where it differs by more than its own noise) chooses among
+  them. `[search] tolerance_pct` (default 2) is the regret a policy accepts, and says how each rival of the
+  chosen one stands (`Standing`):
     - `beaten`: the chosen one is better by more than the noise (the intervals do not overlap);
     - `within tolerance`: even at the unfavourable ends of both intervals the chosen one is at most
       `tolerance_pct` worse: a tie settled by the tie-break, which more runs could not make matter;
@@ -386,14 +386,9 @@ class Verdict:
         median_ = self.objective.median if self.objective else math.inf
         return (median_, self.compile_s.median if self.compile_s else 0.0, self.label)
 
-    def own_runs(self) -> list[Run]:
-        """Its runs of the energy source it is ranked on, and its failed runs (what its confirmation counts)."""
-        return [r for r in self.runs if not r.ok or source_key(r.energy_source) == self.source]
-
-    def tie_entry(self, min_repeats: int) -> TieEntry:
+    def tie_entry(self) -> TieEntry:
         assert self.objective is not None
-        return TieEntry(self.config_id, self.objective, self.avg_power_w, self.compile_s, self.mode,
-                        confirmation(self.own_runs(), min_repeats).confirmed)
+        return TieEntry(self.config_id, self.objective, self.avg_power_w, self.compile_s, self.mode)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self) | {"config_id": self.config_id, "label": self.label}
@@ -646,7 +641,7 @@ def _rank(out: Judgement) -> None:
         settled = [v for v in out.ties if v is best or standing(v, best, rules.tolerance).kind != CLOSE_CALL]
         chosen = best
         if len(settled) > 1:
-            winner, criterion = break_tie([v.tie_entry(rules.min_repeats) for v in settled])
+            winner, criterion = break_tie([v.tie_entry() for v in settled])
             chosen = next(v for v in settled if v.config_id == winner.key)
             out.criterion = criterion if chosen is not best else ""
         out.chosen = chosen
@@ -656,7 +651,8 @@ def _rank(out: Judgement) -> None:
         chosen.status = "chosen"
         assert chosen.objective is not None
         chosen_level = chosen.objective.median
-        out.confirmation = confirmation(chosen.own_runs(), rules.min_repeats,
+        own = [r for r in chosen.runs if not r.ok or source_key(r.energy_source) == chosen.source]
+        out.confirmation = confirmation(own, rules.min_repeats,
                                         separated=all(s.separated for s in out.standings))
         out.state = "verified" if out.confirmation.confirmed else "provisional"
     out.flagged_better = sorted((v for v in out.verdicts.values() if v.status == "flagged" and v.measured
@@ -687,14 +683,9 @@ def infeasible_pick(verdicts: Sequence[Verdict]) -> Verdict | None:
 
 
 # -- words -------------------------------------------------------------------------------------------
-def tie_text(criterion: str, chosen: Verdict, other: Verdict, min_repeats: int) -> str:
-    """'runs that already verify it (4 in 2 worker processes vs 3 in 1)', 'lower average power (300 W vs 400 W)',
-    'cheaper compile (12 s vs 40 s)', 'simpler mode (default vs max-autotune)' or 'lower median (...)': what the
-    tie-break decided on, with both figures."""
-    if criterion == "already verified":
-        mine, theirs = (confirmation(v.own_runs(), min_repeats) for v in (chosen, other))
-        return (f"runs that already verify it ({mine.runs} in {mine.fresh} worker process"
-                f"{'es' if mine.fresh != 1 else ''} vs {theirs.runs} in {theirs.fresh})")
+def tie_text(criterion: str, chosen: Verdict, other: Verdict) -> str:
+    """'lower average power (300 W vs 400 W)', 'cheaper compile (12 s vs 40 s)', 'simpler mode (default vs
+    max-autotune)' or 'lower median (...)': what the tie-break decided on, with both figures."""
     if criterion == "lower average power" and chosen.avg_power_w and other.avg_power_w:
         return f"{criterion} ({fmt(chosen.avg_power_w.median, 'W')} vs {fmt(other.avg_power_w.median, 'W')})"
     if criterion == "cheaper compile" and chosen.compile_s and other.compile_s:
@@ -709,9 +700,9 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%" if abs(value) < 0.1 else f"{value:.0%}"
 
 
-def standing_text(s: Standing, chosen: Verdict, rules: Rules) -> str:
+def standing_text(s: Standing, chosen: Verdict, tolerance_pct: float) -> str:
     """The chosen configuration against one rival, in words."""
-    rival, tolerance_pct = s.rival, rules.tolerance_pct
+    rival = s.rival
     if s.kind == BEATEN:
         return f"{chosen.label} beats {rival.label} by {_pct(s.diff_rel)} +- {_pct(s.plus_minus_rel)}"
     lower = chosen.label if s.diff_rel >= 0 else rival.label
@@ -726,18 +717,12 @@ def standing_text(s: Standing, chosen: Verdict, rules: Rules) -> str:
         head = (f"{chosen.label} and {rival.label} tie within the noise ({figures}), and could still differ by more "
                 f"than the {tolerance_pct:g}% tolerance")
     if chosen.objective and rival.objective and chosen.objective.overlaps(rival.objective):
-        mine, theirs = chosen.tie_entry(rules.min_repeats), rival.tie_entry(rules.min_repeats)
-        # what the figures prefer (power, compile, mode), before whether the runs verify it
-        winner, criterion = break_tie([replace(mine, confirmed=False), replace(theirs, confirmed=False)])
+        winner, criterion = break_tie([chosen.tie_entry(), rival.tie_entry()])
         if winner.key == chosen.config_id:
-            head += f"; chosen for {tie_text(criterion, chosen, rival, rules.min_repeats)}"
-        elif standing(rival, chosen, rules.tolerance).kind == CLOSE_CALL or not mine.confirmed or theirs.confirmed:
-            head += (f"; {rival.label} has the {tie_text(criterion, rival, chosen, rules.min_repeats)}, but could be "
-                     f"worse by more than the {tolerance_pct:g}% tolerance")
-        else:  # the rival is settled and preferred on its figures, but only the chosen one's runs verify it
-            head += (f"; {rival.label} has the {tie_text(criterion, rival, chosen, rules.min_repeats)}, but its runs "
-                     f"do not verify it yet: chosen for "
-                     f"{tie_text('already verified', chosen, rival, rules.min_repeats)}")
+            head += f"; chosen for {tie_text(criterion, chosen, rival)}"
+        else:  # the rival would win the tie-break, but could be worse than the chosen one by over the tolerance
+            head += (f"; {rival.label} has the {tie_text(criterion, rival, chosen)}, but could be worse by more than "
+                     f"the {tolerance_pct:g}% tolerance")
     return head
 
 
@@ -759,8 +744,7 @@ def _explain(out: Judgement) -> None:
                          f"({fmt(chosen.objective.median)}, {chosen.runs_text}) within every limit")
         else:
             parts.append(f"{chosen.label} ties with {best.label} (lowest median {text} {fmt(best.objective.median)})"
-                         f" within the noise and wins the tie-break on "
-                         f"{tie_text(out.criterion, chosen, best, rules.min_repeats)}")
+                         f" within the noise and wins the tie-break on {tie_text(out.criterion, chosen, best)}")
         settled = [s for s in out.standings if s.kind == WITHIN_TOLERANCE and s.rival in out.ties]
         live = out.open_close_calls
         beyond = [s for s in out.close_calls if s not in live]
@@ -826,7 +810,7 @@ def _confidence(out: Judgement) -> str:
     # The rival that matters most: a close call first, then the nearest one.
     rival = min(rivals, key=lambda s: (s.kind != CLOSE_CALL, s.rival.sort_key()))
     assert rival.rival.objective is not None
-    return (f"{standing_text(rival, chosen, out.rules)} (median of {chosen.objective.n} vs "
+    return (f"{standing_text(rival, chosen, out.rules.tolerance_pct)} (median of {chosen.objective.n} vs "
             f"{rival.rival.objective.n} runs)")
 
 

@@ -18,10 +18,10 @@ of a configuration's counted runs, with an interval for that median:
   interval also covers both.
 
 Two configurations whose intervals overlap are a tie (`policies.judge` says how they stand against the
-tolerance), broken by lower average power, then the cheaper compile, then the simpler mode, each criterion
-deciding only where its own intervals do not overlap, and in favour of a configuration already verified
-(`confirmation`) over that winner when it is not (`break_tie`). A power envelope is checked on the upper end of
-the average power's interval (`policies.judge.check_limits`), a peak limit on the highest instant power seen.
+tolerance), broken by lower average power, then
+the cheaper compile, then the simpler mode, each criterion deciding only where its own intervals do not
+overlap (`break_tie`). A power envelope is checked on the upper end of the average power's interval
+(`policies.judge.check_limits`), a peak limit on the highest instant power seen.
 
 Repeats (`repeat_advice`): a configuration that contends for the decision is measured at least
 `MIN_REPEATS` times, in at least two processes (a repeat starts a new process and takes the windows
@@ -181,36 +181,24 @@ def mode_rank(mode: str) -> int:
 
 @dataclass(frozen=True)
 class TieEntry:
-    """A configuration in a tie: its objective, average power and compile seconds (intervals), mode, and
-    whether its runs already make a verified decision (`Confirmation.confirmed`)."""
+    """A configuration in a tie: its objective, average power and compile seconds (intervals) and mode."""
 
     key: str
     objective: Interval
     avg_power_w: Interval | None
     compile_s: Interval | None
     mode: str
-    confirmed: bool = False
 
 
 def break_tie(entries: Sequence[TieEntry]) -> tuple[TieEntry, str]:
     """The winner of a tie and the criterion that decided it.
 
-    In order: lower average power, then cheaper compile, then simpler mode (MODE_SIMPLICITY), then the lower
-    median objective. Each criterion is itself noisy, so it decides only between entries whose intervals do not
-    overlap: the entries whose interval overlaps the lowest one's stay in the running for the next criterion.
-    An entry lacking a figure loses on that criterion to one that has it. Where that winner's runs do not yet
-    make a verified decision and another entry's do, the same order chooses among those ("already verified"):
-    a tie is a choice the policy is indifferent to, and only a verified one is settled without more runs."""
+    In order: lower average power, then cheaper compile, then simpler mode (MODE_SIMPLICITY), then the
+    lower median objective. Each criterion is itself noisy, so it decides only between entries whose
+    intervals do not overlap: the entries whose interval overlaps the lowest one's stay in the running
+    for the next criterion. An entry lacking a figure loses on that criterion to one that has it."""
     if not entries:
         raise ValueError("no entries to break a tie between")
-    winner, criterion = _by_preference(entries)
-    sure = [e for e in entries if e.confirmed]
-    if sure and not winner.confirmed:
-        return _by_preference(sure)[0], "already verified"
-    return winner, criterion
-
-
-def _by_preference(entries: Sequence[TieEntry]) -> tuple[TieEntry, str]:
     pool = list(entries)
     for criterion, figure in (("lower average power", "avg_power_w"), ("cheaper compile", "compile_s")):
         known = [e for e in pool if getattr(e, figure) is not None]

@@ -110,23 +110,10 @@ def test_an_envelope_is_not_held_against_a_power_above_every_one_of_enough_runs(
     assert median_interval([589.0, 655.0, 655.0, 589.0, 655.0], prior_rel_std=0.2).high > 676.0
 
 
-def _entry(key, power, compile_s, mode, objective=1.0, spread=0.01, confirmed=False):
+def _entry(key, power, compile_s, mode, objective=1.0, spread=0.01):
     def interval(v):
         return None if v is None else Interval(v, v * (1 - spread), v * (1 + spread), 3, "")
-    return TieEntry(key, interval(objective), interval(power), interval(compile_s), mode, confirmed)
-
-
-def test_tie_break_prefers_an_entry_whose_runs_already_verify_it():
-    # b draws less power, but only a's runs make a verified decision: b would need another process
-    winner, why = break_tie([_entry("a", 400, 90, "max-autotune", confirmed=True), _entry("b", 300, 10, "default")])
-    assert (winner.key, why) == ("a", "already verified")
-    # among verified entries the order decides, and where its winner is verified it decides as before
-    both = [_entry("a", 400, 90, "max-autotune", confirmed=True), _entry("b", 300, 10, "default", confirmed=True),
-            _entry("c", 200, 10, "default")]
-    assert break_tie(both) == (both[1], "already verified")
-    assert break_tie([both[2], _entry("d", 250, 10, "default")]) == (both[2], "lower average power")
-    assert break_tie(both[:2]) == (both[1], "lower average power")
-    assert break_tie([both[1], _entry("e", 350, 10, "default")]) == (both[1], "lower average power")
+    return TieEntry(key, interval(objective), interval(power), interval(compile_s), mode)
 
 
 def test_tie_break_prefers_lower_average_power():

@@ -34,42 +34,6 @@ def _cand(decision, key):
     return next(c for c in decision.candidates if c.config_id == config(*key).id)
 
 
-def _one_process_against_three(tmp_path, db, fp32_j, bf16_j):
-    """Eager fp32 at 20 W in three windows of one worker process, eager bf16 at 40 W in three processes:
-    (the decision, eager fp32's candidate, eager bf16's)."""
-    windows = [{"energy_j_per_inference": e, "avg_power_w": 20.0, "extra": {"window_in_process": i + 1}}
-               for i, e in enumerate(fp32_j)]
-    _seed(db, {EAGER16: [{"energy_j_per_inference": e, "avg_power_w": 40.0} for e in bf16_j], EAGER32: windows})
-    decision = resolve(_policy(tmp_path), db, "cpu")
-    return decision, _cand(decision, EAGER32), _cand(decision, EAGER16)
-
-
-def test_a_tie_within_the_tolerance_goes_first_to_the_configuration_already_verified(tmp_path, db):
-    # as in the test below, eager fp32 draws clearly less power within the tolerance of eager bf16; but its three
-    # runs are windows of one worker process, so choosing it would need another process, while eager bf16's runs
-    # (three processes) verify it already: the tie is settled without more runs
-    decision, fp32, bf16 = _one_process_against_three(tmp_path, db, (1.001, 1.005, 1.009), (0.996, 1.000, 1.004))
-    assert decision.state == "verified" and decision.config_id == bf16.config_id
-    assert decision.confidence.startswith(f"{bf16.label} and {fp32.label} are within 2% of each other")
-    assert (f"{fp32.label} has the lower average power (20 W vs 40 W), but its runs do not verify it yet: chosen "
-            f"for runs that already verify it (3 in 3 worker processes vs 3 in 1)") in decision.confidence
-    # once eager fp32 has a second process, both are verified and lower average power decides again
-    _seed(db, {EAGER32: [{"energy_j_per_inference": 1.005, "avg_power_w": 20.0}]})
-    again = resolve(_policy(tmp_path), db, "cpu")
-    assert again.config_id == fp32.config_id and again.state == "verified" and "lower average power" in again.reason
-
-
-def test_a_verified_configuration_wins_a_tie_with_a_lower_median_that_one_process_measured(tmp_path, db):
-    # eager fp32 has the lower median and the lower power, from three windows of one worker process; eager bf16,
-    # within the tolerance of it, has three processes: the tie goes to eager bf16, verified, and the reason says why
-    decision, fp32, bf16 = _one_process_against_three(tmp_path, db, (0.996, 1.000, 1.004), (1.001, 1.005, 1.009))
-    assert fp32.median < bf16.median
-    assert decision.state == "verified" and decision.config_id == bf16.config_id
-    assert decision.reason.startswith(f"{bf16.label} ties with {fp32.label} (lowest median amortised J/inference 1) "
-                                      f"within the noise and wins the tie-break on runs that already verify it (3 in "
-                                      f"3 worker processes vs 3 in 1)")
-
-
 def test_a_tie_within_the_tolerance_goes_to_lower_average_power(tmp_path, db):
     # eager bf16 has the lower median energy, but within 1% and a spread of about 0.4%; eager fp32 draws clearly
     # less power. Even at the unfavourable ends of their intervals eager fp32 is within the 2% tolerance.
