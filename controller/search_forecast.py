@@ -113,7 +113,6 @@ class Forecast:
         return math.exp(self.log_objective[0] + k * self.log_objective[1])
 
 
-
 def similarity(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     """How much a measurement of configuration b says about a, in (0, 1]."""
     weight = 1.0
