@@ -9,6 +9,7 @@ import json
 import logging
 import subprocess
 
+from cache_checks import assert_compiled_from_caches
 from click.testing import CliRunner
 from daemon_factories import TESTS_DIR, daemon_cmd, query, use_flow_worker, write_daemon_config, write_policy
 from joulepilot.policies import read_lock, torch_minor
@@ -94,7 +95,7 @@ def test_once_measures_decides_locks_then_only_redecides_what_changed(tmp_path, 
     stored = query(db, "SELECT warm_start_s, extra FROM runs WHERE id = ?", [runs[0]["id"]])[0]
     assert stored["warm_start_s"] == warm["warm_start_s"]
     stored_extra = json.loads(stored["extra"])
-    assert stored_extra["warm_start_caches"] == {"fxgraph_cache_hit": 1, "autograd_cache_hit": 1}
+    assert_compiled_from_caches(stored_extra["warm_start_caches"], stored_extra.get("warm_start_cache_bypasses"), 1)
     assert stored_extra["warm_start_role"] == warm["role"] and stored_extra["job_wall_s"] > 0
     st = status(db)
     assert st["daemon"]["alive"] is False and st["daemon"]["state"] == "stopped"

@@ -7,9 +7,8 @@ process of its own."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
+from cache_checks import assert_compiled_from_caches
 from joulepilot.compiler import CompileConfig, ZygotePool
 from joulepilot.compiler.artifacts import kernels_path
 from joulepilot.compiler.budget import worker_budget
@@ -34,19 +33,6 @@ def cold_then_warm(job: dict) -> tuple[dict, dict]:
     return cold, warm
 
 
-def assert_compiled_from_caches(warm: dict, graphs: int) -> None:
-    """Each of the `graphs` saved graphs was an AOTAutograd hit, or a bypass that torch gave a reason for (the
-    worker records it; its graph is then looked up in the FX-graph cache directly, a hit too), and no graph
-    missed the FX-graph cache. A bypass of one frame in three was seen once in a whole-suite run on the CPU,
-    never in the test alone."""
-    caches, why = warm["caches"], warm["cache_bypasses"]
-    hits, bypassed = caches.get("autograd_cache_hit", 0), caches.get("autograd_cache_bypass", 0)
-    assert hits + bypassed == graphs and (not bypassed or why), (caches, why)
-    assert caches.get("fxgraph_cache_hit", 0) >= graphs and "fxgraph_cache_miss" not in caches, (caches, why)
-    if bypassed:  # shown in the run's warnings summary: why torch bypassed the cache is still to be learnt
-        warnings.warn(f"warm start: torch bypassed AOTAutograd's cache for {bypassed} graph(s): {why}", stacklevel=2)
-
-
 def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_caches(tmp_path):
     """The default path (no precompile): every frame is traced again and compiled from the saved caches."""
     config = CompileConfig("default")
@@ -62,7 +48,7 @@ def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_cac
     assert misses["fxgraph_cache_miss"] == entries["inductor"] and misses["autograd_cache_miss"] == entries["inductor"]
     assert warm["status"] == "ok", warm.get("reason")
     assert warm["artifacts"]["entries"]["inductor"] == entries["inductor"]
-    assert_compiled_from_caches(warm, entries["inductor"])
+    assert_compiled_from_caches(warm["caches"], warm["cache_bypasses"], entries["inductor"])
     assert warm["dynamo_frames"] == frames  # traced again, but compiled from the caches
     assert warm["kernels_built"] == 0 and warm["artifacts"]["kernels"] > 0
     # how much faster it starts is measured by benchmarks/ on a quiet machine, not asserted on a shared one
@@ -123,7 +109,7 @@ def test_regional_artifacts_warm_start_a_worker_and_the_hook_with_nothing_built(
         assert saved["precompile"] and warm["artifacts"]["precompile"]
         assert warm["dynamo_frames"] == 0  # the precompiled frames were installed: nothing traced
     else:
-        assert_compiled_from_caches(warm, 1)
+        assert_compiled_from_caches(warm["caches"], warm["cache_bypasses"], 1)
     assert warm["warm_start_s"] == pytest.approx(warm["artifacts_load_s"] + warm["apply_s"] + warm["first_call_s"])
     # how much faster it starts is measured by benchmarks/ on a quiet machine, not asserted on a shared one
     assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
