@@ -303,7 +303,7 @@ class GuidedSearch:
         if gain < s.min_expected_gain * level:
             return (f"predicted {fmt(fc.mean, self.unit)} +- {fmt(fc.std, self.unit)}, measured best "
                     f"{fmt(level, self.unit)} ({best.label}): expected gain beyond the {rules.tolerance_pct:g}% "
-                    f"tolerance {gain / level:.1%} of it (less than {s.min_expected_gain:.0%})")
+                    f"tolerance {gain / level:.2%} of it (less than {s.min_expected_gain:.0%})")
         if rules.objective == "energy" and fc.power_w:
             calls = rules.expected_inferences * (max(1, int(arm.config.get("batch_size") or 1))
                                                  if rules.per_sample else 1)

@@ -277,12 +277,13 @@ class Forecaster:
         return median(ratios) if ratios else DEFAULT_PEAK_RATIO
 
     def rel_error_guess(self, arm: Arm) -> tuple[float, float] | None:
-        """Numerical error from measured configurations of the same precision, or None."""
+        """Numerical error from measured configurations of the same precision, or None. Every ok run counts,
+        flagged ones too: a window warning says the run's energy and pace may be off, not its output."""
         logs = []
         for other in self.arms.values():
             if other is arm or other.config.get("precision") != arm.config.get("precision"):
                 continue
-            values = [r.max_rel_error for r in other.counted_runs() if r.max_rel_error is not None]
+            values = [r.max_rel_error for r in other.ok_runs() if r.max_rel_error is not None]
             if values:
                 logs.append(math.log(max(median(values), 1e-12)))
         if not logs:
