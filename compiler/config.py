@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from joulepilot.store import stable_id
@@ -97,7 +98,7 @@ class CompileConfig:
     def options_dict(self) -> dict[str, Any]:
         return dict(self.options)
 
-    @property
+    @cached_property  # worked out once per configuration: grids, judges and store writes ask it over and over
     def id(self) -> str:
         parts: list[Any] = ["config", self.mode, self.fusion, [list(p) for p in self.options], self.precision,
                             self.dynamic, self.batch_size]

@@ -3,6 +3,7 @@ one JSON decoder, and row classes that name every column of their tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -58,6 +59,11 @@ def test_latest_decision_for_a_configuration_and_decoded_details(db):
     assert latest_decision(db, "svc", "cpu", config_id="c-none") is None
     assert json.loads(json.dumps(row.to_dict()))["details"] == {"workload_id": "w1"}
     assert row["state"] == row.state and dict(row)["config_id"] == "c-a" and "details" in row
+    # a row answers as the dict it replaced: unknown names are absent, not errors of another kind
+    assert "nope" not in row and ["details"] not in row and row.get("nope", 7) == 7
+    with pytest.raises(KeyError):
+        row["nope"]
+    assert list(row) == list(row.keys()) == [f.name for f in dataclasses.fields(DecisionRow)]
 
 
 @pytest.mark.parametrize("table, row_class", [("decisions", DecisionRow), ("runs", RunRow), ("jobs", JobRow),
