@@ -54,9 +54,9 @@ class StoredRow:
         return isinstance(key, str) and key in _names_of(type(self))[1]
 
     def __getitem__(self, key: str) -> Any:
-        if key not in _names_of(type(self))[1]:
+        if key not in self:
             raise KeyError(key)
         return getattr(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in _names_of(type(self))[1] else default
+        return getattr(self, key) if key in self else default
