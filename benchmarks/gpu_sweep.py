@@ -45,6 +45,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "distilbert": {"spec": "transformers:DistilBertConfig", "batch_size": 16, "seq_len": 128},
     "convnext": {"spec": "torchvision:convnext_tiny", "batch_size": 32},
     "efficientnet": {"spec": "torchvision:efficientnet_b0", "batch_size": 64},
+    # In no committed sweep yet: candidates for the next held-out grid.
+    "regnet": {"spec": "torchvision:regnet_y_800mf", "batch_size": 64},
+    "swin": {"spec": "torchvision:swin_t", "batch_size": 32},
 }
 DEFAULT_MODELS = "resnet50,bert,gpt2,vit"
 EXPORT_FIELDS = ("run_id", "workload", "batch_size", "config_label", "mode", "fusion", "precision", "status",
