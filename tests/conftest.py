@@ -242,16 +242,28 @@ def restore_logging():
 @pytest.fixture
 def live_children():
     """Lists this process's live descendants that the test started: children that were already there when it
-    began (multiprocessing's resource tracker, left by an earlier test on the same xdist worker) are not its."""
+    began (multiprocessing's resource tracker, or the session's PostgreSQL server, left by an earlier test on the
+    same xdist worker) are not its, nor what they start meanwhile (the server's backends and autovacuum
+    workers)."""
     import psutil
 
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+
+    def theirs(proc) -> bool:
+        parent = proc.parent()
+        while parent is not None and parent.pid != me.pid:
+            if parent.pid in before:
+                return True
+            parent = parent.parent()
+        return False
 
     def live() -> list:
         found = []
-        for proc in psutil.Process().children(recursive=True):
+        for proc in me.children(recursive=True):
             try:
-                if proc.pid not in before and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                if proc.pid not in before and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE \
+                        and not theirs(proc):
                     found.append(proc)
             except psutil.NoSuchProcess:
                 continue
