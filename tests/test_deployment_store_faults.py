@@ -96,8 +96,11 @@ def test_a_trip_while_the_store_is_locked_is_recorded_once_it_is_writable(tmp_pa
         dep.close()
     samples = read_samples(db, dep_id)
     assert sum(s["inferences"] for s in samples) == dep.inferences  # close() flushed the rest, nothing twice
+    # No window lost or doubled under the lock: none overlaps the one before, and none starts a window's length
+    # (0.2 s) after it. A gap of a few ms is the metering thread preempted between its monotonic and wall-clock
+    # reads on a loaded machine (a whole-suite run saw 5.5 ms), which the stamps show as a small forward step.
     for a, b in zip(samples, samples[1:], strict=False):
-        assert b["t_start"] == pytest.approx(a["t_end"], abs=1e-3)  # no window lost or doubled under the lock
+        assert -1e-3 <= b["t_start"] - a["t_end"] < 0.1, (a, b)
     [violation] = list_violations(db, deployment="locked-trip")
     assert violation["limit_value"] == 0.001 and violation["measured_value"] > 0.001
     violated = db.execute("SELECT COUNT(*) FROM decisions WHERE state = 'violated' AND policy = 'tight'").fetchone()
