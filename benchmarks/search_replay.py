@@ -16,7 +16,9 @@ configurations recorded for it. For every workload and each scenario:
   process (`controller.search.Step.windows`), which the daemon takes in one worker: those cost the drawn
   run's warm-up, latency pass and window (`WINDOW_COST`); a further window's figures are another draw
   (`--windows independent`, the default) or its process's draw moved by the spread windows of one worker show
-  (`--windows process`, `WINDOW_MODELS`);
+  (`--windows process`, `WINDOW_MODELS`); a repeat in a fresh process starts from the saved artifacts, as the
+  daemon's does: where the drawn run recorded a warm start (`warm_start_s`) it costs that in place of its
+  compile and keeps no compile figures (`warm_repeat`), else it costs the whole cold process it was;
 * the trade-off model (`controller.tradeoff`) is fitted on the runs of the *other* workload specs only:
   those of the exports and of the repository's committed data (`tests/data/*.json`), never any run of
   the replayed spec (at any batch size or on any device);
@@ -191,6 +193,19 @@ def window_cost_s(run: Mapping[str, Any]) -> float:
     return min(parts, _wall_s(run)) if parts > 0 else _wall_s(run)
 
 
+def warm_repeat(observation: Run, run: Mapping[str, Any]) -> Run:
+    """A repeat of a compiled configuration in a fresh process, as the daemon runs one: started from the
+    artifacts its first run saved, so the recorded compile is replaced by the warm start the run records
+    (`warm_start_s`), and the run keeps no compile figures of its own (the judge amortises it with the
+    configuration's cold compile). A run recorded without a warm start is replayed as the cold process it was,
+    costing more than the daemon would spend."""
+    warm_s = run.get("warm_start_s")
+    if not isinstance(warm_s, int | float) or observation.compile_s is None:
+        return observation
+    return dataclasses.replace(observation, wall_s=max(0.0, observation.wall_s - observation.compile_s) + warm_s,
+                               compile_s=None, compile_energy_j=None, warm_started=True)
+
+
 def exhaustive_cost_s(workload: ReplayWorkload) -> float:
     total = 0.0
     for config_id in workload.configs:
@@ -269,6 +284,7 @@ def replay_scenario(workload: ReplayWorkload, scenario: str, model: Any, seed: i
 
     def measure(config: Mapping[str, Any], fresh_process: bool) -> Run:
         pool = workload.ok_runs(config["id"]) or workload.runs[config["id"]]
+        repeat = fresh_process and config["id"] in process_run
         if windows == "process" and not fresh_process and config["id"] in process_run:
             run = _same_process_window(process_run[config["id"]], rng)
         else:
@@ -277,6 +293,8 @@ def replay_scenario(workload: ReplayWorkload, scenario: str, model: Any, seed: i
         observation = Run.from_row(run, fresh_process=fresh_process)
         if not fresh_process and WINDOW_COST:  # a further window of the process that just measured it
             observation = dataclasses.replace(observation, wall_s=window_cost_s(run))
+        elif repeat and observation.ok:
+            observation = warm_repeat(observation, run)
         cost[0] += observation.wall_s
         return observation
 

@@ -29,7 +29,7 @@ import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from joulepilot.store import default_home, stable_id
 from joulepilot.store.files import stage_file, write_file_atomic
@@ -101,6 +101,19 @@ def artifact_path_for(workload_id: str, config_id: str, device_name: str, torch_
                       triton_version: str | None = None) -> Path:
     """Where the artifacts of this workload and configuration live for this device and these versions."""
     return artifacts_dir() / f"{artifact_key(workload_id, config_id, device_name, torch_version, triton_version)}.bin"
+
+
+def recorded_artifacts(recorded: str | os.PathLike | None, workload_id: str, config_id: str,
+                       origin: Mapping[str, Any]) -> Path | None:
+    """The artifacts a stored run recorded (`recorded`, its `artifacts_path`), when that is where this host saves
+    them for the workload, configuration and provenance `origin` (device name, torch and triton versions) and the
+    file is there; else None. A path read from the store is never loaded as it is: whoever can write the store
+    could name a file of their own, and loading artifacts runs the code compiled into them."""
+    if not recorded:
+        return None
+    saved = artifact_path_for(workload_id, config_id, origin["device_name"], origin["torch_version"],
+                              origin.get("triton_version") or "")
+    return saved if Path(recorded) == saved and saved.is_file() else None
 
 
 def kernels_path(artifacts_path: str | os.PathLike) -> Path:

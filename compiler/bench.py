@@ -293,7 +293,8 @@ LOAD_PHASE = "load"
 _FIRST_WINDOW_COLUMNS = ("compile_s", "warmup_s", "artifacts_path", "warm_start_s")
 _FIRST_WINDOW_EXTRA = ("window", "window_ms_per_call", "window_warning", "latency_calls", "latency_ms_mean",
                        "latency_ms_min", "latency_s", "compile_window", "compile_timers_s", "compile_caches",
-                       "artifacts", "describe", "warmup_calls", "peak_memory_window_bytes", "job_wall_s")
+                       "artifacts", "describe", "warmup_calls", "peak_memory_window_bytes", "job_wall_s",
+                       "warm_start", "warm_start_from")
 
 
 def further_window_rows(row: dict[str, Any], further: list[dict[str, Any]]
@@ -442,9 +443,15 @@ def measure_config(
     threads: int | None = None,
     model_options: Mapping[str, Any] | None = None,
     generation: Generation | None = None,
+    warm_from_run: int | None = None,
 ) -> MeasuredRun:
     """Measure `spec` under one configuration in a fresh worker (and, with `warm_start`, time a second
-    worker loading the saved artifacts). Nothing is written to the database. `precompile` (default:
+    worker loading the saved artifacts). Nothing is written to the database. `warm_from_run`: the id of an
+    earlier run of this configuration on this host that saved its artifacts, for a repeat in a fresh process:
+    the worker starts from the artifacts saved for this workload, configuration and provenance (the path is
+    derived here, never read from a run), so its first call is a warm start (`warm_start_s`), it records no
+    compile figures and saves no artifacts; with no such file, or for a shape set or a generation, it compiles
+    cold. `precompile` (default:
     $JOULEPILOT_PRECOMPILE, off unless set): the compile also records Dynamo's precompiled frames with the
     artifacts (where torch has caching precompile), so a warm start does not trace the model again. It is
     experimental: a compile or warm start that fails with it is run again without it, and that run is the
@@ -475,10 +482,14 @@ def measure_config(
     budget = worker_budget(budget_s, min_seconds * (len(shapes.sizes) if shapes else 2 if generation else windows))
     if precompile is None:
         precompile = precompile_opted_in()
-    artifacts = None
-    if config.compiles and save_artifacts:
-        artifacts = str(artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
-                                          origin["triton_version"] or ""))
+    artifacts = warm_from = None
+    if config.compiles:
+        saved = artifact_path_for(wid, config.id, origin["device_name"], origin["torch_version"],
+                                  origin["triton_version"] or "")
+        if warm_from_run is not None and shapes is None and generation is None and saved.is_file():
+            warm_from = str(saved)
+        elif save_artifacts:
+            artifacts = str(saved)
     job = {
         "kind": "bench", "spec": spec, "device": device, "config": config.to_row(),
         "seq_len": seq_len, "image_size": image_size, "min_seconds": min_seconds,
@@ -487,6 +498,8 @@ def measure_config(
         "windows": windows, "windows_max_rel_error": windows_max_rel_error,
         **generation_job_fields(generation, model_options),
     }
+    if warm_from is not None:
+        job["warm_from"], job["warm_from_run_id"] = warm_from, warm_from_run
     if device == "cpu":
         job["threads"], job["threads_from"] = cpu_threads(threads)
     if shapes is not None:  # the worker builds the workload at the set's first size, then the others

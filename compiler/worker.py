@@ -11,6 +11,11 @@ tell a compile that overran its budget from a slow measurement. Kinds of job:
   numerical check, optional artifact save and description.
 - "warm_start": load saved artifacts into this (fresh) process's caches, then time applying the
   configuration and its first call (see `compiler.warmstart`).
+- "bench" with `warm_from` (the artifacts an earlier run of the configuration saved): a repeat in a fresh
+  process that starts from them, as a serving process does, and measures as any bench job; its first call is a
+  warm start (`warm_start_s`), so it records no compile figures of its own (`extra.warm_start_from` names the
+  run whose artifacts it loaded). Artifacts that cannot be loaded leave a cold compile, measured as one
+  (`extra.warm_start_error`).
 - "bench" of a generation (the job has `generation`): the same meters and phases, a generation's windows
   (`compiler/generation.py`).
 - "doctor": graph breaks, graphs, recompiles and eager time of a workload (`compiler/doctor.py`).
@@ -32,7 +37,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import window_gate
 from .budget import windows_taken
@@ -225,11 +230,13 @@ def gate_allows(job: dict[str, Any], index: int, result: dict[str, Any], timed: 
 
 def _first_window_fields(result: dict[str, Any], timed: Any, batch_size: int, idle: dict[str, float]) -> dict[str, Any]:
     """The process's first window as the runs-table fields the window gate is asked with (`compiler.window_gate`):
-    the compile's and the numerical check's figures, its latencies and energy window, its pace warning."""
+    the compile's and the numerical check's figures, its latencies and energy window, its pace warning, and the
+    run it warm-started from."""
     window = timed.measurement
     fields = {"status": "ok", **{k: result.get(k) for k in ("compile_s", "compile_energy_j", "max_rel_error")},
               **timed.latency_columns(), **_window_fields(window, timed.calls, batch_size, idle)}
-    extra: dict[str, Any] = {}
+    # a process that warm-started compiled nothing: the judge amortises it with its configuration's cold compile
+    extra: dict[str, Any] = {k: v for k, v in result["extra"].items() if k == "warm_start_from"}
     _check_window_pace(window.duration_s * 1000.0 / timed.calls, fields.get("latency_ms_p50"), extra,
                        timed.latency_source)
     fields["extra"] = extra
@@ -294,7 +301,7 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     import torch
 
     from .apply import apply_config
-    from .artifacts import kernel_cache_dirs, save_warm_start
+    from .artifacts import count_kernels, kernel_cache_dirs, save_warm_start
     from .compile_meter import CompileWindow
     from .config import CompileConfig
     from .measure import (
@@ -320,6 +327,17 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     extra = result["extra"]
     columns, extra["provenance"] = origin_fields(job, device)
     result.update(columns)
+    warm = None
+    if config.compiles and job.get("warm_from"):
+        phases.enter("load_artifacts")
+        try:
+            warm = _loaded_artifacts(job["warm_from"])
+            why = None if warm.info is not None else "nothing could be loaded"
+        except Exception as exc:  # a damaged file costs the warm start, never the measurement
+            warm, why = None, f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            extra["warm_start_error"] = f"artifacts {job['warm_from']}: {why}; compiled cold"
+            warm = None
 
     phases.enter("load")
     workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
@@ -356,9 +374,15 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
         if bypasses:
             extra["compile_cache_bypasses"] = bypasses
         phases.enter("compiled")
-        result["compile_s"] = compile_s
         compile_window = compile_metered.record
-        result.update(compile_metered.columns)
+        if warm is None:
+            result["compile_s"] = compile_s
+            result.update(compile_metered.columns)
+        else:  # a warm start, not a compile: the configuration's compile figures are its cold runs'
+            result["warm_start_s"] = warm.load_s + compile_s
+            extra["warm_start_from"] = job.get("warm_from_run_id")
+            extra["warm_start"] = {"artifacts_load_s": warm.load_s, "first_call_s": compile_s,
+                                   "kernels_built": count_kernels() - warm.kernels, "artifacts": warm.info.to_dict()}
         check = numeric_check(output, reference)
         result["max_rel_error"] = check.max_rel_error
         if check.note:
@@ -462,6 +486,21 @@ def run_bench(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     return result
 
 
+class LoadedArtifacts(NamedTuple):
+    info: Any  # `artifacts.ArtifactsInfo`, or None when nothing could be loaded
+    load_s: float
+    kernels: int  # kernel binaries in this process's caches after loading (unpacked, or copied from the host)
+
+
+def _loaded_artifacts(path: str) -> LoadedArtifacts:
+    """Saved artifacts loaded into this (fresh) process's caches, before anything compiles."""
+    from .artifacts import count_kernels, load_warm_start
+
+    started = time.perf_counter()
+    info = load_warm_start(path)
+    return LoadedArtifacts(info, time.perf_counter() - started, count_kernels())
+
+
 def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     """A fresh process's start from saved artifacts. `warm_start_s`, to set against the cold `compile_s`,
     counts loading them (kernel binaries, cache entries), applying the configuration (where precompiled
@@ -472,7 +511,7 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     import torch._dynamo  # noqa: F401
 
     from .apply import apply_config
-    from .artifacts import count_kernels, load_warm_start
+    from .artifacts import count_kernels
     from .config import CompileConfig
     from .measure import synchronizer, timed_call
     from .numerics import numeric_check
@@ -483,12 +522,10 @@ def run_warm_start(job: dict[str, Any], phases: Phases) -> dict[str, Any]:
     device = job["device"]
     config = CompileConfig.from_row(job["config"])
     phases.enter("load_artifacts")
-    started = time.perf_counter()
-    loaded = load_warm_start(job["artifacts_path"])
-    load_s = time.perf_counter() - started
+    warm = _loaded_artifacts(job["artifacts_path"])
+    loaded, load_s, present = warm.info, warm.load_s, warm.kernels
     if loaded is None:
         raise RuntimeError(f"no artifacts could be loaded from {job['artifacts_path']}")
-    present = count_kernels()  # unpacked, or copied from the host (its vector-instruction test programs)
     phases.enter("load")
     workload = load_workload(job["spec"], batch_size=config.batch_size, device=device,
                              seq_len=job.get("seq_len"), image_size=job.get("image_size"),

@@ -82,7 +82,7 @@ from joulepilot.store.daemon_state import (
     unhandled_requests,
     write_heartbeat,
 )
-from joulepilot.store.runs import configs_measured_by, further_window_run_ids
+from joulepilot.store.runs import configs_measured_by, further_window_run_ids, warm_start_source
 from joulepilot.store.side_file_imports import import_side_files
 from joulepilot.store.unreachable import check_reachable, clear_unreachable, note_unreachable
 
@@ -965,6 +965,7 @@ class Daemon:
             state = self._guided.get(policy.name)
             gate = window_gate(self.db, policy, probe.device_kind, job.config_id, provenance_key=probe.provenance_key,
                                max_age_s=self.cfg.max_decision_age_s, violated=state.violated if state else ())
+        warm_from = self._warm_from(job, cfg, probe)
         if device.startswith("cuda") and not self._has_context(device):
             # the quiet period that just made the device ready, as its idle baseline (read here, before the
             # job's checks for production load start a new period)
@@ -982,10 +983,23 @@ class Daemon:
                 policy.workload, cfg, context=context, columns=columns, min_seconds=bench_cfg.min_seconds,
                 budget_s=bench_cfg.budget_s, describe=describes, cancel=stop_check, on_start=on_start,
                 worker_env=env, zygotes=zygotes, windows=windows, windows_max_rel_error=policy.limits.max_rel_error,
-                window_gate=gate, **workload,
+                window_gate=gate, warm_from_run=warm_from, **workload,
             )
 
         scheduler.start(device, RunningJob(job, policy, cfg.label, device, describes), measure)
+
+    def _warm_from(self, job: JobRow, cfg: Any, probe: DeviceProbe) -> int | None:
+        """The run whose saved artifacts a job of a compiled configuration starts from (`measure_config`'s
+        `warm_from_run`), or None: its newest cold run on this host under this provenance, within the decision
+        age limit, that saved them. A repeat in a fresh process then costs a warm start where a second cold
+        compile would cost several times more (a max-autotune one, its autotuning again), and it runs the very
+        kernels that a serving process loads."""
+        if not cfg.compiles:
+            return None
+        age = self.cfg.max_decision_age_s
+        return warm_start_source(self.db, job.workload_id, job.config_id, host_id=self.host_id,
+                                 provenance_key=probe.provenance_key,
+                                 min_finished_at=None if age is None else time.time() - age)
 
     def _guided_step(self, job: JobRow) -> Any:
         """The guided search's step that `job` measures, or None (not a guided policy's job)."""
@@ -1297,6 +1311,7 @@ class Daemon:
         deployment uses. Each runs on a job thread of its own, stopped as a job is; the store is read and
         written here, on the pass's thread."""
         from joulepilot.compiler import time_warm_start, warm_start_fields
+        from joulepilot.compiler.artifacts import recorded_artifacts
         from joulepilot.compiler.device_pool import worker_env
         from joulepilot.store import record_warm_start, run_warm_start_state
 
@@ -1311,14 +1326,18 @@ class Daemon:
         env = worker_env(1, self.cfg.compile_cache.redis_url)
         for role, candidate in warm_start_candidates(decision):
             artifacts, timed = run_warm_start_state(self.db, candidate.run_id)
-            if not artifacts or timed is not None or not Path(artifacts).is_file():
-                continue  # eager, already timed, or its artifacts are gone
+            if not artifacts or timed is not None:
+                continue  # eager, or already timed
+            cfg = measured_config(candidate.config, policy)
+            saved = recorded_artifacts(artifacts, config_workload_id(policy, cfg), cfg.id,
+                                       self._pass_context(device).origin)
+            if saved is None:
+                continue  # saved elsewhere than this host saves them, or gone
             if self.stop_event.is_set() or tracker.busy_now(own_process_tree()):
                 return
-            cfg = measured_config(candidate.config, policy)
             self.heartbeat("sweeping", f"timing the warm start of {policy.name}: {cfg.label} on {device}")
 
-            def measure(stop_check: Any, on_start: Any, cfg: Any = cfg, artifacts: str = artifacts) -> Any:
+            def measure(stop_check: Any, on_start: Any, cfg: Any = cfg, artifacts: str = str(saved)) -> Any:
                 return time_warm_start(policy.workload, cfg, artifacts, context=self._pass_context(device),
                                        min_seconds=bench_cfg.min_seconds, budget_s=bench_cfg.budget_s,
                                        seq_len=shape.get("seq_len"), image_size=shape.get("image_size"),

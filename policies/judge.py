@@ -15,8 +15,9 @@ ask this module; nothing else computes an objective, checks a limit or ranks con
   output token (TPOT p50); `edp` their product. A run whose compile energy was not metered gets
   it estimated as its compile seconds x its average power, and the configuration's verdict says so
   (`compile_estimated`): counting an unmetered compile as free would favour every compiled configuration
-  over eager, which compiles nothing. For the same reason a further window of a worker process, which
-  compiled nothing of its own, is amortised with its configuration's compile (`with_process_compile`).
+  over eager, which compiles nothing. For the same reason a run that compiled nothing of its own (a further
+  window of a worker process, or a repeat that started from the configuration's saved artifacts) is amortised
+  with its configuration's compile (`with_process_compile`), and only cold compiles make its compile time.
 * **Energy sources** (`policies.sources`): configurations are compared on runs of one source only.
 * **Limits** (`check_limits`): average power on the upper end of its median's interval (with 4 or more runs never
   above the order-statistic bound at the same confidence, `noise.distribution_free_high`: at 4 or 5 runs, the
@@ -172,6 +173,7 @@ class Run:
     tokens_match: bool | None = None
     tokens_match_steps: int | None = None
     fresh_process: bool = True  # it started its worker process (not a further window of one)
+    warm_started: bool = False  # its process started from the configuration's saved artifacts: it compiled nothing
     flagged: str | None = None  # bench's "repeat this run" window warning
     run_id: int | None = None
     wall_s: float = 0.0  # what measuring it took
@@ -201,6 +203,7 @@ class Run:
                    tokens_match=None if match is None else bool(match),
                    tokens_match_steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
                    fresh_process=fresh_process_of(extra) if fresh_process is None else fresh_process,
+                   warm_started="warm_start_from" in extra,
                    flagged=str(warning) if warning else None, run_id=get("id"),
                    wall_s=max(0.0, finished - started) if started is not None and finished is not None else 0.0,
                    reason=get("reason"))
@@ -277,16 +280,17 @@ def compile_energy(run: Run) -> tuple[float, bool]:
 
 
 def with_process_compile(runs: Sequence[Run]) -> list[Run]:
-    """The runs of one configuration, each further window of a worker process (which compiled nothing of its
-    own, so it stores no compile figures) given the configuration's compile energy: the median of its runs that
-    compiled. Amortised without it, a configuration measured in three windows of one process would have two
-    runs of three that compiled for free, and its median objective would leave the compile out."""
+    """The runs of one configuration, each that compiled nothing of its own (a further window of a worker
+    process, or a process that started from the configuration's saved artifacts: neither stores compile
+    figures) given the configuration's compile energy: the median of its runs that compiled. Amortised without
+    it, a configuration measured in three windows of one process would have two runs of three that compiled
+    for free, and its median objective would leave the compile out."""
     compiled = [run for run in runs if run.compile_energy_j is not None or run.compile_s is not None]
     if not compiled:
         return list(runs)
     joules = median([compile_energy(run)[0] for run in compiled])
-    return [replace(run, compile_energy_j=joules) if not run.fresh_process and run.compile_energy_j is None
-            and run.compile_s is None else run for run in runs]
+    return [replace(run, compile_energy_j=joules) if (not run.fresh_process or run.warm_started)
+            and run.compile_energy_j is None and run.compile_s is None else run for run in runs]
 
 
 def amortised_j(run: Run, rules: Rules) -> float | None:

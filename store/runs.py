@@ -186,6 +186,21 @@ def recent_ok_runs(db: Store, workload_id: str, provenance_key: str, min_finishe
                  [workload_id, provenance_key, min_finished_at])
 
 
+def warm_start_source(db: Store, workload_id: str, config_id: str, *, host_id: str, provenance_key: str,
+                      min_finished_at: float | None = None) -> int | None:
+    """The id of the newest ok run of `config_id` on `workload_id` that this host made under one provenance
+    (finished since `min_finished_at`, when given), compiling cold and saving its compile artifacts; None when
+    there is none."""
+    where = ("workload_id = ? AND config_id = ? AND host_id = ? AND provenance_key = ? AND status = 'ok' "
+             "AND compile_s IS NOT NULL AND artifacts_path IS NOT NULL")
+    args: list[Any] = [workload_id, config_id, host_id, provenance_key]
+    if min_finished_at is not None:
+        where += " AND COALESCE(finished_at, started_at) >= ?"
+        args.append(min_finished_at)
+    row = db.execute(f"SELECT id FROM runs WHERE {where} ORDER BY id DESC LIMIT 1", args).fetchone()
+    return None if row is None else int(row[0])
+
+
 def configs_measured_by(db: Store, host_id: str, provenance_key: str) -> set[str]:
     """The configurations this host has a run of (any workload, any status) under one provenance."""
     return {row[0] for row in db.execute("SELECT DISTINCT config_id FROM runs WHERE host_id = ? AND provenance_key = ?",

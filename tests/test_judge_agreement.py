@@ -2,9 +2,9 @@
 
 Each store is a real SQLite database, seeded from a random generator (seeded, so every failure reproduces) with
 what makes decisions hard: compile energy that was not metered, runs flagged "repeat this run", failed runs,
-further windows of one worker process, runs of several energy sources, configurations within a few percent of
-each other, a power envelope, the batch-size lever, a configuration that broke the envelope in a deployment,
-and every objective. For each, three public functions decide on the same runs, in this process:
+further windows of one worker process, repeats that started from saved artifacts (no compile of their own), runs
+of several energy sources, configurations within a few percent of each other, a power envelope, the batch-size
+lever, a configuration that broke the envelope in a deployment, and every objective. For each, three public functions decide on the same runs, in this process:
 
 * `policy explain`: `controller.redecide.decide_now` without recording (as `joulepilot policy explain` calls it);
 * the guided search's ranking: `controller.guided.plan_guided` (what the daemon plans with; its `state` and the
@@ -183,6 +183,9 @@ def _seed(db: Any, policy: Any, rng: random.Random) -> None:
                 if index and rng.random() < 0.3:  # a further window, stored as the daemon stores one: no compile
                     extra["window_in_process"] = 2
                     run["compile_s"] = run["compile_energy_j"] = None
+                elif index and cfg.mode != "eager" and rng.random() < 0.3:  # a repeat that warm-started: no compile
+                    extra["warm_start_from"] = 1
+                    run["warm_start_s"], run["compile_s"], run["compile_energy_j"] = compile_s / 4, None, None
                 if extra:
                     run["extra"] = {**run.get("extra", {}), **extra}
             insert_run(db, run)

@@ -22,24 +22,28 @@ SPEC = "tests.block_models:block_stack"
 
 
 
-def cold_then_warm(job: dict) -> tuple[dict, dict]:
-    """The job's cold compile, then a warm start from its artifacts, both forked from one zygote as bench runs them."""
+def cold_then_warm(job: dict, *, repeat: bool = False) -> tuple[dict, ...]:
+    """The job's cold compile, then a warm start from its artifacts, all forked from one zygote as bench runs them;
+    with `repeat`, then the job again in a fresh worker that starts from them (as the daemon's repeats do)."""
     with ZygotePool() as zygotes:
         cold = run_worker_job(job, budget=worker_budget(900, 0.2), zygotes=zygotes)
         assert cold["status"] == "ok", cold.get("reason")
         warm = run_worker_job(dict(job, kind="warm_start", artifacts_path=cold["artifacts_path"]),
                               budget=worker_budget(900, 0.2), zygotes=zygotes)
+        more = [run_worker_job(dict(job, artifacts_path=None, warm_from=cold["artifacts_path"], warm_from_run_id=41),
+                               budget=worker_budget(900, 0.2), zygotes=zygotes)] if repeat else []
     assert cold["worker_process"] == warm["worker_process"] == FORKED
-    return cold, warm
+    return cold, warm, *more
 
 
 def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_caches(tmp_path):
-    """The default path (no precompile): every frame is traced again and compiled from the saved caches."""
+    """The default path (no precompile): every frame is traced again and compiled from the saved caches. A repeat
+    of the configuration in a fresh process (`warm_from`) starts the same way and then measures as a bench job."""
     config = CompileConfig("default")
     job = {"kind": "bench", "spec": "tests.block_models:breaking_stack", "device": "cpu", "config": config.to_row(),
            "min_seconds": 0.2, "latency_s": 0.2, "warmup_max_s": 0.3, "precompile": False,
            "artifacts_path": str(tmp_path / "a.bin")}
-    cold, warm = cold_then_warm(job)
+    cold, warm, repeat = cold_then_warm(job, repeat=True)
     frames = cold["extra"]["dynamo_frames_first_call"]
     assert cold["graph_breaks"] >= 1 and frames > 1
     entries = cold["extra"]["artifacts"]["entries"]
@@ -53,6 +57,17 @@ def test_a_model_with_graph_breaks_warm_starts_every_frame_from_the_inductor_cac
     assert warm["kernels_built"] == 0 and warm["artifacts"]["kernels"] > 0
     # how much faster it starts is measured by benchmarks/ on a quiet machine, not asserted on a shared one
     assert warm["max_rel_error"] == cold["max_rel_error"]  # the same compiled code, the same inputs
+
+    # The repeat: a warm start in place of a compile, then the run's own measurement.
+    assert repeat["status"] == "ok", repeat.get("reason")
+    assert repeat.get("compile_s") is None and "compile_energy_j" not in repeat and "artifacts_path" not in repeat
+    assert repeat["warm_start_s"] > repeat["extra"]["warm_start"]["first_call_s"] > 0
+    assert repeat["extra"]["warm_start_from"] == 41 and "warm_start_error" not in repeat["extra"]
+    assert repeat["extra"]["warm_start"]["kernels_built"] == 0
+    assert_compiled_from_caches(repeat["extra"]["compile_caches"], repeat["extra"].get("compile_cache_bypasses"),
+                                entries["inductor"])
+    assert repeat["energy_j_per_inference"] > 0 and repeat["window_s"] > 0
+    assert repeat["max_rel_error"] == cold["max_rel_error"] and repeat["graph_breaks"] == cold["graph_breaks"]
 
 
 HOOK_START = """
