@@ -44,3 +44,15 @@ budget_s = $4
 enabled = false
 TOML
 }
+
+# jp_collect_lanes DIR OUT: each of DIR's lanes (DIR/laneN, as the *_gpu_lanes.sh scripts leave them) as one tar
+# in OUT, write-ahead logs left out (the lanes close their databases), with DIR's device.txt; then each lane's
+# last lines.
+jp_collect_lanes() {
+  local lane
+  for lane in "$1"/lane*; do
+    [ -d "$lane" ] && tar --exclude='*.db-wal' --exclude='*.db-shm' -czf "$2/$(basename "$lane").tar.gz" -C "$1" "$(basename "$lane")"
+  done
+  cp "$1/device.txt" "$2/" 2>/dev/null
+  tail -n 4 "$1"/lane*/lane.log
+}

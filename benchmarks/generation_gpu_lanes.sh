@@ -11,19 +11,14 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 verb=$1
+. benchmarks/device_common.sh
 if [ "$verb" = collect ]; then
-  dir=$2 out=$3
-  for lane in "$dir"/lane*; do
-    [ -d "$lane" ] && tar --exclude='*.db-wal' --exclude='*.db-shm' -czf "$out/$(basename "$lane").tar.gz" -C "$dir" "$(basename "$lane")"
-  done
-  cp "$dir/device.txt" "$out/" 2>/dev/null
-  tail -n 4 "$dir"/lane*/lane.log
+  jp_collect_lanes "$2" "$3"
   exit 0
 fi
 minutes=$2 dir=$3
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 mkdir -p "$dir"
-. benchmarks/device_common.sh
 jp_install || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,power.limit,temperature.gpu --format=csv > "$dir/device.txt"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' >> "$dir/device.txt"

@@ -20,20 +20,15 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 verb=$1
+. benchmarks/device_common.sh
 if [ "$verb" = collect ]; then
-  dir=$2 out=$3
-  for lane in "$dir"/lane*; do
-    [ -d "$lane" ] && tar --exclude='*.db-wal' --exclude='*.db-shm' -czf "$out/$(basename "$lane").tar.gz" -C "$dir" "$(basename "$lane")"
-  done
-  cp "$dir/device.txt" "$out/" 2>/dev/null
-  tail -n 4 "$dir"/lane*/lane.log
+  jp_collect_lanes "$2" "$3"
   exit 0
 fi
 [ "$verb" = start ] || { echo "usage: $0 start MINUTES DIR MODEL | collect DIR OUT" >&2; exit 2; }
 minutes=$2 dir=$3 model=$4
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 mkdir -p "$dir"
-. benchmarks/device_common.sh
 jp_install || exit 1
 read -r spec batch < <(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from gpu_sweep import MODELS; \
 m = MODELS['$model']; print(m['spec'], m['batch_size'])") || { echo "unknown model $model" >&2; exit 2; }
