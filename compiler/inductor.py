@@ -60,16 +60,6 @@ def normalise_option(name: str, value: Any, known: Mapping[str, Any] | None = No
     return key, value
 
 
-def check_presets() -> dict[str, list[str]]:
-    """Presets whose knobs the installed torch lacks: {preset: [missing knobs]} (empty when all fit)."""
-    known = inductor_defaults()
-    return {
-        name: missing
-        for name, overrides in FUSION_PRESETS.items()
-        if (missing := [k for k in overrides if k not in known])
-    }
-
-
 def checked_config(config: CompileConfig) -> CompileConfig:
     """`config` with its raw options checked and normalised against the installed torch (ConfigError
     names the closest knob or the expected type), after checking that its fusion preset's knobs still

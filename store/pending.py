@@ -42,7 +42,7 @@ from .daemon_state import get_job
 from .db import transaction
 from .errors import StoreError, database_error
 from .files import write_file_atomic
-from .refusals import StoreRefusal, refused_line, store_refusal
+from .refusals import StoreRefusal, store_refusal
 
 log = logging.getLogger(__name__)
 
@@ -361,13 +361,3 @@ def describe_import(item: PendingImport) -> str:
     if item.already_stored:
         return f"pending run {item.path} was already stored as run {item.run_id}{job}; side file removed"
     return f"imported run {item.run_id}{job} kept in {item.path} after an earlier failed commit"
-
-
-def describe_imports(items: Sequence[PendingImport]) -> list[str]:
-    """One line per side file imported or kept for its own reason, and one for all those kept because the
-    database refused (rather than a line, and a wait, for each)."""
-    lines = [describe_import(item) for item in items if item.refused is None]
-    refusals = [item.refused for item in items if item.refused is not None]
-    if refusals:
-        lines.append(refused_line(len(refusals), items[0].path.parent, refusals[0], "at the next start"))
-    return lines

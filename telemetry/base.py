@@ -160,9 +160,6 @@ class Measurement:
         peaks = [*by_tick.values(), *(d.peak_power_w for d in self.devices if d.peak_power_w is not None)]
         return max(*peaks, self.avg_power_w) if peaks else None
 
-    def by_kind(self, kind_prefix: str) -> list[DeviceEnergy]:
-        return [d for d in self.devices if d.device.startswith(kind_prefix + ":")]
-
     def to_dict(self) -> dict:
         return {
             "name": self.name,

@@ -25,9 +25,8 @@ from joulepilot.store.deployment_side_files import (
     set_aside_deployment,
 )
 from joulepilot.store.deployments import get_deployment, read_samples
-from joulepilot.store.pending import describe_imports
 from joulepilot.store.refusals import store_refusal
-from joulepilot.store.side_file_imports import import_side_files
+from joulepilot.store.side_file_imports import SideFileImports, import_side_files
 from pending_factories import finished_run, runs_in, side_files, side_record, write_lock_held
 
 LOCKED = "the database is locked by another process"
@@ -74,6 +73,11 @@ def _deployment_side_files(path: Path, names: list[str]) -> list[Path]:
                   for n, name in enumerate(names))
 
 
+def _notes(items: list) -> list[str]:
+    """What a start reports of run side files (`SideFileImports.notes`, as bench and the daemon print it)."""
+    return [line for line, _ in SideFileImports(items, []).notes()]
+
+
 def _short_wait(path: Path) -> object:
     db = open_db(path)
     db.execute("PRAGMA busy_timeout = 300")
@@ -93,7 +97,7 @@ def test_run_side_files_on_a_locked_database_wait_once_and_are_imported_once_aft
     assert [i.tried for i in items] == [True] + [False] * (len(sides) - 1)
     assert {i.refused.reason for i in items} == {LOCKED}
     assert side_files(path) == sides  # each under its own name (no claim left), for the next start
-    assert describe_imports(items) == [f"{len(sides)} side files in {sides[0].parent} not imported: {LOCKED}; "
+    assert _notes(items) == [f"{len(sides)} side files in {sides[0].parent} not imported: {LOCKED}; "
                                        "they are kept and retried at the next start"]
 
     lock_waits.clear()
@@ -116,7 +120,7 @@ def test_a_read_only_database_tries_one_run_side_file_of_many(tmp_path, lock_wai
     assert len(lock_waits) == 1
     assert {i.refused.reason for i in items} == {"the database is read-only"} and "readonly" in items[0].error
     assert side_files(path) == sides and runs_in(path) == []
-    [line] = describe_imports(items)
+    [line] = _notes(items)
     assert line.startswith(f"{len(sides)} side files in {sides[0].parent} not imported: the database is read-only")
     db = open_db(path)
     assert all(i.run_id is not None for i in import_pending_runs(db))
@@ -142,7 +146,7 @@ def test_a_side_file_refused_for_its_own_contents_does_not_stop_the_others(tmp_p
     assert all(by_path[g].run_id is not None for g in good)
     assert len(lock_waits) == 3  # the mismatched file and both good ones were each tried
     assert side_files(path) == [broken, mismatched]  # kept, for whoever repairs them
-    lines = describe_imports(items)
+    lines = _notes(items)
     assert len(lines) == len(items) and not any("side files" in line for line in lines)
     db.close()
 
