@@ -578,6 +578,10 @@ def take_idle_baseline(meter: Any, job: dict[str, Any], phases: Any, extra: dict
     extra["metered_devices"] = [d.id for d in meter.devices]
     # The device name is the same for every card of a kind; the UUID tells two runs' cards apart.
     extra["device_uuids"] = {d.id: d.uuid for d in meter.devices if d.uuid}
+    # The card's enforced power limit (read, never set): no configuration can average above it.
+    limits = {d.id: d.power_limit_w for d in meter.devices if d.power_limit_w}
+    if limits:
+        extra["power_limit_w"] = limits
     return idle
 
 

@@ -16,8 +16,8 @@ def _no_cuda_env(monkeypatch, tmp_path):
     monkeypatch.setenv("JOULEPILOT_POWERCAP_ROOT", str(tmp_path / "no-powercap"))
 
 
-def test_run_records_nvml_energy_and_the_cards_uuid(monkeypatch):
-    gpu = FakeGpu(power_w=250.0, uuid="GPU-5a1e0000-aaaa-bbbb-cccc-0123456789ab")
+def test_run_records_nvml_energy_the_cards_uuid_and_its_power_limit(monkeypatch):
+    gpu = FakeGpu(power_w=250.0, uuid="GPU-5a1e0000-aaaa-bbbb-cccc-0123456789ab", power_limit_w=450.0)
     fake_pynvml.install(monkeypatch, [gpu])
     # The model runs on the CPU; the meter reads the (fake) GPU, as on a host whose GPU does the work.
     monkeypatch.setattr(worker_mod, "_open_meter", lambda device, hz: EnergyMeter("cuda:0", sample_hz=hz))
@@ -30,6 +30,7 @@ def test_run_records_nvml_energy_and_the_cards_uuid(monkeypatch):
     assert result["energy_source"] == "nvml"
     assert result["extra"]["metered_devices"] == ["gpu:0"]
     assert result["extra"]["device_uuids"] == {"gpu:0": gpu.uuid}
+    assert result["extra"]["power_limit_w"] == {"gpu:0": 450.0}  # read from NVML, as the card enforces it
     # 250 W for the whole window; the fake counter steps every 100 ms, so allow one step either side.
     assert result["avg_power_w"] == pytest.approx(250.0, rel=0.2)
     assert result["energy_j_per_inference"] == pytest.approx(result["energy_j"] / result["inferences"])
