@@ -949,7 +949,9 @@ class Daemon:
         with self._jobs_lock:
             self._jobs_view[job.id] = {"id": job.id, "policy": policy.name, "workload": policy.workload,
                                        "config": cfg.label, "device": device, "started_at": time.time()}
-        log.info("job %d: %s %s on %s", job.id, policy.workload, cfg.label, device)
+        warm_from = self._warm_from(job, cfg, probe)
+        log.info("job %d: %s %s on %s%s", job.id, policy.workload, cfg.label, device,
+                 "" if warm_from is None else f", starting from the artifacts of run {warm_from}")
         purpose = self._job_purpose(job)
         self._notify("job_started", job_id=job.id, device=device,
                      label=f"{policy.name} {cfg.label} on {device}" + (f" ({purpose})" if purpose else ""))
@@ -965,7 +967,6 @@ class Daemon:
             state = self._guided.get(policy.name)
             gate = window_gate(self.db, policy, probe.device_kind, job.config_id, provenance_key=probe.provenance_key,
                                max_age_s=self.cfg.max_decision_age_s, violated=state.violated if state else ())
-        warm_from = self._warm_from(job, cfg, probe)
         if device.startswith("cuda") and not self._has_context(device):
             # the quiet period that just made the device ready, as its idle baseline (read here, before the
             # job's checks for production load start a new period)
