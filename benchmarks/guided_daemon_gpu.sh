@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The daemon's guided search on a GPU, from a store that holds no run of the model (only the other models'
-# committed sweeps, held-out grids included, for the trade-off model to learn from): one `daemon --once` pass over a policy whose grid is
+# committed sweeps, held-out grids included, for the trade-off model to learn from; the synthetic sweep, made up for
+# the tests, left out, as a daemon's store holds measured runs only): one `daemon --once` pass over a policy whose grid is
 # the configurations GRID recorded for SPEC; then what it chose, its regret against GRID's oracle and the fraction
 # of GRID's seconds it spent (benchmarks/guided_vs_grid.py). The runs, the decision and the pass summary stay in
 # OUT/NAME.
@@ -25,9 +26,12 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 python3 - "$spec" "$dir/others.json" "$grid" "$dir/search.toml" tests/data/*.json tests/data/heldout/*.json <<'PY'
 import json, sys
 spec, out, grid, search, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
-records = [r for p in paths for r in json.load(open(p)) if r["workload"]["spec"] != spec]
+def synthetic(record):  # tests/data/synthetic_sweep.json's runs were made up for tests, not measured
+    extra = record["run"].get("extra") or {}
+    return bool((json.loads(extra) if isinstance(extra, str) else extra).get("synthetic"))
+records = [r for p in paths for r in json.load(open(p)) if r["workload"]["spec"] != spec and not synthetic(r)]
 json.dump(records, open(out, "w"))
-print(f"{len(records)} runs of other workloads to learn from", file=sys.stderr)
+print(f"{len(records)} measured runs of other workloads to learn from", file=sys.stderr)
 if grid == "-":
     import os
     lists = {key: sorted(v for v in os.environ[env].split(",") if v)
