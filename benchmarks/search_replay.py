@@ -1,6 +1,7 @@
 """Replay recorded sweeps through the guided search and score its choices against an oracle.
 
     python benchmarks/search_replay.py EXPORT.json [EXPORT.json ...] [--json] [--seed N] [--windows process]
+                                       [--measured-only]
 
 EXPORT files are in the `store.exchange` format (`joulepilot runs export`). A workload is one workload
 (spec, batch, shape) measured on one host (device kind and torch version); its grid is the set of
@@ -20,8 +21,9 @@ configurations recorded for it. For every workload and each scenario:
   daemon's does: where the drawn run recorded a warm start (`warm_start_s`) it costs that in place of its
   compile and keeps no compile figures (`warm_repeat`), else it costs the whole cold process it was;
 * the trade-off model (`controller.tradeoff`) is fitted on the runs of the *other* workload specs only:
-  those of the exports and of the repository's committed data (`tests/data/*.json`), never any run of
-  the replayed spec (at any batch size or on any device);
+  those of the exports and of the repository's committed data (`tests/data/*.json`, whose synthetic sweep was
+  made up for the tests, not measured), never any run of the replayed spec (at any batch size or on any device);
+  with `--measured-only` on measured runs only (no run marked `extra.synthetic`);
 * a configuration is within the accuracy limit when the median relative error of its recorded ok runs is
   (a configuration whose runs never measured the error cannot be verified, so it is not), and, against a
   power limit, *clearly within* it when every recorded ok run's average power is, *clearly over* it when
@@ -214,13 +216,26 @@ def exhaustive_cost_s(workload: ReplayWorkload) -> float:
     return total
 
 
-def load(paths: Sequence[Path], db: Any) -> tuple[list[ReplayWorkload], set[int]]:
-    """Import the exports, then the committed data (training only); the exports' workloads to replay."""
+def synthetic(record: Mapping[str, Any]) -> bool:
+    """An exported run made up rather than measured (`extra.synthetic`: tests/data/synthetic_sweep.json)."""
+    extra = json_column(record["run"].get("extra"), {})
+    return isinstance(extra, dict) and bool(extra.get("synthetic"))
+
+
+def load(paths: Sequence[Path], db: Any, train_db: Any = None) -> tuple[list[ReplayWorkload], set[int]]:
+    """Import the exports, then the committed data (training only); the exports' workloads to replay. With
+    `train_db`, what the trade-off model learns from goes there too, measured runs only."""
     replay_ids: set[int] = set()
     for path in paths:
-        replay_ids.update(import_runs(db, read_export(path), source=str(path)))
+        records = read_export(path)
+        replay_ids.update(import_runs(db, records, source=str(path)))
+        if train_db is not None:
+            import_runs(train_db, [r for r in records if not synthetic(r)], source=str(path))
     for path in sorted(COMMITTED_DATA.glob("*.json")):
-        import_runs(db, read_export(path), source=str(path))
+        records = read_export(path)
+        import_runs(db, records, source=str(path))
+        if train_db is not None:
+            import_runs(train_db, [r for r in records if not synthetic(r)], source=str(path))
     workloads: dict[tuple[str, str, str, str], ReplayWorkload] = {}
     for record in runs_with_rows(db, replay_ids):
         run, workload_row, config = record["run"], record["workload"], record["config"]
@@ -330,16 +345,20 @@ def percentile_with_inf(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None, windows: str = "independent"
-           ) -> dict[str, Any]:
-    """Every scenario of every workload in the exports; see the module docstring."""
+def replay(paths: Sequence[Path], seed: int = 0, progress: Any = None, windows: str = "independent",
+           measured_only: bool = False) -> dict[str, Any]:
+    """Every scenario of every workload in the exports; see the module docstring. `measured_only`: the trade-off
+    model learns from no synthetic run (`synthetic`); such runs are still replayed when an export holds them."""
     with tempfile.TemporaryDirectory(prefix="joulepilot-replay-") as tmp:
         db = open_db(Path(tmp) / "replay.db")
+        train_db = open_db(Path(tmp) / "train.db") if measured_only else None
         try:
-            workloads, _ = load(paths, db)
-            models = ModelCache(db)
+            workloads, _ = load(paths, db, train_db)
+            models = ModelCache(train_db or db)
         finally:
             db.close()
+            if train_db is not None:
+                train_db.close()
     scenarios = []
     search_s = 0.0
     for workload in workloads:
@@ -440,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws of recorded runs (default 0)")
     parser.add_argument("--windows", choices=WINDOW_MODELS, default="independent",
                         help="what a further window of a process measures (default independent; see WINDOW_MODELS)")
+    parser.add_argument("--measured-only", action="store_true",
+                        help="the trade-off model learns from measured runs only, not the synthetic sweep's")
     args = parser.parse_args(argv)
     for path in args.exports:
         if not path.is_file():
@@ -451,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     try:
-        result = replay(args.exports, args.seed, progress, args.windows)
+        result = replay(args.exports, args.seed, progress, args.windows, args.measured_only)
     except (ExportFormatError, StoreError) as exc:
         print(f"search_replay: {exc}", file=sys.stderr)
         return 2

@@ -285,3 +285,26 @@ def test_a_repeat_in_a_fresh_process_costs_the_warm_start_its_run_recorded():
     assert warm.energy_j_per_inference == cold.energy_j_per_inference
     unrecorded = {**recorded, "warm_start_s": None}
     assert replay_cli.warm_repeat(Run.from_row(unrecorded), unrecorded) == Run.from_row(unrecorded)
+
+
+def test_measured_only_keeps_the_synthetic_sweep_out_of_what_the_model_learns_from(tmp_path, capsys):
+    """`--measured-only`: the trade-off model learns from measured runs only. The synthetic sweep (made up for the
+    tests, its runs marked `extra.synthetic`) still reaches the replay's store, and is replayed when given, but
+    not the training store; every measured run reaches both."""
+    from joulepilot.store import list_runs, open_db
+
+    records = read_export(SYNTHETIC)
+    assert records and all(replay_cli.synthetic(r) for r in records)
+    assert not any(replay_cli.synthetic(r) for r in read_export(H200))
+    db, train_db = open_db(tmp_path / "replay.db"), open_db(tmp_path / "train.db")
+    try:
+        workloads, _ = replay_cli.load([H200], db, train_db)
+        everything, learnt = list_runs(db), list_runs(train_db)
+    finally:
+        db.close()
+        train_db.close()
+    measured = len(everything) - len(records)
+    assert len(learnt) == measured and not any(json.loads(r["extra"] or "{}").get("synthetic") for r in learnt)
+    assert {w.spec for w in workloads} == {r["workload"]["spec"] for r in read_export(H200)}
+    code, out, _ = _run(capsys, str(H200), "--measured-only", "--json")
+    assert code == 0 and all(set(s) == KEYS for s in json.loads(out)["scenarios"])
