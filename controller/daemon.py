@@ -1329,13 +1329,13 @@ class Daemon:
             artifacts, timed = run_warm_start_state(self.db, candidate.run_id)
             if not artifacts or timed is not None:
                 continue  # eager, or already timed
+            if self.stop_event.is_set() or tracker.busy_now(own_process_tree()):
+                return
             cfg = measured_config(candidate.config, policy)
             saved = recorded_artifacts(artifacts, config_workload_id(policy, cfg), cfg.id,
                                        self._pass_context(device).origin)
             if saved is None:
                 continue  # saved elsewhere than this host saves them, or gone
-            if self.stop_event.is_set() or tracker.busy_now(own_process_tree()):
-                return
             self.heartbeat("sweeping", f"timing the warm start of {policy.name}: {cfg.label} on {device}")
 
             def measure(stop_check: Any, on_start: Any, cfg: Any = cfg, artifacts: str = str(saved)) -> Any:
