@@ -12,10 +12,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 verb=$1
 . benchmarks/device_common.sh
-if [ "$verb" = collect ]; then
-  jp_collect_lanes "$2" "$3"
-  exit 0
-fi
+[ "$verb" = collect ] && { jp_collect_lanes "$2" "$3"; exit 0; }
 minutes=$2 dir=$3
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 mkdir -p "$dir"

@@ -21,10 +21,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 verb=$1
 . benchmarks/device_common.sh
-if [ "$verb" = collect ]; then
-  jp_collect_lanes "$2" "$3"
-  exit 0
-fi
+[ "$verb" = collect ] && { jp_collect_lanes "$2" "$3"; exit 0; }
 [ "$verb" = start ] || { echo "usage: $0 start MINUTES DIR MODEL | collect DIR OUT" >&2; exit 2; }
 minutes=$2 dir=$3 model=$4
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
