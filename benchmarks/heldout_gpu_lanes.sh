@@ -13,7 +13,10 @@
 # from their artifacts (the likely contenders: the daemon's repeats of them start from their artifacts, and
 # benchmarks/search_replay.py costs a repeat at the warm start its run recorded). Lane 3: the daemon's guided pass
 # over the same search space from a store without the model (guided_daemon_gpu.sh with GRID `-`), then
-# `pytest -m gpu`. Afterwards, where the lanes were collected: import every lane's grid export into one store
+# `pytest -m gpu`. On a host of fewer than four GPUs one lane runs the steps one after another on the first GPU:
+# the grid's 20 configurations (warm starts timed for the bf16 compiled ones only), the guided pass, the GPU
+# tests, then the second runs if the deadline leaves time; each step keeps back the time the later ones need.
+# Afterwards, where the lanes were collected: import every lane's grid export into one store
 # (`joulepilot runs import laneN/grid_*/runs.json --db grid.db`, then `joulepilot runs export GRID.json --db
 # grid.db`; the import gives the runs new ids) and score the pass against it: `python
 # benchmarks/guided_vs_grid.py lane3/guided_MODEL/runs.json GRID.json --explain lane3/guided_MODEL/explain.json`.
@@ -35,17 +38,18 @@ echo "model $model: $spec batch $batch" >> "$dir/device.txt"
 
 MODES=eager,default,reduce-overhead FUSIONS=default,no-epilogue-fusion
 WARM="default/bf16,reduce-overhead/bf16,default/fp16,reduce-overhead/fp16"
-# grid GPU LANE NAME PRECISION MODES: one part of the grid into the lane's OUT/NAME
+# grid GPU LANE NAME PRECISIONS MODES [RESERVE_S]: one part of the grid into the lane's OUT/NAME, stopping new runs
+# RESERVE_S (default 0) before the deadline
 grid() {
-  local left; left=$(( (deadline - $(date +%s)) / 60 - 1 ))
+  local left; left=$(( (deadline - ${6:-0} - $(date +%s)) / 60 - 1 ))
   [ "$left" -ge 2 ] || { echo "deadline: skipped $3"; return; }
   OUT="$2" CUDA_VISIBLE_DEVICES=$1 JOULEPILOT_HOME=/tmp/jphome$1 benchmarks/device_sweep.sh "$3" "$model" "$left" \
     "$WARM" --modes "$5" --precisions "$4" --fusions "$FUSIONS" --fusion-modes default,reduce-overhead \
     > "$2/$3.log" 2>&1
   tail -n 3 "$2/$3.log"
 }
-guided() {
-  local left; left=$(( deadline - $(date +%s) - 60 ))
+guided() {  # guided GPU LANE [RESERVE_S]
+  local left; left=$(( deadline - ${3:-0} - $(date +%s) - 60 ))
   [ "$left" -ge 240 ] || { echo "deadline: skipped the guided pass"; return; }
   [ "$left" -le 540 ] || left=540
   env MODES=$MODES PRECISIONS=fp32,tf32,bf16,fp16 FUSIONS=$FUSIONS OUT="$2" CUDA_VISIBLE_DEVICES=$1 \
@@ -69,8 +73,17 @@ lane0() { grid "$1" "$2" grid_fp32 fp32 "$MODES"; grid "$1" "$2" grid_fp16 fp16 
 lane1() { grid "$1" "$2" grid_tf32 tf32 "$MODES"; grid "$1" "$2" grid_bf16_again bf16 default,reduce-overhead; }
 lane2() { grid "$1" "$2" grid_bf16 bf16 "$MODES"; grid "$1" "$2" grid_fp16_again fp16 default,reduce-overhead; }
 lane3() { guided "$1" "$2"; gpu_tests "$1" "$2"; }
+# one GPU: the guided pass keeps 4 min back for the tests, the grid 4 more for the pass (about 0.40 of the grid)
+serial() {
+  WARM="default/bf16,reduce-overhead/bf16" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" 540
+  guided "$1" "$2" 240; gpu_tests "$1" "$2"
+  grid "$1" "$2" grid_again bf16,fp16 default,reduce-overhead
+}
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
-[ "$gpus" -ge 4 ] || { echo "needs four GPUs, found $gpus" >&2; exit 2; }
-lane 0 lane0 & lane 1 lane1 & lane 2 lane2 & lane 3 lane3 &
+if [ "$gpus" -ge 4 ]; then
+  lane 0 lane0 & lane 1 lane1 & lane 2 lane2 & lane 3 lane3 &
+else
+  lane 0 serial &
+fi
 wait
 echo "all lanes done $(date -u +%T)" >> "$dir/device.txt"
