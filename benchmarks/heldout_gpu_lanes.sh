@@ -14,7 +14,7 @@
 # benchmarks/search_replay.py costs a repeat at the warm start its run recorded). Lane 3: the daemon's guided pass
 # over the same search space from a store without the model (guided_daemon_gpu.sh with GRID `-`), then
 # `pytest -m gpu`. On a host of fewer than four GPUs one lane runs the steps one after another on the first GPU:
-# the grid's 20 configurations (warm starts timed for the bf16 compiled ones only), the guided pass, the GPU
+# the grid's 20 configurations (no warm starts timed), the guided pass, the GPU
 # tests, then the second runs if the deadline leaves time; each step keeps back the time the later ones need.
 # Afterwards, where the lanes were collected: import every lane's grid export into one store
 # (`joulepilot runs import laneN/grid_*/runs.json --db grid.db`, then `joulepilot runs export GRID.json --db
@@ -75,7 +75,7 @@ lane2() { grid "$1" "$2" grid_bf16 bf16 "$MODES"; grid "$1" "$2" grid_fp16_again
 lane3() { guided "$1" "$2"; gpu_tests "$1" "$2"; }
 # one GPU: the guided pass keeps 4 min back for the tests, the grid 4 more for the pass (about 0.40 of the grid)
 serial() {
-  WARM="default/bf16,reduce-overhead/bf16" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" 540
+  WARM="" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" 540
   guided "$1" "$2" 240; gpu_tests "$1" "$2"
   grid "$1" "$2" grid_again bf16,fp16 default,reduce-overhead
 }
