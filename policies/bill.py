@@ -5,7 +5,8 @@ What "spent measuring" is, per stored run (the README's "The tuning bill" says t
   baseline, building the model, the eager reference, compile, warm-up, latency pass, energy window,
   saving artifacts, describing the workload); where no job was recorded (a run made by `bench`), the
   worker's own run, `finished_at - started_at`;
-- metered joules: the first (compiling) call, `compile_energy_j`, and the energy window, `energy_j`,
+- metered joules: the first (compiling) call, `compile_energy_j` (a warm-started repeat's first call, which
+  compiled nothing, as its meter recorded it in `extra.compile_window`), and the energy window, `energy_j`,
   as the run's meters read them, each part with its own source: the window the run's `energy_source`
   (`nvml`, `rapl`, or `estimate` where no counter could be read), the compile call its GPU and CPU parts
   with theirs (`store.compile_energy`; a GPU run's CPU part is the labelled `estimate` where RAPL cannot be
@@ -134,6 +135,18 @@ def _by_source(parts: Iterable[tuple[float, str | None]]) -> dict[str, float]:
     return out
 
 
+def _warm_first_call(run: RunRow, extra: Mapping[str, Any]) -> tuple[list[tuple[float, str | None]], float]:
+    """A warm-started run's first call as its meter read it ((joules, source) parts, seconds): it compiled
+    nothing, so it has no compile columns, but the worker metered it as any first call (`extra.compile_window`)."""
+    window = extra.get("compile_window")
+    if "warm_start_from" not in extra or run.compile_energy_j is not None or not isinstance(window, Mapping):
+        return [], 0.0
+    devices = window.get("devices")
+    parts = [(float(d["energy_j"]), d.get("source")) for d in devices if isinstance(d, Mapping)
+             and _number(d.get("energy_j")) is not None] if isinstance(devices, list) else []
+    return parts, (_number(window.get("duration_s")) or 0.0) if parts else 0.0
+
+
 def run_cost(run: RunRow) -> RunCost:
     """The cost of one stored run (see the module docstring)."""
     extra = run.extra or {}
@@ -150,7 +163,9 @@ def run_cost(run: RunRow) -> RunCost:
     metered_s = ((phases[0] or 0.0) if compile_j is not None else 0.0) + \
         ((phases[2] or 0.0) if window_j is not None else 0.0)
     run_source = _run_source(run, extra)
-    parts = _compile_parts(run, run_source) + ([(window_j, run_source)] if window_j is not None else [])
+    first_call, first_call_s = _warm_first_call(run, extra)
+    metered_s += first_call_s
+    parts = _compile_parts(run, run_source) + first_call + ([(window_j, run_source)] if window_j is not None else [])
     metered = sum(j for j, _ in parts) if parts else None
     by_source = _by_source(parts)
     loaded_s = (phases[1] or 0.0) + _latency_pass_s(extra)

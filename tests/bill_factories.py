@@ -43,10 +43,13 @@ def write_policy(folder: Path, name: str = "svc", *, modes=("eager", "default"),
 def store_run(db, mode: str, precision: str, j_per_call: float | None, *, avg_w: float = 20.0,
               policy: str | None = "svc", source: str = "rapl", idle_w: float | None = IDLE_W,
               job_wall_s: float | None = JOB_WALL_S, status: str = "ok", device: str = "cpu",
-              device_name: str | None = None, compile_parts: dict | None = None) -> int:
+              device_name: str | None = None, compile_parts: dict | None = None,
+              warm_first_call: tuple[float, float] | None = None) -> int:
     """One run of the built-in mlp (batch 8) on this host's CPU under the installed torch; `device` and
     `device_name` ('cuda:0', 'NVIDIA H200') make it a GPU run, `compile_parts` the `compile_energy_{gpu,cpu}_*`
-    columns, whose joules then make up `compile_energy_j` (without them the run holds one compile figure)."""
+    columns, whose joules then make up `compile_energy_j` (without them the run holds one compile figure);
+    `warm_first_call` (seconds, joules) a repeat that started from saved artifacts, as the worker stores one: no
+    compile figures, its metered first call in `extra.compile_window`."""
     host = upsert_host(db, {"id": "test-host", "hostname": "test", "cpu": "x86"})
     upsert_workload(db, {"id": WID, "spec": "mlp", "batch_size": 8, "params": 1000, "flops_per_inference": 1e6})
     cfg = CompileConfig(mode, precision=precision, batch_size=8)
@@ -70,6 +73,11 @@ def store_run(db, mode: str, precision: str, j_per_call: float | None, *, avg_w:
         if compile_parts is not None:
             run |= dict(compile_parts)
             run["compile_energy_j"] = sum(v for k, v in compile_parts.items() if k.endswith("_j") and v is not None)
+        if warm_first_call is not None:
+            first_s, first_j = warm_first_call
+            run |= {"compile_s": None, "compile_energy_j": None, "warm_start_s": first_s + 0.5}
+            extra |= {"warm_start_from": 1, "compile_window": {"duration_s": first_s, "sources": [source], "devices": [
+                {"device": device, "source": source, "energy_j": first_j, "duration_s": first_s}]}}
     else:
         run["reason"] = "worker killed by SIGSEGV during compile"
     return insert_run(db, run)

@@ -271,3 +271,16 @@ def test_a_deployment_of_the_baseline_never_pays_back_and_an_old_decision_says_i
     old = build_report(db, "legacy-prod")["payback"]
     assert old["verdict"] == "unknown" and old["payback_inferences"] is None
     assert "stored before joulepilot recorded tuning bills" in old["text"]
+
+
+def test_a_warm_started_repeat_bills_its_metered_first_call_not_an_estimate(db):
+    cold_id = store_run(db, "default", "fp32", 0.4)
+    warm_id = store_run(db, "default", "fp32", 0.4, warm_first_call=(1.5, 27.0))
+    runs = {r.id: r for r in runs_of(db)}
+    cold, warm = run_cost(runs[cold_id]), run_cost(runs[warm_id])
+    assert warm.metered_j == pytest.approx(27.0 + runs[warm_id].energy_j) and warm.metered_source == "rapl"
+    assert warm.metered_s == pytest.approx(1.5 + runs[warm_id].window_s)
+    assert warm.idle_s == pytest.approx(JOB_WALL_S - warm.metered_s - warm.loaded_s)
+    # A cold run's first call is its compile columns, never counted twice from its compile window.
+    runs[cold_id].extra["compile_window"] = {"duration_s": 5.0, "devices": [{"source": "rapl", "energy_j": 99.0}]}
+    assert run_cost(runs[cold_id]).metered_j == pytest.approx(cold.metered_j)
