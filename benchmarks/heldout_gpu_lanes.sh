@@ -15,7 +15,7 @@
 # over the same search space from a store without the model (guided_daemon_gpu.sh with GRID `-`), then
 # `pytest -m gpu`. On a host of fewer than four GPUs one lane runs the steps one after another on the first GPU:
 # the grid's 20 configurations (no warm starts timed), the guided pass, the GPU
-# tests, then the second runs if the deadline leaves time; each step keeps back the time the later ones need.
+# tests, then the second runs, each while the deadline leaves it time (the grid keeps the pass's back).
 # Afterwards, where the lanes were collected: import every lane's grid export into one store
 # (`joulepilot runs import laneN/grid_*/runs.json --db grid.db`, then `joulepilot runs export GRID.json --db
 # grid.db`; the import gives the runs new ids) and score the pass against it: `python
@@ -73,10 +73,10 @@ lane0() { grid "$1" "$2" grid_fp32 fp32 "$MODES"; grid "$1" "$2" grid_fp16 fp16 
 lane1() { grid "$1" "$2" grid_tf32 tf32 "$MODES"; grid "$1" "$2" grid_bf16_again bf16 default,reduce-overhead; }
 lane2() { grid "$1" "$2" grid_bf16 bf16 "$MODES"; grid "$1" "$2" grid_fp16_again fp16 default,reduce-overhead; }
 lane3() { guided "$1" "$2"; gpu_tests "$1" "$2"; }
-# one GPU: the guided pass keeps 4 min back for the tests, the grid 4 more for the pass (about 0.40 of the grid)
+# one GPU: the grid keeps 5 min back for the guided pass (about 0.40 of the grid); the tests get what is left
 serial() {
-  WARM="" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" 540
-  guided "$1" "$2" 240; gpu_tests "$1" "$2"
+  WARM="" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" 300
+  guided "$1" "$2"; gpu_tests "$1" "$2"
   grid "$1" "$2" grid_again bf16,fp16 default,reduce-overhead
 }
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
