@@ -87,21 +87,20 @@ def fresh_ok_config_ids(db: Store, workload_id: str | Iterable[str], provenance_
     """Configurations with an ok run of this workload (or of these, one per batch size of a grid) under this
     provenance, recent enough to trust.
 
-    A configuration whose newest such run was flagged "repeat this run" is not fresh (it is measured
-    again) until REPEAT_LIMIT of its runs were flagged."""
+    As the judge counts runs (`policies.judge.counted_rows`): a configuration whose every such run was flagged
+    "repeat this run" is not fresh (it is measured again) until REPEAT_LIMIT of its runs were flagged; one clean
+    run makes its flagged runs count."""
     from joulepilot.policies.resolve import needs_repeat, run_flag
 
     ids = [workload_id] if isinstance(workload_id, str) else list(workload_id)
-    runs = sorted((run for wid in ids for run in recent_ok_runs(db, wid, provenance_key, min_finished_at)),
-                  key=lambda r: -int(r.id or 0))
-    newest_flagged: dict[str, bool] = {}
     flagged: dict[str, int] = {}
-    for run in runs:  # newest first
-        newest_flagged.setdefault(run.config_id, bool(run_flag(run)))
+    clean: set[str] = set()
+    for run in (run for wid in ids for run in recent_ok_runs(db, wid, provenance_key, min_finished_at)):
         if run_flag(run):
             flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
-    return {config_id for config_id, was_flagged in newest_flagged.items()
-            if not (was_flagged and needs_repeat(flagged.get(config_id, 0)))}
+        else:
+            clean.add(run.config_id)
+    return clean | {config_id for config_id, times in flagged.items() if not needs_repeat(times)}
 
 
 def measured_config(row: Mapping[str, Any], policy: Any) -> Any:

@@ -305,7 +305,7 @@ def run_flag(run: RunRow | Mapping[str, Any]) -> str | None:
 
 
 def needs_repeat(flagged_runs: int) -> bool:
-    """A configuration whose newest ok run is flagged is measured again, up to REPEAT_LIMIT flagged runs."""
+    """A configuration whose ok runs are all flagged is measured again, up to REPEAT_LIMIT flagged runs."""
     return 0 < flagged_runs < REPEAT_LIMIT
 
 

@@ -183,6 +183,11 @@ def test_a_flagged_run_never_makes_a_decision_verified(tmp_path, db):
     seed_runs(db, {("eager", "bf16"): FIGURES[("eager", "bf16")]})
     verified = resolve(policy, db, "cpu")
     assert verified.config_id == config("eager", "bf16").id and verified.state == "verified"
+    # A flagged run after clean ones counts as the judge counts it: the planner measures nothing again.
+    seed_runs(db, {("eager", "fp32"): {**FIGURES[("eager", "fp32")], "extra": {"window_warning": WARNING}}})
+    db.execute("UPDATE runs SET provenance_key = 'pk'")
+    assert config("eager", "fp32").id in fresh_ok_config_ids(db, decision.workload_id, "pk", 0.0)
+    assert resolve(policy, db, "cpu").repeat == []
 
 
 def test_only_flagged_runs_within_limits_leave_the_decision_provisional(tmp_path, db):
