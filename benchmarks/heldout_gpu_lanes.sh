@@ -73,9 +73,10 @@ lane0() { grid "$1" "$2" grid_fp32 fp32 "$MODES"; grid "$1" "$2" grid_fp16 fp16 
 lane1() { grid "$1" "$2" grid_tf32 tf32 "$MODES"; grid "$1" "$2" grid_bf16_again bf16 default,reduce-overhead; }
 lane2() { grid "$1" "$2" grid_bf16 bf16 "$MODES"; grid "$1" "$2" grid_fp16_again fp16 default,reduce-overhead; }
 lane3() { guided "$1" "$2"; gpu_tests "$1" "$2"; }
-# one GPU: the grid keeps 5 min back for the guided pass (about 0.40 of the grid); the tests get what is left
+# one GPU: the grid keeps GRID_RESERVE_S (default 300) back for the guided pass (about 0.40 of the grid); the tests
+# get what is left
 serial() {
-  WARM="" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" 300
+  WARM="" grid "$1" "$2" grid fp32,tf32,bf16,fp16 "$MODES" "${GRID_RESERVE_S:-300}"
   guided "$1" "$2"; gpu_tests "$1" "$2"
   grid "$1" "$2" grid_again bf16,fp16 default,reduce-overhead
 }
