@@ -87,20 +87,18 @@ def fresh_ok_config_ids(db: Store, workload_id: str | Iterable[str], provenance_
     """Configurations with an ok run of this workload (or of these, one per batch size of a grid) under this
     provenance, recent enough to trust.
 
-    As the judge counts runs (`policies.judge.counted_rows`): a configuration whose every such run was flagged
-    "repeat this run" is not fresh (it is measured again) until REPEAT_LIMIT of its runs were flagged; one clean
-    run makes its flagged runs count."""
-    from joulepilot.policies.resolve import needs_repeat, run_flag
+    Its runs count as the judge counts them (`policies.noise.counted`: flagged "repeat this run" ones once a clean
+    one exists); a configuration none of whose runs count is not fresh (it is measured again) until REPEAT_LIMIT
+    of its runs were flagged."""
+    from joulepilot.policies.judge import Run
+    from joulepilot.policies.noise import counted
+    from joulepilot.policies.resolve import needs_repeat
 
     ids = [workload_id] if isinstance(workload_id, str) else list(workload_id)
-    flagged: dict[str, int] = {}
-    clean: set[str] = set()
-    for run in (run for wid in ids for run in recent_ok_runs(db, wid, provenance_key, min_finished_at)):
-        if run_flag(run):
-            flagged[run.config_id] = flagged.get(run.config_id, 0) + 1
-        else:
-            clean.add(run.config_id)
-    return clean | {config_id for config_id, times in flagged.items() if not needs_repeat(times)}
+    by_config: dict[str, list[Run]] = {}
+    for row in (row for wid in ids for row in recent_ok_runs(db, wid, provenance_key, min_finished_at)):
+        by_config.setdefault(row.config_id, []).append(Run.from_row(row))
+    return {config_id for config_id, runs in by_config.items() if counted(runs) or not needs_repeat(len(runs))}
 
 
 def measured_config(row: Mapping[str, Any], policy: Any) -> Any:
