@@ -16,9 +16,10 @@
 # `pytest -m gpu`. On a host of fewer than four GPUs one lane runs the steps one after another on the first GPU:
 # the grid's 20 configurations (no warm starts timed), the guided pass, the GPU
 # tests, then the second runs, each while the deadline leaves it time (the grid keeps the pass's back).
-# Afterwards, where the lanes were collected: import every lane's grid export into one store
-# (`joulepilot runs import laneN/grid_*/runs.json --db grid.db`, then `joulepilot runs export GRID.json --db
-# grid.db`; the import gives the runs new ids) and score the pass against it: `python
+# Afterwards, where the lanes were collected: export each grid part's database (`joulepilot runs export
+# PART.json --db laneN/grid_*/gpu_sweep.db`; gpu_sweep's own runs.json is not an export), import the parts into one
+# store (`joulepilot runs import PART.json --db grid.db`, new run ids), `joulepilot runs export GRID.json --db
+# grid.db`, and score the pass against it (one GPU: the one part is GRID.json already): `python
 # benchmarks/guided_vs_grid.py lane3/guided_MODEL/runs.json GRID.json --explain lane3/guided_MODEL/explain.json`.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
