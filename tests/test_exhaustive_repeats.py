@@ -174,8 +174,15 @@ def test_a_contender_whose_repeats_keep_failing_stops_and_the_decision_stays_pro
     assert decision.state == "provisional" and decision.details["config"]["label"] == chosen
     why = f"its job failed {max_attempts} times" if max_attempts < MAX_REPEATS else \
         f"cap of {MAX_REPEATS} runs reached"
-    assert decision.reason.endswith(f"it has 1 of the 3 runs a verified decision needs; it is not measured "
-                                    f"again: {why}")
+    _, said, after = decision.reason.partition(f"it has 1 of the 3 runs a verified decision needs; it is not "
+                                               f"measured again: {why}")
+    assert said, decision.reason
+    # A rival whose one run a loaded machine flagged "repeat this run" is named after it, and nothing else is.
+    flagged = [label for label, its_runs in runs.items()
+               if any(json_object(r["extra"]).get("window_warning") for r in its_runs)]
+    assert after == "" or (flagged and after == "".join(
+        f'; {label} measured better, but its run was flagged "repeat this run" so it cannot be verified'
+        for label in flagged if label in after)), decision.reason
     assert decision.details["confirm"] == []
 
     # No loop: the next pass finds nothing to do, and neither does the one after it.
