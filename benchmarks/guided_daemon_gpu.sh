@@ -11,7 +11,8 @@
 # GRID `-` runs the pass beside the grid's own sweep (on another GPU, both at once): the search space is then
 # MODES, PRECISIONS and FUSIONS from the environment (comma lists, as the grid's sweep was given them), and the
 # score is taken afterwards: python benchmarks/guided_vs_grid.py OUT/NAME/runs.json GRID.json --explain
-# OUT/NAME/explain.json. CUDA_VISIBLE_DEVICES chooses the GPU; PASS_TIMEOUT_S (default 540) bounds the daemon's pass.
+# OUT/NAME/explain.json. CUDA_VISIBLE_DEVICES chooses the GPU; PASS_TIMEOUT_S (default 540) bounds the daemon's pass;
+# BUDGET_S (default 45, as the grid's device_sweep.sh) each worker's first calls.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1 grid=$2 spec=$3 batch=$4 seq=$5
@@ -64,7 +65,7 @@ max_rel_error = 2e-2
 strategy = "guided"
 $(cat "$dir/search.toml")
 TOML
-jp_daemon_toml "$dir" "$dir/guided.db" 3.0 45.0
+jp_daemon_toml "$dir" "$dir/guided.db" 3.0 "${BUDGET_S:-45}"
 start=$(date +%s)
 timeout "${PASS_TIMEOUT_S:-540}" joulepilot daemon --config "$dir/daemon.toml" --once --json > "$dir/pass.json" 2> "$dir/daemon.log"
 echo "daemon rc $? in $(( $(date +%s) - start )) s" | tee -a "$dir/device.txt"
