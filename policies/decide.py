@@ -69,14 +69,17 @@ def decide(
     deciding for another host's device or torch). `decided_by`: 'daemon', 'policy lock', ... `reason`:
     why it was (re)decided. A lock file that cannot be written anywhere does not raise: `lock_error`
     says why, and the stored decision stands (the daemon writes the file again on its next pass).
-    `search`: the guided search's summary (controller.guided), kept in the decision's details as `search`.
+    `search`: the guided search's summary (controller.guided), kept in the decision's details as `search`; what
+    it measures next is all the decision proposes for measuring (`resolve`'s `search_next`).
     `no_repeat`: config id -> why the daemon cannot measure it again (`resolve`'s `no_repeat`).
     Every decision carries its tuning bill (`policies.bill`): what measuring its workload cost, and its payback.
     """
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     violated = violated_configs(db, policy.name, device_kind) | set(exclude)
+    search_next = None if search is None else [n["config_id"] for n in search.get("next", [])
+                                                if n.get("kind") == "guided"]
     decision = resolve(policy, db, device_kind, model, torch_version=torch_version, exclude=violated,
-                       no_repeat=no_repeat)
+                       no_repeat=no_repeat, search_next=search_next)
     if search is not None and search.get("stop_reason") and decision.state == "fallback":
         decision.reason += f"; the guided search stopped: {search['stop_reason']}"
     decision.bill = tuning_bill(db, decision)

@@ -43,7 +43,7 @@ import itertools
 import math
 import re
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -426,12 +426,16 @@ def _order(cand: Candidate) -> tuple:
 
 def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
             torch_version: str | None = None, exclude: Collection[str] = (),
-            no_repeat: Mapping[str, str] | None = None) -> Decision:
+            no_repeat: Mapping[str, str] | None = None, search_next: Sequence[str] | None = None) -> Decision:
     """The decision for `policy` on device kind `device_name` ('cpu' or the GPU's name) and torch
     major.minor `torch_version` (default: the installed torch). `model` is a fitted TradeoffModel or None.
     `exclude`: config ids that broke the power envelope in a live deployment; they are rejected.
     `no_repeat`: config id -> why it cannot be measured again (the daemon's job for it failed as often as
     it may); such a contender is left out of `confirm`.
+    `search_next`: for a policy whose guided search planned on these runs, the config ids it measures next
+    (none once it stopped): beside a configuration it may apply, the decision then proposes only what the
+    search would measure, never an unmeasured candidate it skipped as unable to beat that one by more than the
+    tolerance (without it, the unmeasured candidate predicted best is proposed when it is predicted better).
     This only computes; `policies.decide` is what records a decision and writes its lock file."""
     torch_version = torch_minor(torch_version) if torch_version else torch_minor()
     workload_id = policy_workload_id(policy)
@@ -522,6 +526,8 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
                       and math.isfinite(c.score) and not waits[c.config_id]), key=_order)
     proposed = hopeful[0] if hopeful and (feasible_chosen is None or _order(hopeful[0]) < _order(feasible_chosen)) \
         else None
+    if search_next is not None and (feasible_chosen is not None or out.state == "infeasible"):
+        proposed = next((c for c in hopeful if c.config_id in search_next), None)
     # Flagged runs within every limit that would beat the chosen one: measure them again. A repeat that failed
     # is not tried again, nor one whose newest run was metered otherwise than the runs ranked.
     worth_repeating = [by_id[v.config_id] for v in out.flagged_better]
@@ -545,7 +551,8 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
     elif out.state == "infeasible" and chosen is not None:
         state, applied, reason = "infeasible", chosen.config, out.reason
         if proposed is not None:
-            reason += f"; {proposed.label} is predicted to fit and should be measured"
+            reason += (f"; the guided search measures {proposed.label} next" if search_next is not None else
+                       f"; {proposed.label} is predicted to fit and should be measured")
     elif worth_repeating:
         state, applied = "provisional", fallback.to_row()
         reason = out.reason
@@ -565,7 +572,8 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
     if proposed is not None:
         proposed.status = "proposed"
         if feasible_chosen is not None:
-            reason += f"; {proposed.label} is predicted better and should be measured"
+            reason += (f"; the guided search measures {proposed.label} next" if search_next is not None else
+                       f"; {proposed.label} is predicted better and should be measured")
     if feasible_chosen is not None and worth_repeating:
         reason += (f"; {worth_repeating[0].label} measured better, but its run was flagged \"repeat this run\" "
                    f"so it cannot be verified" + (" until it is measured again" if repeat else ""))

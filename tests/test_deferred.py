@@ -1,5 +1,6 @@
 """What a workload's runs showed of a precision or a mode (`policies.judge.deferred`), read once by the guided
-search (what it measures last) and by the resolver (what it proposes for measuring).
+search (what it measures last) and by the resolver (what it proposes for measuring); and, for a guided policy,
+that its decision proposes for measuring only what its search measures next.
 
 The recorded case: torchvision's EfficientNet-B0 at batch 64 on an H200 (tests/data/heldout/), where fp16 failed
 the numerical check in every mode (relative error 1.0) and the daemon's pass of session 21 still said another fp16
@@ -8,10 +9,12 @@ configuration "is predicted better and should be measured"."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from joulepilot.compiler.budget import COMPILE_OVERRUN
 from joulepilot.controller import fit
+from joulepilot.controller.redecide import decide_now
 from joulepilot.controller.search import run_search
 from joulepilot.policies import resolve, validate
 from joulepilot.policies.judge import Rules, Run, deferred, judge
@@ -32,6 +35,8 @@ from test_search_engine import (
 
 DATA = Path(__file__).parent / "data"
 EFFNET = DATA / "heldout" / "gpu_sweep_h200_efficientnet_b0.json"
+SWIN = "torchvision:swin_t"
+SWIN_PASS = DATA / "passes" / "h200_swin_t_guided_pass.json"  # the daemon's pass of session 27, its 14 runs
 LIMITS = Limits(max_rel_error=2e-2)
 
 
@@ -126,3 +131,47 @@ def test_a_numerical_failure_in_a_flagged_run_still_tells_the_forecast_about_its
     (skipped,) = [s for s in result.skipped if s.label == d16["label"]]
     assert skipped.reason.startswith("predicted relative error 1 +- ") and "max_rel_error 0.02" in skipped.reason
     assert skipped.p_feasible is not None and skipped.p_feasible < 0.01
+
+
+def _measured(record: dict) -> bool:
+    extra = record["run"].get("extra") or {}
+    return not (json.loads(extra) if isinstance(extra, str) else extra).get("synthetic")
+
+
+def test_a_guided_policy_proposes_only_what_its_search_measures_next(db):
+    """The recorded Swin-T pass (H200, session 27; benchmarks/guided_daemon_gpu.sh): the search stopped, nothing
+    left could beat reduce-overhead/bf16 by more than the 2% tolerance, yet the decision the daemon stored said
+    that reduce-overhead/fp16 "is predicted better and should be measured": the resolver proposed by its own
+    rule (the trade-off model's mean below the chosen one's) what the search had skipped. The grid puts
+    reduce-overhead/fp16 4.7% above reduce-overhead/bf16."""
+    for path in [*sorted(DATA.glob("*.json")), *sorted((DATA / "heldout").glob("*.json"))]:
+        import_runs(db, [r for r in read_export(path) if r["workload"]["spec"] != SWIN and _measured(r)])
+    model = fit(db)  # as the daemon's pass model: fitted before the pass measured anything of Swin-T
+    import_runs(db, read_export(SWIN_PASS))
+    policy = validate({"name": "guided_swin", "workload": SWIN, "batch_size": 32,
+                       "objective": {"minimize": "energy", "expected_inferences": 10_000_000},
+                       "limits": {"max_rel_error": 2e-2},
+                       "search": {"strategy": "guided", "modes": ["default", "eager", "reduce-overhead"],
+                                  "precisions": ["bf16", "fp16", "fp32", "tf32"],
+                                  "fusion": ["default", "no-epilogue-fusion"]}})
+    alone = resolve(policy, db, "NVIDIA H200", model, torch_version="2.11")
+    assert alone.proposed is not None and alone.proposed["label"] == "reduce-overhead/fp16/b32"
+
+    decided, plan = decide_now(db, policy, "NVIDIA H200", model, decided_by="daemon", torch_version="2.11",
+                               record=False, lock=False)
+    assert plan.done and plan.stop_reason.startswith("nothing left that could beat the chosen configuration")
+    decision = decided.decision
+    assert (decision.state, decision.label) == ("verified", "reduce-overhead/bf16/b32")
+    assert decision.proposed is None
+    assert not [c.label for c in decision.candidates if c.status == "proposed"]
+    assert "should be measured" not in decision.reason and "measures" not in decision.reason
+
+    # Before its last three jobs (reduce-overhead/tf32 and the two warm-started repeats) the search was under way:
+    # the decision proposes the configuration it measured next, and says so.
+    db.execute("DELETE FROM runs WHERE warm_start_s IS NOT NULL OR config_id IN "
+               "(SELECT id FROM configs WHERE label = 'reduce-overhead/tf32/b32')")
+    decided, plan = decide_now(db, policy, "NVIDIA H200", model, decided_by="daemon", torch_version="2.11",
+                               record=False, lock=False)
+    assert [(n.kind, n.config.label) for n in plan.next] == [("guided", "reduce-overhead/tf32/b32")]
+    assert decided.decision.proposed["label"] == "reduce-overhead/tf32/b32"
+    assert decided.decision.reason.endswith("; the guided search measures reduce-overhead/tf32/b32 next")
