@@ -56,3 +56,13 @@ jp_collect_lanes() {
   cp "$1/device.txt" "$2/" 2>/dev/null
   tail -n 4 "$1"/lane*/lane.log
 }
+
+# jp_mark_lanes DIR: record this process's group in DIR/pgid (a lanes script started with setsid leads its own);
+# jp_stop_lanes DIR: end that whole group, every lane's sweep, daemon and worker included. Killing the lanes script
+# alone leaves the steps it started running: a sweep still under way then shares the GPU with what runs next.
+jp_mark_lanes() { ps -o pgid= $$ | tr -d ' ' > "$1/pgid"; }
+jp_stop_lanes() {
+  local pgid; pgid=$(cat "$1/pgid" 2>/dev/null) || { echo "no $1/pgid: nothing started there" >&2; return 1; }
+  kill -TERM -- "-$pgid" 2>/dev/null; sleep 3; kill -KILL -- "-$pgid" 2>/dev/null
+  echo "stopped process group $pgid"
+}

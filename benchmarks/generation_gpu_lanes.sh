@@ -6,6 +6,7 @@
 # Usage (on the GPU machine, from the repo root, the carried wheels in .whl/):
 #   setsid benchmarks/generation_gpu_lanes.sh start MINUTES DIR &   # DIR e.g. /tmp/lanes; returns at once
 #   benchmarks/generation_gpu_lanes.sh collect DIR OUT               # tars DIR's lanes into OUT (one file each)
+#   benchmarks/generation_gpu_lanes.sh stop DIR                      # ends every step still running
 # PLAN=final (four GPUs) measured what the table lacked after sessions 13 and 15 (batch 32, batch 8 in fp16) beside
 # a new forward-pass grid and the daemon's guided pass over it (session 16); PLAN=all (the default) the whole table.
 set -uo pipefail
@@ -13,9 +14,11 @@ export PYTHONUNBUFFERED=1
 verb=$1
 . benchmarks/device_common.sh
 [ "$verb" = collect ] && { jp_collect_lanes "$2" "$3"; exit 0; }
+[ "$verb" = stop ] && { jp_stop_lanes "$2"; exit; }
 minutes=$2 dir=$3
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 mkdir -p "$dir"
+jp_mark_lanes "$dir"
 jp_install || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,power.limit,temperature.gpu --format=csv > "$dir/device.txt"
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)' >> "$dir/device.txt"

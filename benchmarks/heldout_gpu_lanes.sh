@@ -6,6 +6,8 @@
 # Usage (on the GPU machine, from the repo root, the carried wheels in .whl/):
 #   setsid benchmarks/heldout_gpu_lanes.sh start MINUTES DIR MODEL &   # MODEL: a gpu_sweep.py name (regnet, swin)
 #   benchmarks/heldout_gpu_lanes.sh collect DIR OUT                    # tars DIR's lanes into OUT (one file each)
+#   benchmarks/heldout_gpu_lanes.sh stop DIR                           # ends every step still running (from a call
+#                                                                      # whose own command line names no lane step)
 # The grid (gpu_sweep.py through device_sweep.sh, 3-s windows): eager, default and reduce-overhead x fp32, tf32,
 # bf16 and fp16, no-epilogue-fusion in both compiled modes, 20 configurations; one run of each, split over lanes 0-2
 # by precision (lane 0 fp32 then fp16, lane 1 tf32, lane 2 bf16), then a second run of the bf16 and fp16 compiled
@@ -26,10 +28,12 @@ export PYTHONUNBUFFERED=1
 verb=$1
 . benchmarks/device_common.sh
 [ "$verb" = collect ] && { jp_collect_lanes "$2" "$3"; exit 0; }
-[ "$verb" = start ] || { echo "usage: $0 start MINUTES DIR MODEL | collect DIR OUT" >&2; exit 2; }
+[ "$verb" = stop ] && { jp_stop_lanes "$2"; exit; }
+[ "$verb" = start ] || { echo "usage: $0 start MINUTES DIR MODEL | collect DIR OUT | stop DIR" >&2; exit 2; }
 minutes=$2 dir=$3 model=$4
 deadline=$(( $(date +%s) + ${minutes%.*} * 60 ))
 mkdir -p "$dir"
+jp_mark_lanes "$dir"
 jp_install || exit 1
 read -r spec batch < <(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from gpu_sweep import MODELS; \
 m = MODELS['$model']; print(m['spec'], m['batch_size'])") || { echo "unknown model $model" >&2; exit 2; }
