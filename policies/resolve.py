@@ -528,6 +528,11 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
         else None
     if search_next is not None and (feasible_chosen is not None or out.state == "infeasible"):
         proposed = next((c for c in hopeful if c.config_id in search_next), None)
+
+    def to_measure(why: str) -> str:  # the clause naming `proposed`: the search's pick, or the model's
+        assert proposed is not None
+        return f"; the guided search measures {proposed.label} next" if search_next is not None else \
+            f"; {proposed.label} {why}"
     # Flagged runs within every limit that would beat the chosen one: measure them again. A repeat that failed
     # is not tried again, nor one whose newest run was metered otherwise than the runs ranked.
     worth_repeating = [by_id[v.config_id] for v in out.flagged_better]
@@ -551,8 +556,7 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
     elif out.state == "infeasible" and chosen is not None:
         state, applied, reason = "infeasible", chosen.config, out.reason
         if proposed is not None:
-            reason += (f"; the guided search measures {proposed.label} next" if search_next is not None else
-                       f"; {proposed.label} is predicted to fit and should be measured")
+            reason += to_measure("is predicted to fit and should be measured")
     elif worth_repeating:
         state, applied = "provisional", fallback.to_row()
         reason = out.reason
@@ -572,8 +576,7 @@ def resolve(policy: Policy, db: Store, device_name: str, model: Any = None, *,
     if proposed is not None:
         proposed.status = "proposed"
         if feasible_chosen is not None:
-            reason += (f"; the guided search measures {proposed.label} next" if search_next is not None else
-                       f"; {proposed.label} is predicted better and should be measured")
+            reason += to_measure("is predicted better and should be measured")
     if feasible_chosen is not None and worth_repeating:
         reason += (f"; {worth_repeating[0].label} measured better, but its run was flagged \"repeat this run\" "
                    f"so it cannot be verified" + (" until it is measured again" if repeat else ""))
